@@ -1,0 +1,1 @@
+"""Analysis: layerwise comparison, hazards, root causes, search."""

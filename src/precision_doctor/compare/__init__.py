@@ -1,0 +1,1 @@
+"""Output comparison: error metrics, tolerances, task metrics."""

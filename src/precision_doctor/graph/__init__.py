@@ -1,0 +1,5 @@
+"""Load, inspect and edit ONNX graphs."""
+
+from precision_doctor.graph.load import load_model, name_nodes, opset_of, ort_model_source
+
+__all__ = ["load_model", "name_nodes", "opset_of", "ort_model_source"]

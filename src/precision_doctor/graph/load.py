@@ -1,0 +1,109 @@
+"""Load ONNX models with clear errors, and hand them to ONNX Runtime safely.
+
+Models are never modified on disk. In memory, nodes without a name (or with a duplicate name) get
+a deterministic one, ``<op_type>_<index>``, because precision plans and reports address nodes by
+name.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from precision_doctor.errors import ModelLoadError
+
+# Protobuf cannot serialize a message of 2 GiB or more (hard limit of the format).
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+def load_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """Read an ONNX model, with its external data, and name every node uniquely.
+
+    Args:
+        path: ``.onnx`` file; external data files are looked up next to it.
+
+    Returns:
+        The model proto (in memory only; the file is untouched).
+
+    Raises:
+        ModelLoadError: File missing, not ONNX/corrupt/truncated, or external data missing.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ModelLoadError(f"model file not found: {p}", file=str(p))
+    if p.stat().st_size == 0:
+        raise ModelLoadError(f"model file is empty: {p}", file=str(p))
+    try:
+        model = onnx.load(str(p), load_external_data=True)
+    except DecodeError as exc:
+        raise ModelLoadError(
+            f"{p} is not a readable ONNX model (corrupt or truncated protobuf: {exc}). "
+            "Re-export it or check the download.", file=str(p)) from exc
+    except (FileNotFoundError, OSError) as exc:
+        raise ModelLoadError(
+            f"{p} refers to external data that cannot be read ({exc}). Keep the external data "
+            "files next to the model, with the names the model records.", file=str(p)) from exc
+    except Exception as exc:  # onnx raises ValueError/RuntimeError variants on bad files
+        raise ModelLoadError(f"cannot load {p}: {exc}", file=str(p)) from exc
+    if not model.graph.node:
+        raise ModelLoadError(f"{p} has no nodes: is it an ONNX model?", file=str(p))
+    name_nodes(model)
+    return model
+
+
+def name_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Give every unnamed or duplicate-named node of the main graph a unique name, in place.
+
+    Returns:
+        The same model, for chaining.
+    """
+    seen: set[str] = set()
+    for node in model.graph.node:
+        if node.name and node.name not in seen:
+            seen.add(node.name)
+    used: set[str] = set()
+    for index, node in enumerate(model.graph.node):
+        if node.name and node.name not in used:
+            used.add(node.name)
+            continue
+        base = f"{node.op_type}_{index}"
+        name, k = base, 1
+        while name in seen or name in used:
+            name, k = f"{base}_{k}", k + 1
+        node.name = name
+        used.add(name)
+    return model
+
+
+def ort_model_source(model: onnx.ModelProto, workdir: str | None = None) -> bytes | str:
+    """Bytes for ``onnxruntime.InferenceSession``, or a path when the model is >= 2 GB.
+
+    Large models are saved with external data into ``workdir`` (a fresh temporary directory
+    when None); the caller keeps that directory alive while the session exists.
+
+    Args:
+        model: The model to run.
+        workdir: Directory for the external-data copy of a large model.
+
+    Returns:
+        Serialized bytes, or the path of the saved ``.onnx`` file.
+    """
+    if model.ByteSize() < PROTOBUF_LIMIT:
+        return model.SerializeToString()
+    folder = Path(workdir or tempfile.mkdtemp(prefix="precision-doctor-"))
+    target = folder / "model.onnx"
+    onnx.save_model(model, str(target), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=1024)
+    return str(target)
+
+
+def opset_of(model: onnx.ModelProto) -> int:
+    """The default-domain (``ai.onnx``) opset version of ``model``."""
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    return 1

@@ -1,0 +1,1 @@
+"""Model inputs: images with a preprocessing spec, .npy/.npz, Polygraphy JSON, seeded random."""

@@ -1,0 +1,1 @@
+"""Precision plans, emulation of reduced precision, cast insertion and safe rewrites."""

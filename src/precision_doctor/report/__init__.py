@@ -1,0 +1,1 @@
+"""Reports: JSON, terminal, HTML."""

@@ -1,0 +1,1 @@
+"""Backends behind one Runner protocol: ORT CPU reference, emulator, ORT with any EP, TensorRT."""

@@ -1,0 +1,151 @@
+"""ONNX Runtime runner: the FP32 CPU reference and any execution provider (CUDA, TensorRT EP).
+
+Provider options follow ONNX Runtime's documentation, e.g. CUDA ``{"use_tf32": "0"}`` and the
+TensorRT EP's ``{"trt_fp16_enable": "1", "trt_layer_norm_fp32_fallback": "1"}``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from precision_doctor.errors import BackendError, BackendUnavailable
+from precision_doctor.graph.load import ort_model_source
+from precision_doctor.runners.base import Feeds, TensorMeta
+
+_ORT_TYPES = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_, "tensor(int16)": np.int16,
+    "tensor(uint16)": np.uint16, "tensor(string)": np.object_,
+}
+
+PROVIDER_ALIASES = {
+    "cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider", "trt": "TensorrtExecutionProvider",
+    "rocm": "ROCMExecutionProvider", "dml": "DmlExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider", "coreml": "CoreMLExecutionProvider",
+}
+
+
+def resolve_provider(name: str) -> str:
+    """Map a short provider name (``cuda``) to ONNX Runtime's (``CUDAExecutionProvider``)."""
+    return PROVIDER_ALIASES.get(name.lower(), name)
+
+
+def _import_ort():
+    try:
+        import onnxruntime
+    except ImportError as exc:  # pragma: no cover - onnxruntime is a hard dependency
+        raise BackendUnavailable("onnxruntime is not installed: pip install onnxruntime") from exc
+    return onnxruntime
+
+
+class OrtRunner:
+    """Runs a model with ONNX Runtime.
+
+    Args:
+        model: The model proto to run (never written to the user's path).
+        providers: Execution providers in priority order (short names allowed: ``cuda``).
+        provider_options: One dict per provider (e.g. ``[{"use_tf32": "0"}, {}]``).
+        name: Label for reports; default derived from the providers.
+        graph_optimization: ``all``, ``extended``, ``basic`` or ``disable``.
+        intra_op_threads: Threads per op (0 = ONNX Runtime's default).
+        strict_providers: Raise ``BackendUnavailable`` if ORT would fall back to CPU for the
+            first provider.
+
+    Raises:
+        BackendUnavailable: (on ``__enter__``) a requested provider is not available; the
+            message lists the available ones.
+        BackendError: (on ``__enter__``) the session cannot be created.
+    """
+
+    def __init__(self, model: onnx.ModelProto, providers: Sequence[str] = ("cpu",),
+                 provider_options: Sequence[Mapping[str, str]] | None = None,
+                 name: str | None = None, graph_optimization: str = "all",
+                 intra_op_threads: int = 0, strict_providers: bool = True) -> None:
+        self.model = model
+        self.providers = [resolve_provider(p) for p in providers]
+        self.provider_options = [dict(o) for o in (provider_options or [{} for _ in providers])]
+        if len(self.provider_options) != len(self.providers):
+            raise BackendError("give one provider-options dict per provider")
+        self.name = name or "ort-" + "+".join(
+            p.replace("ExecutionProvider", "").lower() for p in self.providers)
+        self.graph_optimization = graph_optimization
+        self.intra_op_threads = intra_op_threads
+        self.strict_providers = strict_providers
+        self._session = None
+        self._tmp: tempfile.TemporaryDirectory | None = None
+
+    def __enter__(self) -> "OrtRunner":
+        ort = _import_ort()
+        available = ort.get_available_providers()
+        missing = [p for p in self.providers if p not in available]
+        if missing:
+            raise BackendUnavailable(
+                f"execution provider {missing[0]} is not available in this onnxruntime "
+                f"({ort.__version__}); available: {', '.join(available)}. For CUDA install "
+                "onnxruntime-gpu and call onnxruntime.preload_dlls().", provider=missing[0])
+        options = ort.SessionOptions()
+        levels = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                  "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                  "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+                  "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
+        options.graph_optimization_level = levels[self.graph_optimization]
+        options.intra_op_num_threads = self.intra_op_threads
+        options.log_severity_level = 3
+        self._tmp = tempfile.TemporaryDirectory(prefix="precision-doctor-ort-")
+        source = ort_model_source(self.model, self._tmp.name)
+        try:
+            self._session = ort.InferenceSession(
+                source, sess_options=options, providers=self.providers,
+                provider_options=self.provider_options)
+        except Exception as exc:
+            self._tmp.cleanup()
+            raise BackendError(f"{self.name}: ONNX Runtime cannot create a session: {exc}",
+                               runner=self.name) from exc
+        used = self._session.get_providers()
+        if self.strict_providers and self.providers[0] not in used:
+            raise BackendUnavailable(
+                f"{self.name}: ONNX Runtime fell back to {used} instead of {self.providers[0]}",
+                provider=self.providers[0])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._session = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def _require(self):
+        if self._session is None:
+            raise BackendError(f"{self.name}: use the runner inside a `with` block")
+        return self._session
+
+    def input_metadata(self) -> list[TensorMeta]:
+        """Graph inputs as ONNX Runtime sees them (initializers excluded)."""
+        return [TensorMeta(i.name, np.dtype(_ORT_TYPES.get(i.type, np.float32)),
+                           tuple(d if isinstance(d, int) else (d or "?") for d in i.shape))
+                for i in self._require().get_inputs()]
+
+    def output_names(self) -> list[str]:
+        """Names of the session outputs, in model order."""
+        return [o.name for o in self._require().get_outputs()]
+
+    def run(self, feeds: Feeds, output_names: Sequence[str] | None = None
+            ) -> dict[str, np.ndarray]:
+        """Run once and return ``{output name: array}``.
+
+        Raises:
+            BackendError: ONNX Runtime failed (the message keeps ORT's node name).
+        """
+        session = self._require()
+        names = list(output_names) if output_names else self.output_names()
+        try:
+            values = session.run(names, dict(feeds))
+        except Exception as exc:
+            raise BackendError(f"{self.name}: run failed: {exc}", runner=self.name) from exc
+        return dict(zip(names, values))
