@@ -1,0 +1,147 @@
+"""Error statistics between a reference output and a candidate output.
+
+All statistics are computed in float64 over every element of every sample (samples may have
+different shapes, e.g. detection maps of differently sized images). Definitions:
+
+* abs error e_i = |c_i - r_i|; max/mean/median/p99 of e over finite pairs.
+* relative L2 error = ||c - r||_2 / ||r||_2 (0 when both are 0; inf when only r is 0).
+* cosine similarity = <c, r> / (||c|| ||r||).
+* SNR (dB) = 10 log10(||r||^2 / ||c - r||^2) (inf for identical outputs).
+* argmax agreement = share of positions where argmax over the last axis agrees; computed only
+  for outputs of rank >= 2 whose last axis has 2..100000 entries and that are not image-like
+  (rank 4 maps are skipped: argmax over a spatial axis means nothing).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class OutputMetrics:
+    """Error statistics of one output over all samples.
+
+    Attributes:
+        numel: Elements compared.
+        max_abs / mean_abs / median_abs / p99_abs: Absolute error statistics (output units).
+        rel_l2: Relative L2 error (dimensionless).
+        cosine: Cosine similarity in [-1, 1].
+        snr_db: Signal-to-noise ratio in dB.
+        ref_max_abs: Largest |reference| value.
+        nan / inf: NaN / Inf counts in the candidate.
+        ref_nonfinite: NaN/Inf count in the reference.
+        argmax_agreement: Share of argmax decisions that agree, or None when not meaningful.
+    """
+
+    numel: int
+    max_abs: float
+    mean_abs: float
+    median_abs: float
+    p99_abs: float
+    rel_l2: float
+    cosine: float
+    snr_db: float
+    ref_max_abs: float
+    nan: int
+    inf: int
+    ref_nonfinite: int
+    argmax_agreement: float | None = None
+
+    def to_dict(self) -> dict:
+        return {k: _json_float(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "OutputMetrics":
+        return cls(**{k: (_from_json_float(v) if isinstance(v, (str, float)) else v)
+                      for k, v in data.items()})
+
+
+def _json_float(v):
+    """Floats as JSON numbers; inf/nan as the strings "inf", "-inf", "nan"."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
+
+
+def _from_json_float(v):
+    return float(v) if isinstance(v, str) else v
+
+
+def _argmax_applicable(shape: tuple[int, ...]) -> bool:
+    return len(shape) >= 2 and len(shape) != 4 and 2 <= shape[-1] <= 100_000
+
+
+def compute_metrics(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]
+                    ) -> OutputMetrics:
+    """Statistics of one output across samples.
+
+    Args:
+        reference: One array per sample (any float/int dtype).
+        candidate: Same shapes as ``reference``.
+
+    Returns:
+        ``OutputMetrics``.
+
+    Raises:
+        ValueError: Shapes differ for a sample.
+    """
+    for i, (r, c) in enumerate(zip(reference, candidate)):
+        if r.shape != c.shape:
+            raise ValueError(f"sample {i}: reference shape {r.shape} != candidate {c.shape}")
+    r = np.concatenate([np.asarray(a, np.float64).ravel() for a in reference])
+    c = np.concatenate([np.asarray(a, np.float64).ravel() for a in candidate])
+    ref_nonfinite = int((~np.isfinite(r)).sum())
+    nan, inf = int(np.isnan(c).sum()), int(np.isinf(c).sum())
+    ok = np.isfinite(r) & np.isfinite(c)
+    rf, cf = r[ok], c[ok]
+    e = np.abs(cf - rf)
+    ref_norm2 = float(np.dot(rf, rf))
+    err_norm2 = float(np.dot(cf - rf, cf - rf))
+    if nan or inf:
+        rel_l2 = math.inf
+    elif ref_norm2 == 0:
+        rel_l2 = 0.0 if err_norm2 == 0 else math.inf
+    else:
+        rel_l2 = math.sqrt(err_norm2 / ref_norm2)
+    cand_norm2 = float(np.dot(cf, cf))
+    cosine = (float(np.dot(cf, rf)) / math.sqrt(cand_norm2 * ref_norm2)
+              if cand_norm2 > 0 and ref_norm2 > 0 else float(cand_norm2 == ref_norm2))
+    snr = math.inf if err_norm2 == 0 else (10 * math.log10(ref_norm2 / err_norm2)
+                                            if ref_norm2 > 0 else -math.inf)
+    agreement = None
+    if reference and _argmax_applicable(reference[0].shape):
+        agree = total = 0
+        for ra, ca in zip(reference, candidate):
+            a, b = np.argmax(ra, axis=-1), np.argmax(ca, axis=-1)
+            agree += int((a == b).sum())
+            total += a.size
+        agreement = agree / total if total else None
+    has = e.size > 0
+    return OutputMetrics(
+        numel=int(r.size),
+        max_abs=float(e.max()) if has else 0.0,
+        mean_abs=float(e.mean()) if has else 0.0,
+        median_abs=float(np.median(e)) if has else 0.0,
+        p99_abs=float(np.quantile(e, 0.99)) if has else 0.0,
+        rel_l2=rel_l2, cosine=cosine, snr_db=snr,
+        ref_max_abs=float(np.abs(rf).max()) if rf.size else 0.0,
+        nan=nan, inf=inf, ref_nonfinite=ref_nonfinite, argmax_agreement=agreement)
+
+
+def relative_l2(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]) -> float:
+    """Relative L2 error ||c - r|| / ||r|| over all samples (inf if the candidate is not finite)."""
+    num = den = 0.0
+    for r, c in zip(reference, candidate):
+        r64, c64 = np.asarray(r, np.float64), np.asarray(c, np.float64)
+        if not np.isfinite(c64).all():
+            return math.inf
+        d = c64 - r64
+        num += float(np.vdot(d, d))
+        den += float(np.vdot(r64, r64))
+    if den == 0:
+        return 0.0 if num == 0 else math.inf
+    return math.sqrt(num / den)

@@ -1,0 +1,322 @@
+"""Object-detection agreement: the candidate's detections scored against the reference's.
+
+The reference's detections (score above ``score_threshold``) are the ground truth; the candidate's
+detections are the predictions. Two metrics:
+
+* ``box-match``: F1 of one-to-one box matching at IoU >= ``iou`` (default 0.5),
+  ``2 * TP / (n_reference + n_candidate)``.
+* ``box-map``: mean average precision at IoU >= ``iou``, all-point interpolated AP as in the
+  PASCAL VOC devkit since VOC2010 (Everingham et al., "The PASCAL Visual Object Classes
+  Challenge", IJCV 2010, sec. 4.2; same as ``voc_ap(use_07_metric=False)`` in py-faster-rcnn's
+  ``voc_eval.py``).
+
+Matching is greedy in descending candidate score, each candidate box taking the still unmatched
+reference box of the same label with the highest IoU, if that IoU >= the threshold (the rule of
+``COCOeval.evaluateImg`` in pycocotools, without crowd/area handling). Boxes are continuous
+coordinates: area is ``(x2 - x1) * (y2 - y1)`` with no "+1" pixel convention.
+
+Supported output layouts (``N`` images, ``K`` detections, ``[K, ...]`` alone is one image):
+
+* separate outputs ``boxes=[N,K,4]``, ``scores=[N,K]``, optional ``labels=[N,K]`` and
+  ``count=[N]`` or ``[N,1]`` (valid detections per image, as TensorRT's EfficientNMS
+  ``num_detections``);
+* one output ``[N,K,5]`` (``x1 y1 x2 y2 score``) or ``[N,K,>=6]`` (``... score label``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from precision_doctor.compare.task_io import select_output
+from precision_doctor.errors import MetricError
+
+BOX_FORMATS = ("xyxy", "xywh", "cxcywh")
+
+
+@dataclass(frozen=True)
+class ImageDetections:
+    """Detections of one image after the score threshold: ``boxes [K,4]`` xyxy float64,
+    ``scores [K]`` float64, ``labels [K]`` int64."""
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    labels: np.ndarray
+
+
+@dataclass(frozen=True)
+class DetectionMatch:
+    """One image's matching of candidate detections to reference detections.
+
+    Attributes:
+        image: Index of the image in the batch.
+        n_reference: Reference detections above the score threshold.
+        n_candidate: Candidate detections above the score threshold.
+        matches: ``(candidate_index, reference_index, iou)`` for every true positive; indices
+            refer to the thresholded detections in their original order.
+        unmatched_reference: Reference detections no candidate box matched (misses).
+        unmatched_candidate: Candidate detections that matched nothing (false alarms).
+    """
+
+    image: int
+    n_reference: int
+    n_candidate: int
+    matches: tuple[tuple[int, int, float], ...]
+    unmatched_reference: tuple[int, ...]
+    unmatched_candidate: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {"image": self.image, "n_reference": self.n_reference,
+                "n_candidate": self.n_candidate,
+                "matches": [list(m) for m in self.matches],
+                "unmatched_reference": list(self.unmatched_reference),
+                "unmatched_candidate": list(self.unmatched_candidate)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DetectionMatch:
+        """Inverse of :meth:`to_dict`."""
+        return cls(image=int(data["image"]), n_reference=int(data["n_reference"]),
+                   n_candidate=int(data["n_candidate"]),
+                   matches=tuple((int(c), int(r), float(i)) for c, r, i in data["matches"]),
+                   unmatched_reference=tuple(int(i) for i in data["unmatched_reference"]),
+                   unmatched_candidate=tuple(int(i) for i in data["unmatched_candidate"]))
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairwise IoU of two sets of xyxy boxes.
+
+    Formula: ``|A ∩ B| / (|A| + |B| - |A ∩ B|)`` with area ``(x2 - x1) * (y2 - y1)``; a pair whose
+    union is 0 (two degenerate boxes) has IoU 0.
+
+    Args:
+        a: ``[M, 4]`` boxes ``x1, y1, x2, y2``.
+        b: ``[K, 4]`` boxes.
+
+    Returns:
+        ``[M, K]`` float64 IoU matrix.
+    """
+    a = np.asarray(a, dtype=np.float64).reshape(-1, 4)
+    b = np.asarray(b, dtype=np.float64).reshape(-1, 4)
+    area_a = np.clip(a[:, 2] - a[:, 0], 0, None) * np.clip(a[:, 3] - a[:, 1], 0, None)
+    area_b = np.clip(b[:, 2] - b[:, 0], 0, None) * np.clip(b[:, 3] - b[:, 1], 0, None)
+    w = np.clip(np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0]),
+                0, None)
+    h = np.clip(np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1]),
+                0, None)
+    inter = w * h
+    union = area_a[:, None] + area_b[None, :] - inter
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
+
+
+def _to_xyxy(boxes: np.ndarray, box_format: str) -> np.ndarray:
+    if box_format == "xyxy":
+        return boxes
+    x, y, w, h = boxes[..., 0], boxes[..., 1], boxes[..., 2], boxes[..., 3]
+    if box_format == "xywh":
+        return np.stack([x, y, x + w, y + h], axis=-1)
+    return np.stack([x - w / 2, y - h / 2, x + w / 2, y + h / 2], axis=-1)
+
+
+def extract_detections(outputs: Mapping[str, np.ndarray], *, boxes: str | None = None,
+                       scores: str | None = None, labels: str | None = None,
+                       count: str | None = None, score_threshold: float = 0.0,
+                       box_format: str = "xyxy") -> list[ImageDetections]:
+    """Read per-image detections from model outputs (layouts: see the module docstring).
+
+    Detections are kept where ``score > score_threshold`` (strict, so zero-padded slots drop at
+    the default 0.0). Without a score column or output every box has score 1.0; without labels
+    every box has label 0.
+
+    Args:
+        outputs: Output name -> array.
+        boxes: Output with the boxes (default: first output).
+        scores: Output with the scores (default: column 4 of the boxes output if present).
+        labels: Output with class ids (default: column 5 of the boxes output if present).
+        count: Output with the number of valid detections per image (default: all).
+        score_threshold: Keep detections scoring strictly above this.
+        box_format: ``xyxy`` (default), ``xywh`` or ``cxcywh``.
+
+    Returns:
+        One :class:`ImageDetections` per image.
+
+    Raises:
+        MetricError: A missing output, an unknown box format, or shapes that do not line up.
+    """
+    if box_format not in BOX_FORMATS:
+        raise MetricError(f"box_format={box_format!r} is not one of {', '.join(BOX_FORMATS)}")
+    b = np.asarray(select_output(outputs, boxes, role="boxes"), dtype=np.float64)
+    if b.ndim == 2:
+        b = b[None]
+    if b.ndim != 3 or b.shape[-1] < 4:
+        raise MetricError(f"detection boxes must be [K, >=4] or [N, K, >=4], got {b.shape}; "
+                          "name the boxes output with boxes=NAME", output=boxes)
+
+    def per_box(name: str | None, column: int, default: float, role: str) -> np.ndarray:
+        if name is not None:
+            arr = np.asarray(select_output(outputs, name, role=role), dtype=np.float64)
+            if arr.size != b.shape[0] * b.shape[1]:
+                raise MetricError(f"{role} output {name!r} has shape {arr.shape}, which does "
+                                  f"not match boxes {b.shape}", output=name)
+            return arr.reshape(b.shape[:2])
+        return b[..., column] if b.shape[-1] > column else np.full(b.shape[:2], default)
+
+    s = per_box(scores, 4, 1.0, "scores")
+    lab = np.rint(np.nan_to_num(per_box(labels, 5, 0.0, "labels"), nan=-1.0)).astype(np.int64)
+    keep = s > score_threshold
+    if count is not None:
+        n = np.asarray(select_output(outputs, count, role="count")).reshape(-1).astype(np.int64)
+        if n.size != b.shape[0]:
+            raise MetricError(f"count output {count!r} has {n.size} values for {b.shape[0]} "
+                              "images", output=count)
+        keep &= np.arange(b.shape[1])[None, :] < n[:, None]
+    xyxy = _to_xyxy(b[..., :4], box_format)
+    return [ImageDetections(xyxy[i][keep[i]], s[i][keep[i]], lab[i][keep[i]])
+            for i in range(b.shape[0])]
+
+
+def match_image(reference: ImageDetections, candidate: ImageDetections,
+                iou_threshold: float = 0.5, image: int = 0) -> DetectionMatch:
+    """Greedy one-to-one matching of one image's candidate boxes to its reference boxes.
+
+    Candidates are visited by descending score (ties: original order); each takes the unmatched
+    reference box with the same label and the highest IoU, if that IoU >= ``iou_threshold``
+    (pycocotools ``COCOeval.evaluateImg`` rule).
+
+    Args:
+        reference: Reference detections (ground truth).
+        candidate: Candidate detections.
+        iou_threshold: Minimum IoU of a match (default 0.5, PASCAL VOC).
+        image: Image index, recorded in the result.
+
+    Returns:
+        The :class:`DetectionMatch`.
+    """
+    iou = box_iou(candidate.boxes, reference.boxes)
+    iou = np.where(candidate.labels[:, None] == reference.labels[None, :], iou, -1.0)
+    taken = np.zeros(len(reference.scores), dtype=bool)
+    matches: list[tuple[int, int, float]] = []
+    unmatched_cand: list[int] = []
+    for c in np.argsort(-candidate.scores, kind="stable"):
+        row = np.where(taken, -1.0, iou[c])
+        r = int(np.argmax(row)) if row.size else -1
+        if r >= 0 and row[r] >= iou_threshold:
+            taken[r] = True
+            matches.append((int(c), r, float(row[r])))
+        else:
+            unmatched_cand.append(int(c))
+    return DetectionMatch(image=image, n_reference=len(reference.scores),
+                          n_candidate=len(candidate.scores), matches=tuple(matches),
+                          unmatched_reference=tuple(int(i) for i in np.flatnonzero(~taken)),
+                          unmatched_candidate=tuple(sorted(unmatched_cand)))
+
+
+def average_precision(scores: np.ndarray, true_positive: np.ndarray, n_positive: int) -> float:
+    """All-point interpolated average precision (PASCAL VOC devkit, VOC2010 and later).
+
+    Formula: sort detections by descending score; recall ``r_i`` and precision ``p_i`` after each;
+    make precision monotone, ``p_i := max_{j >= i} p_j``; ``AP = sum_i (r_i - r_{i-1}) * p_i``.
+
+    Args:
+        scores: ``[D]`` detection scores.
+        true_positive: ``[D]`` bool, whether each detection matched a ground-truth box.
+        n_positive: Number of ground-truth boxes.
+
+    Returns:
+        AP in [0, 1]; 0.0 when there is no ground truth or no detection.
+    """
+    if n_positive == 0 or len(scores) == 0:
+        return 0.0
+    order = np.argsort(-np.asarray(scores), kind="stable")
+    tp = np.cumsum(np.asarray(true_positive, dtype=np.float64)[order])
+    fp = np.cumsum(1.0 - np.asarray(true_positive, dtype=np.float64)[order])
+    recall = np.concatenate([[0.0], tp / n_positive, [1.0]])
+    precision = np.concatenate([[0.0], tp / (tp + fp), [0.0]])
+    precision = np.maximum.accumulate(precision[::-1])[::-1]
+    changed = np.flatnonzero(recall[1:] != recall[:-1])
+    return float(np.sum((recall[changed + 1] - recall[changed]) * precision[changed + 1]))
+
+
+def _both(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray],
+          options: dict[str, Any]) -> tuple[list[ImageDetections], list[ImageDetections]]:
+    ref = extract_detections(reference, **options)
+    cand = extract_detections(candidate, **options)
+    if len(ref) != len(cand):
+        raise MetricError(f"reference has {len(ref)} images of detections, candidate {len(cand)}")
+    return ref, cand
+
+
+def box_match_details(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray],
+                      *, iou: float = 0.5, **options: Any) -> list[DetectionMatch]:
+    """Per-image matching (see :func:`match_image`); ``options`` as :func:`extract_detections`.
+
+    Raises:
+        MetricError: As :func:`extract_detections`, or batch sizes differ.
+    """
+    ref, cand = _both(reference, candidate, options)
+    return [match_image(r, c, iou, i) for i, (r, c) in enumerate(zip(ref, cand))]
+
+
+def box_match(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray], *,
+              iou: float = 0.5, **options: Any) -> float:
+    """F1 of box matching, pooled over images: ``2 * TP / (n_reference + n_candidate)``.
+
+    Args:
+        reference: Reference outputs (name -> array).
+        candidate: Candidate outputs (name -> array).
+        iou: Minimum IoU of a match (default 0.5).
+        **options: ``boxes``, ``scores``, ``labels``, ``count``, ``score_threshold``,
+            ``box_format``, as :func:`extract_detections`.
+
+    Returns:
+        F1 in [0, 1]; 1.0 when both have no detections.
+
+    Raises:
+        MetricError: As :func:`extract_detections`.
+    """
+    details = box_match_details(reference, candidate, iou=iou, **options)
+    total = sum(d.n_reference + d.n_candidate for d in details)
+    return 1.0 if total == 0 else 2.0 * sum(len(d.matches) for d in details) / total
+
+
+def box_map(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray], *,
+            iou: float = 0.5, **options: Any) -> float:
+    """mAP of the candidate's detections against the reference's, at IoU >= ``iou``.
+
+    AP (:func:`average_precision`) is computed per label over all images pooled, then averaged
+    over every label present in the reference or the candidate; a label only the candidate
+    produces gets AP 0 (a hallucinated class lowers agreement). Both empty: 1.0.
+
+    Args:
+        reference: Reference outputs (name -> array).
+        candidate: Candidate outputs (name -> array).
+        iou: Minimum IoU of a match (default 0.5, "mAP@0.5").
+        **options: As :func:`box_match`.
+
+    Returns:
+        mAP in [0, 1].
+
+    Raises:
+        MetricError: As :func:`extract_detections`.
+    """
+    ref, cand = _both(reference, candidate, options)
+    details = [match_image(r, c, iou, i) for i, (r, c) in enumerate(zip(ref, cand))]
+    labels = sorted(set(np.concatenate([d.labels for d in ref + cand]).tolist()))
+    if not labels:
+        return 1.0
+    aps = []
+    for label in labels:
+        scores, hits, n_pos = [], [], 0
+        for r, c, d in zip(ref, cand, details):
+            n_pos += int(np.count_nonzero(r.labels == label))
+            tp = np.zeros(len(c.scores), dtype=bool)
+            tp[[m[0] for m in d.matches]] = True
+            mine = c.labels == label
+            scores.append(c.scores[mine])
+            hits.append(tp[mine])
+        aps.append(average_precision(np.concatenate(scores), np.concatenate(hits), n_pos))
+    return float(np.mean(aps))

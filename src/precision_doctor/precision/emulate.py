@@ -1,0 +1,229 @@
+"""CPU emulation of reduced precision: rewrite a model so ONNX Runtime CPU computes what an
+engine running a ``PrecisionPlan`` would store.
+
+Model of an engine (a strongly typed network, the behaviour TensorRT >= 10 guarantees):
+
+* FP16/BF16 node: every floating input is rounded to the format (the engine's Cast at a
+  precision boundary, or a weight stored in the format), the node computes, and every floating
+  output is rounded to the format. Internal accumulation is FP32 (what tensor-core GEMM/conv
+  kernels and ONNX Runtime CUDA's reductions do).
+* TF32 node (MatMul/Gemm/Conv/ConvTranspose only): the two multiplicands are rounded to 10
+  mantissa bits with the FP32 exponent range; accumulation and output stay FP32.
+* FP32 node: unchanged.
+
+Rounding is round-to-nearest-even with overflow to inf, FP16 subnormals kept and values below
+half the smallest subnormal flushed to zero (ONNX ``Cast`` semantics). Initializers are rounded
+ahead of time with ``ml_dtypes`` (exact RNE). Activations use ``Cast`` round trips; where the
+opset has no ``bfloat16`` Cast (< 13) and for TF32, a Veltkamp split rounds to the target
+mantissa: c = x*(2^s+1), hi = c - (c - x) (Dekker 1971, "A floating-point technique for
+extending the available precision"), which is round-to-nearest except that exact ties may round
+away from even and |x| > FLT_MAX / 2^s overflows.
+
+Nodes inside subgraphs (If/Loop/Scan bodies) are left in FP32; ``EmulationInfo`` counts them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from precision_doctor.errors import UnsupportedModelError
+from precision_doctor.formats import Precision, round_to
+from precision_doctor.graph.load import opset_of
+from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
+
+TF32_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
+_FLOATS = {ir.DataType.FLOAT, ir.DataType.DOUBLE}
+_SPLIT_BITS = {Precision.TF32: 13, Precision.BF16: 16}  # FP32 mantissa bits dropped (23 - kept)
+
+
+@dataclass(frozen=True)
+class EmulationInfo:
+    """What the emulation did.
+
+    Attributes:
+        rounded_activations: Number of activation tensors rounded at run time.
+        rounded_initializers: Number of initializer copies rounded ahead of time.
+        method: Format -> rounding method used for activations (``cast`` or ``veltkamp``).
+        unknown_dtype: Tensors whose dtype shape inference could not determine (not rounded).
+        subgraph_nodes: Nodes inside subgraphs, left in FP32.
+    """
+
+    rounded_activations: int = 0
+    rounded_initializers: int = 0
+    method: dict[str, str] = field(default_factory=dict)
+    unknown_dtype: tuple[str, ...] = ()
+    subgraph_nodes: int = 0
+
+
+class _Emulator:
+    """Mutable state of one emulation pass over an ``ir.Model``."""
+
+    def __init__(self, model: ir.Model, plan: PrecisionPlan) -> None:
+        self.model = model
+        self.graph = model.graph
+        self.plan = plan
+        self.opset = model.opset_imports.get("", 1)
+        self.cache: dict[tuple[int, Precision], ir.Value] = {}
+        self.rounded: dict[Precision, set[int]] = {p: set() for p in Precision}
+        self.n_act = 0
+        self.n_init = 0
+        self.unknown: list[str] = []
+        self.methods: dict[str, str] = {}
+
+    # -- rounding primitives -------------------------------------------------------------
+    def _method(self, p: Precision) -> str:
+        if p is Precision.FP16 or (p is Precision.BF16 and self.opset >= 13):
+            return "cast"
+        return "veltkamp"
+
+    def _round_nodes(self, x: ir.Value, p: Precision, tag: str) -> tuple[list[ir.Node], ir.Value]:
+        """Nodes computing round_p(x) and their output value."""
+        dtype = x.dtype or ir.DataType.FLOAT
+        method = self._method(p)
+        self.methods[p.value] = method
+        base = f"pd_round/{p.value}/{tag}"
+        if method == "cast":
+            to = ir.DataType.FLOAT16 if p is Precision.FP16 else ir.DataType.BFLOAT16
+            down = ir.node("Cast", [x], {"to": to}, name=f"{base}/down")
+            up = ir.node("Cast", [down.outputs[0]], {"to": dtype}, name=f"{base}/up")
+            nodes = [down, up]
+        else:
+            bits = _SPLIT_BITS[p] + (29 if dtype == ir.DataType.DOUBLE else 0)
+            np_dtype = np.float64 if dtype == ir.DataType.DOUBLE else np.float32
+            const = ir.node("Constant", [], {"value": ir.tensor(np_dtype(2.0**bits + 1.0))},
+                            name=f"{base}/k")
+            c = ir.node("Mul", [x, const.outputs[0]], name=f"{base}/c")
+            d = ir.node("Sub", [c.outputs[0], x], name=f"{base}/d")
+            hi = ir.node("Sub", [c.outputs[0], d.outputs[0]], name=f"{base}/hi")
+            nodes = [const, c, d, hi]
+        for i, n in enumerate(nodes):
+            for o in n.outputs:
+                o.name = f"{base}/{i}"
+        out = nodes[-1].outputs[0]
+        out.dtype = dtype
+        out.shape = x.shape
+        return nodes, out
+
+    def rounded_input(self, x: ir.Value, p: Precision, before: ir.Node) -> ir.Value:
+        """A value equal to round_p(x), created once per (x, p)."""
+        key = (id(x), p)
+        if key in self.cache:
+            return self.cache[key]
+        const = x.const_value if x.is_initializer() else ir.convenience.get_const_tensor(x)
+        if const is not None:
+            array = const.numpy()
+            rounded = round_to(array, p).astype(array.dtype)
+            new = ir.Value(name=f"{x.name}__pd_{p.value}", type=x.type, shape=x.shape,
+                           const_value=ir.tensor(rounded, name=f"{x.name}__pd_{p.value}"))
+            self.graph.register_initializer(new)
+            self.n_init += 1
+        else:
+            nodes, new = self._round_nodes(x, p, f"in/{x.name}")
+            self.graph.insert_before(before, nodes)
+            self.n_act += 1
+        self.rounded[p].add(id(new))
+        self.cache[key] = new
+        return new
+
+    def round_output(self, node: ir.Node, out: ir.Value, p: Precision) -> None:
+        """Round ``out`` in place: consumers and graph outputs see the rounded value, which
+        keeps the original tensor name (so layerwise comparison finds it)."""
+        uses = list(out.uses())
+        original = out.name
+        out.name = f"{original}__pd_raw"
+        nodes, rounded = self._round_nodes(out, p, f"out/{original}")
+        rounded.name = original
+        self.graph.insert_after(node, nodes)
+        for use in uses:
+            use.node.replace_input_with(use.idx, rounded)
+        for i, g_out in enumerate(self.graph.outputs):
+            if g_out is out:
+                self.graph.outputs[i] = rounded
+        self.rounded[p].add(id(rounded))
+        self.n_act += 1
+
+    # -- the pass ------------------------------------------------------------------------
+    def is_float(self, v: ir.Value | None) -> bool:
+        if v is None:
+            return False
+        if v.dtype is None:
+            if v.name and v.name not in self.unknown:
+                self.unknown.append(v.name)
+            return False
+        return v.dtype in _FLOATS
+
+    def run(self) -> None:
+        for node in list(self.graph):
+            p = self.plan.precision_of(node.name or "")
+            if p is Precision.FP32:
+                continue
+            if p is Precision.TF32:
+                if node.op_type in TF32_OPS and node.domain in ("", "ai.onnx"):
+                    for i in (0, 1):
+                        v = node.inputs[i] if i < len(node.inputs) else None
+                        if self.is_float(v):
+                            node.replace_input_with(i, self.rounded_input(v, p, node))
+                continue
+            self._low_precision_node(node, p)
+
+    def _low_precision_node(self, node: ir.Node, p: Precision) -> None:
+        float_inputs = [i for i, v in enumerate(node.inputs) if self.is_float(v)]
+        for i in float_inputs:
+            v = node.inputs[i]
+            if id(v) not in self.rounded[p]:
+                node.replace_input_with(i, self.rounded_input(v, p, node))
+        passthrough = node.op_type in DATA_MOVEMENT_OPS and node.op_type not in ("Cast", "CastLike")
+        for out in node.outputs:
+            if not self.is_float(out):
+                continue
+            if passthrough and float_inputs:
+                self.rounded[p].add(id(out))  # moving rounded values keeps them rounded
+            else:
+                self.round_output(node, out, p)
+
+
+def emulate(model: onnx.ModelProto, plan: PrecisionPlan) -> tuple[onnx.ModelProto, EmulationInfo]:
+    """Build the emulation model of ``model`` under ``plan`` (the input is not modified).
+
+    Args:
+        model: FP32 (or FP64) ONNX model.
+        plan: Precision of every node.
+
+    Returns:
+        The emulation model (same inputs and outputs, same names) and what was done.
+
+    Raises:
+        PlanError: ``plan`` names nodes the model does not have.
+        UnsupportedModelError: Shape/type inference of the model failed.
+    """
+    plan.validate(model)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception as exc:  # inference can fail on custom ops; fall back to the bare model
+        raise UnsupportedModelError(
+            f"ONNX shape inference failed ({exc}); the emulator needs tensor dtypes. Run "
+            "onnx.shape_inference or export with value_info.") from exc
+    ir_model = ir.serde.deserialize_model(inferred)
+    emulator = _Emulator(ir_model, plan)
+    emulator.run()
+    subgraph_nodes = sum(1 for _ in ir_model.graph.all_nodes()) - len(list(ir_model.graph))
+    out = ir.serde.serialize_model(ir_model)
+    del out.graph.value_info[:]  # stale after renaming; ORT re-infers
+    info = EmulationInfo(emulator.n_act, emulator.n_init, dict(sorted(emulator.methods.items())),
+                         tuple(emulator.unknown), subgraph_nodes)
+    return out, info
+
+
+def describe_method(model: onnx.ModelProto, precision: Precision) -> str:
+    """One line saying how activations are rounded for ``precision`` on this model's opset."""
+    if precision is Precision.FP16:
+        return "Cast to float16 and back (RNE, IEEE-754 binary16)"
+    if precision is Precision.BF16 and opset_of(model) >= 13:
+        return "Cast to bfloat16 and back (RNE)"
+    if precision is Precision.FP32:
+        return "no rounding"
+    return f"Veltkamp split to {23 - _SPLIT_BITS[precision]} mantissa bits (ties may round away)"

@@ -1,0 +1,64 @@
+"""The ``emulate`` runner: reduced precision emulated on the CPU with ONNX Runtime.
+
+See ``precision_doctor.precision.emulate`` for exactly what is rounded where.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import onnx
+
+from precision_doctor.precision.emulate import EmulationInfo, emulate
+from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.runners.base import Feeds, TensorMeta
+from precision_doctor.runners.ort import OrtRunner
+
+
+class EmulatorRunner:
+    """Runs ``model`` as an engine executing ``plan`` would, on ONNX Runtime CPU.
+
+    Args:
+        model: The FP32 model.
+        plan: Precision of every node.
+        name: Label for reports (default ``emulate-<default precision>``).
+        intra_op_threads: ONNX Runtime threads (0 = default).
+
+    Raises:
+        PlanError: (on ``__enter__``) the plan names nodes not in the model.
+        BackendError: (on ``__enter__``) ONNX Runtime rejects the emulation model.
+    """
+
+    def __init__(self, model: onnx.ModelProto, plan: PrecisionPlan, name: str | None = None,
+                 intra_op_threads: int = 0) -> None:
+        self.model = model
+        self.plan = plan
+        self.name = name or f"emulate-{plan.default.value}"
+        self.intra_op_threads = intra_op_threads
+        self.info: EmulationInfo | None = None
+        self._ort: OrtRunner | None = None
+
+    def __enter__(self) -> "EmulatorRunner":
+        emulated, self.info = emulate(self.model, self.plan)
+        self._ort = OrtRunner(emulated, ("cpu",), name=self.name,
+                              intra_op_threads=self.intra_op_threads).__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ort is not None:
+            self._ort.__exit__(*exc)
+            self._ort = None
+
+    def input_metadata(self) -> list[TensorMeta]:
+        assert self._ort is not None, "use the runner inside a `with` block"
+        return self._ort.input_metadata()
+
+    def output_names(self) -> list[str]:
+        assert self._ort is not None, "use the runner inside a `with` block"
+        return self._ort.output_names()
+
+    def run(self, feeds: Feeds, output_names: Sequence[str] | None = None
+            ) -> dict[str, np.ndarray]:
+        assert self._ort is not None, "use the runner inside a `with` block"
+        return self._ort.run(feeds, output_names)
