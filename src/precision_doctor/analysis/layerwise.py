@@ -18,7 +18,8 @@ import onnx
 
 from precision_doctor.compare.metrics import _from_json_float, _json_float
 from precision_doctor.formats import FORMATS, Precision
-from precision_doctor.graph.outputs import TensorSite, chunk_sites, float_activations, mark_outputs
+from precision_doctor.graph.outputs import (TensorSite, chunk_sites, float_activations,
+                                            mark_outputs, producer_inputs)
 from precision_doctor.runners.base import Runner
 
 RunnerFactory = Callable[[onnx.ModelProto], Runner]
@@ -136,34 +137,38 @@ class _Accumulator:
 
     def add(self, ref: np.ndarray, cand: np.ndarray, fmt_max: float, fmt_min_sub: float,
             fmt_min_normal: float) -> None:
-        r = np.asarray(ref, np.float64).ravel()
-        c = np.asarray(cand, np.float64).ravel()
-        if r.shape != c.shape:
+        r = np.asarray(ref).ravel()
+        c = np.asarray(cand).ravel()
+        if r.shape != c.shape or r.size == 0:
             return
+        if r.dtype != c.dtype or r.dtype.kind != "f":
+            r, c = r.astype(np.float64), c.astype(np.float64)
         self.numel += r.size
-        c_nan, c_inf = np.isnan(c), np.isinf(c)
-        self.nan += int(c_nan.sum())
-        self.inf += int(c_inf.sum())
-        r_ok = np.isfinite(r)
-        self.ref_bad += int(r.size - r_ok.sum())
-        ok = r_ok & ~c_nan & ~c_inf
-        rf, cf = r[ok], c[ok]
-        if rf.size == 0:
-            return
-        ar = np.abs(rf)
-        d = cf - rf
+        r_ok, c_ok = np.isfinite(r), np.isfinite(c)
+        all_ok = bool(r_ok.all()) and bool(c_ok.all())
+        if not all_ok:
+            self.nan += int(np.count_nonzero(np.isnan(c)))
+            self.inf += int(np.count_nonzero(np.isinf(c)))
+            self.ref_bad += int(r.size - np.count_nonzero(r_ok))
+            ok = r_ok & c_ok
+            r, c = r[ok], c[ok]
+            if r.size == 0:
+                return
+        ar = np.abs(r)
+        d = c - r
         ad = np.abs(d)
         self.ref_max = max(self.ref_max, float(ar.max()))
-        self.cand_max = max(self.cand_max, float(np.abs(cf).max()))
+        self.cand_max = max(self.cand_max, float(np.abs(c).max()))
         self.err_max = max(self.err_max, float(ad.max()))
-        self.err_sum += float(ad.sum())
+        self.err_sum += float(ad.sum(dtype=np.float64))
         self.err2 += float(np.dot(d, d))
-        self.ref2 += float(np.dot(rf, rf))
-        self.overflow += int((ar > fmt_max).sum())
-        nonzero = ar > 0
-        self.flush += int((nonzero & (ar < fmt_min_sub / 2)).sum())
-        self.subnormal += int(((ar >= fmt_min_sub / 2) & (ar < fmt_min_normal)).sum())
-        self.lost += int((nonzero & (cf == 0)).sum())
+        self.ref2 += float(np.dot(r, r))
+        self.overflow += int(np.count_nonzero(ar > fmt_max))
+        if float(ar.min()) < fmt_min_normal:  # fast path: nothing small, nothing to count
+            nonzero = ar > 0
+            self.flush += int(np.count_nonzero(nonzero & (ar < fmt_min_sub / 2)))
+            self.subnormal += int(np.count_nonzero((ar >= fmt_min_sub / 2) & (ar < fmt_min_normal)))
+            self.lost += int(np.count_nonzero(nonzero & (c == 0)))
 
     def record(self, fmt_max: float) -> LayerRecord:
         s = self.site
@@ -240,7 +245,7 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
 def _nan_birth(model: onnx.ModelProto, records: Sequence[LayerRecord]) -> str | None:
     """First tensor with NaN/Inf in the candidate whose producer's float inputs are finite."""
     by_name = {r.tensor: r for r in records}
-    inputs_of = {out: list(node.input) for node in model.graph.node for out in node.output}
+    inputs_of = producer_inputs(model)
     for r in records:
         if not (r.cand_nan or r.cand_inf) or r.ref_nonfinite:
             continue

@@ -258,7 +258,7 @@ def box_match_details(reference: Mapping[str, np.ndarray], candidate: Mapping[st
         MetricError: As :func:`extract_detections`, or batch sizes differ.
     """
     ref, cand = _both(reference, candidate, options)
-    return [match_image(r, c, iou, i) for i, (r, c) in enumerate(zip(ref, cand))]
+    return [match_image(r, c, iou, i) for i, (r, c) in enumerate(zip(ref, cand, strict=True))]
 
 
 def box_match(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray], *,
@@ -304,14 +304,14 @@ def box_map(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndar
         MetricError: As :func:`extract_detections`.
     """
     ref, cand = _both(reference, candidate, options)
-    details = [match_image(r, c, iou, i) for i, (r, c) in enumerate(zip(ref, cand))]
+    details = [match_image(r, c, iou, i) for i, (r, c) in enumerate(zip(ref, cand, strict=True))]
     labels = sorted(set(np.concatenate([d.labels for d in ref + cand]).tolist()))
     if not labels:
         return 1.0
     aps = []
     for label in labels:
         scores, hits, n_pos = [], [], 0
-        for r, c, d in zip(ref, cand, details):
+        for r, c, d in zip(ref, cand, details, strict=True):
             n_pos += int(np.count_nonzero(r.labels == label))
             tp = np.zeros(len(c.scores), dtype=bool)
             tp[[m[0] for m in d.matches]] = True

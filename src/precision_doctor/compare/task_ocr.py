@@ -293,7 +293,7 @@ def _decodings(probs: np.ndarray, charset: Sequence[str] | None,
             raise MetricError("ignore_case=true needs the character list: pass "
                               "charset=path/to/rec.onnx or charset=keys.txt")
         return [(seq, " ".join(map(str, seq)), conf) for seq, conf in ctc_best_path(probs)]
-    out = []
+    out: list[tuple[Sequence[Hashable], str, float]] = []
     for text, conf in ctc_greedy_decode(probs, charset):
         out.append((text.casefold() if ignore_case else text, text, conf))
     return out
@@ -327,7 +327,7 @@ def ctc_details(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.
                       reference_confidence=r[2], candidate_confidence=c[2],
                       equal=tuple(r[0]) == tuple(c[0]), edit_distance=edit_distance(r[0], c[0]),
                       reference_margin=None if np.isinf(m) else float(m))
-            for i, (r, c, m) in enumerate(zip(ref_dec, cand_dec, margins))]
+            for i, (r, c, m) in enumerate(zip(ref_dec, cand_dec, margins, strict=True))]
 
 
 def ctc_string_agreement(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray],

@@ -11,8 +11,10 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
+from onnx import helper
 
 from precision_doctor.errors import ModelLoadError
 
@@ -107,3 +109,24 @@ def opset_of(model: onnx.ModelProto) -> int:
         if imp.domain in ("", "ai.onnx"):
             return int(imp.version)
     return 1
+
+
+def input_metadata(model: onnx.ModelProto) -> list["TensorMeta"]:  # noqa: F821
+    """Graph inputs that are not initializers, as ``TensorMeta`` (dims: int or symbol name).
+
+    Returns:
+        ``list[TensorMeta]`` in model order; unknown dims are ``"?"``.
+    """
+    from precision_doctor.runners.base import TensorMeta  # runners import graph: avoid a cycle
+
+    inits = {t.name for t in model.graph.initializer}
+    metas = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else np.float32
+        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                     for d in tt.shape.dim)
+        metas.append(TensorMeta(vi.name, np.dtype(dtype), dims))
+    return metas

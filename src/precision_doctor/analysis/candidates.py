@@ -1,0 +1,94 @@
+"""Candidates: how to build the runner under test for a (possibly output-marked) model.
+
+A ``Candidate`` is a factory, because layerwise comparison rebuilds the runner for models with
+different marked outputs. ``candidate_from_spec`` maps the CLI's ``--runner`` text to one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import onnx
+
+from precision_doctor.analysis.layerwise import RunnerFactory
+from precision_doctor.errors import BackendError
+from precision_doctor.graph.outputs import mark_outputs
+from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.runners.emulator import EmulatorRunner
+from precision_doctor.runners.ort import OrtRunner
+from precision_doctor.runners.ort_options import ort_providers
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """How to build the candidate runner for a (possibly output-marked) model.
+
+    Attributes:
+        name: Label in reports.
+        factory: Model proto -> runner.
+        plan: The precision plan when the candidate is the emulator (enables measuring the
+            impact of each finding); None for real engines.
+    """
+
+    name: str
+    factory: RunnerFactory
+    plan: PrecisionPlan | None = None
+
+
+def emulated(plan: PrecisionPlan) -> Candidate:
+    """The CPU emulation of ``plan``."""
+    name = f"emulate-{plan.default.value}"
+    return Candidate(name, lambda m: EmulatorRunner(m, plan, name=name), plan)
+
+
+def onnxruntime(providers: Sequence[str], provider_options: Sequence[Mapping[str, str]] | None
+                = None, model: onnx.ModelProto | None = None, name: str | None = None
+                ) -> Candidate:
+    """ONNX Runtime with ``providers`` on ``model`` (default: the diagnosed model itself).
+
+    When ``model`` differs from the diagnosed model (e.g. an FP16 model written by ``fix``),
+    the tensors marked on the diagnosed model are marked on ``model`` too, by name.
+    """
+    label = name or "ort-" + "+".join(providers)
+
+    def factory(marked: onnx.ModelProto) -> OrtRunner:
+        target = marked if model is None else mark_outputs(
+            model, [o.name for o in marked.graph.output])
+        return OrtRunner(target, providers, provider_options, name=label)
+
+    return Candidate(label, factory)
+
+
+def reference_factory(model: onnx.ModelProto) -> OrtRunner:
+    """ONNX Runtime CPU in FP32: the trusted reference."""
+    return OrtRunner(model, ("cpu",), name="ort-cpu")
+
+
+
+
+def candidate_from_spec(spec: str, plan: PrecisionPlan,
+                        candidate_model: onnx.ModelProto | None = None) -> Candidate:
+    """Build the candidate named by ``spec``.
+
+    Args:
+        spec: ``emulate`` or an ONNX Runtime spec such as ``ort:cuda,tf32=0`` (see
+            ``precision_doctor.runners.ort_options``).
+        plan: The precision plan (used by ``emulate``).
+        candidate_model: For ``ort`` runners, run this model (e.g. the FP16 model written by
+            ``fix``) instead of the diagnosed one.
+
+    Raises:
+        BackendError: Unknown runner or bad ORT options.
+    """
+    text = spec.strip()
+    if text == "emulate":
+        if candidate_model is not None:
+            raise BackendError("--candidate-model is for ort runners; the emulator derives its "
+                               "model from the plan")
+        return emulated(plan)
+    if text.startswith("ort"):
+        providers, options = ort_providers(text)
+        return onnxruntime(providers, options, candidate_model, name=text.replace(",", " "))
+    raise BackendError(f"unknown runner {spec!r}: use 'emulate' or 'ort:<provider>[,options]' "
+                       "(e.g. ort:cuda,tf32=0)", runner=spec)

@@ -1,0 +1,109 @@
+"""The FP32 noise floor: how much the FP32 reference itself moves under harmless changes.
+
+Two probes, each compared with the reference outputs (relative L2 error):
+
+* ``fp64``: the same model computed in float64 (every float initializer, Constant, Cast target
+  and graph I/O switched to double), when ONNX Runtime CPU has double kernels for all its ops.
+  This measures the FP32 reference's own rounding error against a much more exact result.
+* ``no-graph-opt``: ONNX Runtime with graph optimizations disabled (no fusions, other kernels),
+  i.e. a different but equally valid FP32 evaluation order.
+
+The floor of an output is the largest of the probes that ran. An error at (a small multiple of)
+the floor is the model's conditioning, not a precision problem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from precision_doctor.compare.metrics import relative_l2
+from precision_doctor.errors import BackendError
+from precision_doctor.runners.ort import OrtRunner
+
+_F = TensorProto.FLOAT
+_D = TensorProto.DOUBLE
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """FP32 noise floor per output.
+
+    Attributes:
+        per_output: Output name -> floor (relative L2 error, the max over probes).
+        probes: Probe name -> {output name: relative L2 error}.
+        skipped: Probe name -> why it did not run.
+    """
+
+    per_output: dict[str, float]
+    probes: dict[str, dict[str, float]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "NoiseFloor":
+        return cls(dict(data["per_output"]), dict(data.get("probes", {})),
+                   dict(data.get("skipped", {})))
+
+
+def to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` computing in float64 wherever it computed in float32."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    for t in g.initializer:
+        if t.data_type == _F:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
+    for vi in list(g.input) + list(g.output):
+        if vi.type.tensor_type.elem_type == _F:
+            vi.type.tensor_type.elem_type = _D
+    del g.value_info[:]
+    for node in g.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == _F:
+                a.t.CopyFrom(numpy_helper.from_array(
+                    numpy_helper.to_array(a.t).astype(np.float64), a.t.name))
+            elif node.op_type == "Cast" and a.name == "to" and a.i == _F:
+                a.i = _D
+    return m
+
+
+def measure_noise_floor(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]],
+                        reference: Mapping[str, Sequence[np.ndarray]]) -> NoiseFloor:
+    """Run the probes and return the floor per output.
+
+    Args:
+        model: The FP32 model.
+        samples: Feed dicts.
+        reference: Output name -> reference arrays (one per sample).
+
+    Returns:
+        ``NoiseFloor``; probes that cannot run are listed in ``skipped`` with the reason.
+    """
+    probes: dict[str, dict[str, float]] = {}
+    skipped: dict[str, str] = {}
+    variants = {
+        "fp64": lambda: OrtRunner(to_float64(model), name="ort-cpu-fp64"),
+        "no-graph-opt": lambda: OrtRunner(model, name="ort-cpu-noopt", graph_optimization="disable"),
+    }
+    for probe, make in variants.items():
+        try:
+            with make() as runner:
+                outs: dict[str, list[np.ndarray]] = {k: [] for k in reference}
+                for feeds in samples:
+                    cast = {k: (v.astype(np.float64) if probe == "fp64" and v.dtype == np.float32
+                                else v) for k, v in feeds.items()}
+                    result = runner.run(cast)
+                    for k in reference:
+                        outs[k].append(result[k])
+            probes[probe] = {k: relative_l2(reference[k], outs[k]) for k in reference}
+        except BackendError as exc:
+            skipped[probe] = str(exc).splitlines()[0][:300]
+    per_output = {k: max((p[k] for p in probes.values()), default=0.0) for k in reference}
+    return NoiseFloor(per_output, probes, skipped)

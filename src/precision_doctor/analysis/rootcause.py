@@ -1,0 +1,245 @@
+"""Root causes: combine output metrics, the layerwise table and the hazard scan into findings.
+
+Each finding has a kind, the ONNX node and tensor, the evidence (numbers), a remedy, and, where
+it could be measured, its impact: the share of the output error that disappears when the
+finding's nodes alone are kept in FP32 (one extra emulated evaluation per finding).
+
+Kinds:
+    parameter-out-of-range  a weight/statistic does not fit the format (becomes inf)
+    activation-overflow     an activation exceeds the format max, or has < 2 bits of headroom
+    underflow               non-zero values flush to zero (epsilons, small activations)
+    nan-source              where NaN/Inf is first produced from finite inputs
+    accumulated-rounding    no single event: rounding error grows and is amplified by a node
+    reference-mismatch      two FP32 evaluations disagree beyond the noise floor
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from precision_doctor.analysis.hazards import Hazard
+from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
+from precision_doctor.compare.metrics import _from_json_float, _json_float
+from precision_doctor.formats import FORMATS, Precision
+
+LOW_HEADROOM_BITS = 2.0  # < 2 bits: a 4x larger input overflows
+MAX_FINDINGS = 12
+
+REMEDIES = {
+    "parameter-out-of-range": "keep {node} in FP32, or fold it into the producer "
+                              "(BatchNormalization into the preceding Conv: `precision-doctor "
+                              "fix` does this)",
+    "activation-overflow": "keep {node} (and the ops computing the large values) in FP32, or "
+                           "rescale: fuse a decomposed LayerNorm into LayerNormalization "
+                           "(opset >= 17) whose statistics engines keep in FP32",
+    "underflow": "keep {node} in FP32 or raise the epsilon/scale so it stays representable",
+    "nan-source": "keep {node} in FP32; NaN/Inf propagates from here to the outputs",
+    "accumulated-rounding": "keep {node} in FP32 (it amplifies upstream rounding error most); "
+                            "`precision-doctor fix` searches the smallest such set",
+    "reference-mismatch": "disable TF32 (CUDA EP use_tf32=0, TensorRT --noTF32), compare with "
+                          "deterministic algorithms, and check conditioning at {node}",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One explained problem.
+
+    Attributes:
+        kind: See the module docstring.
+        node: ONNX node name.
+        op_type: Its op type.
+        tensor: The tensor the evidence is about.
+        summary: One sentence with the numbers.
+        evidence: The numbers (JSON scalars).
+        remedy: What to do.
+        severity: ``error`` (measured to break the output), ``warning`` (risk), ``info``.
+        nodes: Nodes the remedy keeps in FP32.
+        impact: Share of the output error removed when ``nodes`` run in FP32 (0..1), or None.
+    """
+
+    kind: str
+    node: str
+    op_type: str
+    tensor: str
+    summary: str
+    evidence: dict
+    remedy: str
+    severity: str = "warning"
+    nodes: tuple[str, ...] = ()
+    impact: float | None = None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["nodes"] = list(self.nodes)
+        d["evidence"] = {k: _json_float(v) for k, v in self.evidence.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Finding":
+        d = dict(data)
+        d["nodes"] = tuple(d.get("nodes", ()))
+        d["evidence"] = {k: _from_json_float(v) if v in ("inf", "-inf", "nan") else v
+                         for k, v in d.get("evidence", {}).items()}
+        return cls(**d)
+
+
+def _remedy(kind: str, node: str) -> str:
+    return REMEDIES[kind].format(node=node)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+@dataclass
+class _Builder:
+    target: Precision
+    findings: list[Finding] = field(default_factory=list)
+    seen: set[tuple[str, str]] = field(default_factory=set)
+
+    def add(self, kind: str, rec_or_node, summary: str, evidence: dict, severity: str,
+            nodes: Sequence[str] | None = None, op_type: str = "", tensor: str = "") -> None:
+        if isinstance(rec_or_node, LayerRecord):
+            node, op_type, tensor = rec_or_node.node, rec_or_node.op_type, rec_or_node.tensor
+        else:
+            node = rec_or_node
+        if (kind, node) in self.seen:
+            return
+        self.seen.add((kind, node))
+        self.findings.append(Finding(kind, node, op_type, tensor, summary, evidence,
+                                     _remedy(kind, node), severity, tuple(nodes or (node,))))
+
+
+def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
+                   target: Precision, outputs_fail: bool,
+                   inputs_of: Mapping[str, Sequence[str]] | None = None) -> list[Finding]:
+    """Findings from the hazard scan and the layerwise table (impact not yet measured).
+
+    Args:
+        hazards: Static hazards.
+        layerwise: Layerwise comparison, or None when it was not run.
+        target: Target precision.
+        outputs_fail: Whether any output failed its tolerance.
+        inputs_of: Tensor -> input tensors of its producer (for error amplification).
+
+    Returns:
+        Findings in detection order.
+    """
+    fmt = FORMATS[target]
+    b = _Builder(target)
+    recs = {r.tensor: r for r in layerwise.records} if layerwise else {}
+    for h in hazards:
+        if h.kind == "parameter-out-of-range":
+            b.add("parameter-out-of-range", h.node, h.detail, dict(h.evidence), "error",
+                  op_type=h.op_type, tensor=h.tensor)
+        elif h.kind in ("parameter-underflow", "epsilon-underflow") and h.severity != "low":
+            b.add("underflow", h.node, h.detail, dict(h.evidence),
+                  "warning", op_type=h.op_type, tensor=h.tensor)
+    if layerwise:
+        birth = recs.get(layerwise.nan_birth) if layerwise.nan_birth else None
+        if birth:
+            overflowed = birth.overflow > 0 or birth.ref_max_abs > fmt.max
+            kind = "activation-overflow" if overflowed else "nan-source"
+            b.add(kind, birth, f"{birth.op_type} {birth.node} produces {birth.cand_inf} Inf and "
+                  f"{birth.cand_nan} NaN from finite inputs (reference max |x| "
+                  f"{_fmt(birth.ref_max_abs)} vs {fmt.name.upper()} max {fmt.max:g}): "
+                  "NaN/Inf is born here", _rec_evidence(birth), "error")
+        for r in layerwise.records:
+            if r.overflow and r.ref_nonfinite == 0:
+                b.add("activation-overflow", r, f"{r.op_type} {r.node} output {r.tensor} reaches "
+                      f"{_fmt(r.ref_max_abs)} > {fmt.name.upper()} max {fmt.max:g} "
+                      f"({r.overflow} elements)", _rec_evidence(r), "error")
+        for r in layerwise.records:
+            if 0 <= r.headroom_bits < LOW_HEADROOM_BITS and r.ref_max_abs > 0 and not r.overflow:
+                b.add("activation-overflow", r, f"{r.op_type} {r.node} output {r.tensor} peaks at "
+                      f"{_fmt(r.ref_max_abs)}: only {r.headroom_bits:.2f} bits of headroom below "
+                      f"{fmt.max:g} (a {2 ** r.headroom_bits:.1f}x larger input overflows)",
+                      _rec_evidence(r), "warning")
+        for r in layerwise.records:
+            if r.flush_to_zero > 0.01 * max(r.numel, 1) and r.rel_l2 > layerwise.threshold:
+                b.add("underflow", r, f"{r.op_type} {r.node}: {r.flush_to_zero} non-zero "
+                      f"reference values are below half the smallest {fmt.name.upper()} "
+                      f"subnormal ({fmt.min_subnormal / 2:.3g}) and flush to zero",
+                      _rec_evidence(r), "error")
+        for h in hazards:
+            if h.kind == "decomposed-layernorm":
+                rec = recs.get(h.tensor)
+                if rec is not None and rec.headroom_bits < LOW_HEADROOM_BITS:
+                    b.add("activation-overflow", rec, f"decomposed LayerNorm: squared deviation "
+                          f"{rec.tensor} peaks at {_fmt(rec.ref_max_abs)} (headroom "
+                          f"{rec.headroom_bits:.2f} bits)", _rec_evidence(rec),
+                          "error" if rec.overflow else "warning", nodes=h.nodes)
+        if outputs_fail:
+            for r, gain, upstream in top_amplifiers(layerwise, inputs_of or {}, 3):
+                b.add("accumulated-rounding", r, f"{r.op_type} {r.node} amplifies the error of "
+                      f"its inputs (rel_l2 {_fmt(upstream)}) {gain:.3g}x to rel_l2 "
+                      f"{_fmt(r.rel_l2)}: an ill-conditioned step (e.g. cancellation) that "
+                      "magnifies ordinary rounding", {**_rec_evidence(r), "gain": gain,
+                                                      "input_rel_l2": upstream}, "warning")
+    return b.findings
+
+
+def _rec_evidence(r: LayerRecord) -> dict:
+    return {"ref_max_abs": r.ref_max_abs, "headroom_bits": r.headroom_bits, "rel_l2": r.rel_l2,
+            "overflow": r.overflow, "cand_inf": r.cand_inf, "cand_nan": r.cand_nan,
+            "lost_to_zero": r.lost_to_zero, "numel": r.numel}
+
+
+def top_amplifiers(layerwise: LayerwiseResult, inputs_of: Mapping[str, Sequence[str]], k: int
+                   ) -> list[tuple[LayerRecord, float, float]]:
+    """The ``k`` tensors whose error grows most over the error of their producer's inputs.
+
+    gain = rel_l2(tensor) / max(largest rel_l2 among the producer's compared inputs, unit
+    roundoff of the format); only tensors that end above the divergence threshold count.
+
+    Returns:
+        (record, gain, input rel_l2) triples, largest gain first.
+    """
+    u = FORMATS[Precision(layerwise.target)].unit_roundoff
+    recs = {r.tensor: r for r in layerwise.records}
+    scored = []
+    for r in layerwise.records:
+        if not math.isfinite(r.rel_l2) or r.rel_l2 <= layerwise.threshold:
+            continue
+        ups = [recs[i].rel_l2 for i in inputs_of.get(r.tensor, ()) if i in recs]
+        upstream = max(ups, default=0.0)
+        if not math.isfinite(upstream):
+            continue
+        scored.append((r.rel_l2 / max(upstream, u), r, upstream))
+    scored.sort(key=lambda t: (-t[0], t[1].index))
+    return [(r, gain, up) for gain, r, up in scored[:k] if gain > 2.0]
+
+
+def rank_findings(findings: Sequence[Finding],
+                  measure: Callable[[Sequence[str]], float] | None,
+                  baseline_error: float, limit: int = MAX_FINDINGS) -> list[Finding]:
+    """Attach measured impact and sort: impact (desc), then severity, then detection order.
+
+    Args:
+        findings: Unranked findings.
+        measure: Output error when the given nodes run in FP32 (None: do not measure).
+        baseline_error: Output error of the candidate as is.
+        limit: Findings whose impact is measured (errors first); the rest keep None.
+
+    Returns:
+        Ranked findings.
+    """
+    severity_rank = {"error": 0, "warning": 1, "info": 2}
+    order = sorted(range(len(findings)), key=lambda i: (severity_rank[findings[i].severity], i))
+    ranked = list(findings)
+    if measure is not None and baseline_error > 0:
+        for i in order[:limit]:
+            f = findings[i]
+            after = measure(f.nodes)
+            if math.isinf(baseline_error):
+                impact = 1.0 if math.isfinite(after) else 0.0
+            else:
+                impact = max(0.0, (baseline_error - after) / baseline_error)
+            ranked[i] = Finding(**{**f.__dict__, "impact": impact,
+                                   "evidence": {**f.evidence, "output_error_if_fp32": after}})
+    keyed = sorted(range(len(ranked)), key=lambda i: (
+        -(ranked[i].impact or 0.0), severity_rank[ranked[i].severity], i))
+    return [ranked[i] for i in keyed]

@@ -1,0 +1,1 @@
+"""Workflows behind the CLI commands: load inputs, call the library, write outputs."""
