@@ -1,7 +1,8 @@
 """ONNX Runtime runner: the FP32 CPU reference and any execution provider (CUDA, TensorRT EP).
 
 Provider options follow ONNX Runtime's documentation, e.g. CUDA ``{"use_tf32": "0"}`` and the
-TensorRT EP's ``{"trt_fp16_enable": "1", "trt_layer_norm_fp32_fallback": "1"}``.
+TensorRT EP's ``{"trt_fp16_enable": "True"}`` (the TensorRT EP parses booleans as
+``True``/``False``; ``precision_doctor.runners.ort_options`` builds these from short specs).
 """
 
 from __future__ import annotations
