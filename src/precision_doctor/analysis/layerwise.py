@@ -145,30 +145,39 @@ class _Accumulator:
             r, c = r.astype(np.float64), c.astype(np.float64)
         self.numel += r.size
         r_ok, c_ok = np.isfinite(r), np.isfinite(c)
-        all_ok = bool(r_ok.all()) and bool(c_ok.all())
-        if not all_ok:
+        if not (bool(r_ok.all()) and bool(c_ok.all())):
             self.nan += int(np.count_nonzero(np.isnan(c)))
             self.inf += int(np.count_nonzero(np.isinf(c)))
             self.ref_bad += int(r.size - np.count_nonzero(r_ok))
+            self._range(np.abs(r[r_ok]), fmt_max, fmt_min_sub, fmt_min_normal)
             ok = r_ok & c_ok
             r, c = r[ok], c[ok]
             if r.size == 0:
                 return
-        ar = np.abs(r)
+        else:
+            self._range(np.abs(r), fmt_max, fmt_min_sub, fmt_min_normal)
         d = c - r
         ad = np.abs(d)
-        self.ref_max = max(self.ref_max, float(ar.max()))
         self.cand_max = max(self.cand_max, float(np.abs(c).max()))
         self.err_max = max(self.err_max, float(ad.max()))
         self.err_sum += float(ad.sum(dtype=np.float64))
         self.err2 += float(np.dot(d, d))
         self.ref2 += float(np.dot(r, r))
+        small = np.abs(r) < fmt_min_normal
+        if small.any():
+            self.lost += int(np.count_nonzero(small & (r != 0) & (c == 0)))
+
+    def _range(self, ar: np.ndarray, fmt_max: float, fmt_min_sub: float,
+               fmt_min_normal: float) -> None:
+        """Range statistics of the finite reference magnitudes ``ar``."""
+        if ar.size == 0:
+            return
+        self.ref_max = max(self.ref_max, float(ar.max()))
         self.overflow += int(np.count_nonzero(ar > fmt_max))
         if float(ar.min()) < fmt_min_normal:  # fast path: nothing small, nothing to count
             nonzero = ar > 0
             self.flush += int(np.count_nonzero(nonzero & (ar < fmt_min_sub / 2)))
             self.subnormal += int(np.count_nonzero((ar >= fmt_min_sub / 2) & (ar < fmt_min_normal)))
-            self.lost += int(np.count_nonzero(nonzero & (c == 0)))
 
     def record(self, fmt_max: float) -> LayerRecord:
         s = self.site

@@ -96,21 +96,29 @@ def _fmt(x: float) -> str:
 
 @dataclass
 class _Builder:
+    """Collects findings; a node inside a multi-node pattern (a decomposed LayerNorm) is
+    reported once for the whole pattern, whose nodes become the finding's remedy set."""
+
     target: Precision
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
-    seen: set[tuple[str, str]] = field(default_factory=set)
+    seen: set[tuple[str, tuple[str, ...]]] = field(default_factory=set)
 
     def add(self, kind: str, rec_or_node, summary: str, evidence: dict, severity: str,
-            nodes: Sequence[str] | None = None, op_type: str = "", tensor: str = "") -> None:
+            op_type: str = "", tensor: str = "") -> None:
         if isinstance(rec_or_node, LayerRecord):
             node, op_type, tensor = rec_or_node.node, rec_or_node.op_type, rec_or_node.tensor
         else:
             node = rec_or_node
-        if (kind, node) in self.seen:
+        nodes = self.groups.get(node, (node,))
+        if (kind, nodes) in self.seen:
             return
-        self.seen.add((kind, node))
+        self.seen.add((kind, nodes))
+        if len(nodes) > 1:
+            summary += f" (inside a decomposed LayerNorm of {len(nodes)} nodes, {nodes[0]} .. " \
+                       f"{nodes[-1]})"
         self.findings.append(Finding(kind, node, op_type, tensor, summary, evidence,
-                                     _remedy(kind, node), severity, tuple(nodes or (node,))))
+                                     _remedy(kind, node), severity, nodes))
 
 
 def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
@@ -129,7 +137,8 @@ def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
         Findings in detection order.
     """
     fmt = FORMATS[target]
-    b = _Builder(target)
+    b = _Builder(target, {n: h.nodes for h in hazards if h.kind == "decomposed-layernorm"
+                          for n in h.nodes})
     recs = {r.tensor: r for r in layerwise.records} if layerwise else {}
     for h in hazards:
         if h.kind == "parameter-out-of-range":
@@ -168,10 +177,9 @@ def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
             if h.kind == "decomposed-layernorm":
                 rec = recs.get(h.tensor)
                 if rec is not None and rec.headroom_bits < LOW_HEADROOM_BITS:
-                    b.add("activation-overflow", rec, f"decomposed LayerNorm: squared deviation "
-                          f"{rec.tensor} peaks at {_fmt(rec.ref_max_abs)} (headroom "
-                          f"{rec.headroom_bits:.2f} bits)", _rec_evidence(rec),
-                          "error" if rec.overflow else "warning", nodes=h.nodes)
+                    b.add("activation-overflow", rec, f"squared deviation {rec.tensor} peaks "
+                          f"at {_fmt(rec.ref_max_abs)} (headroom {rec.headroom_bits:.2f} bits)",
+                          _rec_evidence(rec), "error" if rec.overflow else "warning")
         if outputs_fail:
             for r, gain, upstream in top_amplifiers(layerwise, inputs_of or {}, 3):
                 b.add("accumulated-rounding", r, f"{r.op_type} {r.node} amplifies the error of "

@@ -1,0 +1,72 @@
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from precision_doctor.formats import Precision, round_to
+from precision_doctor.precision.emulate import emulate
+from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.runners.ort import OrtRunner
+from tiny_models import conv_bn, make_model, tensor
+
+VALUES = np.abs(np.concatenate([
+    (np.random.default_rng(0).standard_normal(20000)
+     * np.exp(np.random.default_rng(1).uniform(-25, 25, 20000))),
+    np.arange(0, 70000, 7)])).astype(np.float32)
+
+
+def _identity_model(op: str, opset: int):
+    if op == "MatMul":
+        nodes = [helper.make_node("MatMul", ["x", "one"], ["y"], name="n")]
+        inits = [tensor("one", np.ones((1, 1)))]
+        shape = [None, 1]
+    else:
+        nodes, inits, shape = [helper.make_node("Relu", ["x"], ["y"], name="n")], [], [None]
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits,
+                      opset)
+
+
+@pytest.mark.parametrize("precision,op,opset", [
+    (Precision.FP16, "Relu", 12), (Precision.BF16, "Relu", 13), (Precision.BF16, "Relu", 12),
+    (Precision.TF32, "MatMul", 12)])
+def test_activation_rounding_is_exact(precision, op, opset):
+    model = _identity_model(op, opset)
+    emulated, info = emulate(model, PrecisionPlan(precision))
+    x = VALUES if op == "Relu" else VALUES[:, None]
+    # Veltkamp (BF16 below opset 13) is exact on normal numbers; subnormals excluded
+    normal = x[np.abs(x) > 1.2e-38] if precision is Precision.BF16 and opset < 13 else x
+    with OrtRunner(emulated) as r:
+        y = r.run({"x": normal})["y"]
+    assert np.array_equal(y, round_to(normal, precision))
+    expected = "cast" if precision is Precision.FP16 or opset >= 13 else "veltkamp"
+    assert info.method[precision.value] == expected
+
+
+def test_fp32_nodes_untouched_and_out_of_range_parameter_becomes_inf():
+    model = conv_bn()
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    with OrtRunner(model) as r:
+        ref = r.run({"x": x})["y"]
+    fp16, _ = emulate(model, PrecisionPlan(Precision.FP16))
+    with OrtRunner(fp16) as r:
+        broken = r.run({"x": x})["y"]
+    # variance 9.8e7 -> inf in FP16: that channel's normalized output collapses to beta = 0
+    assert np.abs(broken[0, 3]).max() == 0 and np.abs(ref[0, 3]).max() > 0
+    kept, _ = emulate(model, PrecisionPlan(Precision.FP16).keep_fp32(["bn"], "test"))
+    with OrtRunner(kept) as r:
+        fixed = r.run({"x": x})["y"]
+    assert np.abs(fixed - ref).max() < 1e-2 * np.abs(ref).max()
+    same, info = emulate(model, PrecisionPlan(Precision.FP32))
+    with OrtRunner(same) as r:
+        assert np.array_equal(r.run({"x": x})["y"], ref)
+    assert info.rounded_activations == 0
+
+
+def test_emulation_keeps_names_and_model_untouched():
+    model = conv_bn()
+    before = model.SerializeToString()
+    emulated, _ = emulate(model, PrecisionPlan(Precision.FP16))
+    assert model.SerializeToString() == before
+    assert [o.name for o in emulated.graph.output] == ["y"]
+    produced = {o for n in emulated.graph.node for o in n.output}
+    assert {"c", "bn", "y"} <= produced  # rounded values keep the original tensor names

@@ -1,0 +1,97 @@
+"""Tiny ONNX models built in code for the tests (no files on disk)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+IR_VERSION = 8  # onnxruntime 1.31 reads IR <= 13; onnx 1.23 writes 14 by default
+
+
+@dataclass(frozen=True)
+class S:
+    """A sample (duck-types precision_doctor.inputs.Sample)."""
+
+    name: str
+    feeds: dict
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=13, metadata=None):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              ir_version=IR_VERSION)
+    for k, v in (metadata or {}).items():
+        model.metadata_props.add(key=k, value=v)
+    onnx.checker.check_model(model)
+    return model
+
+
+def tensor(name, array):
+    return numpy_helper.from_array(np.asarray(array, np.float32), name)
+
+
+def transformer_block(hot_value: float = 1000.0, hidden: int = 16, opset: int = 13,
+                      eps: float = 1e-5, pow_name: str = "ln/pow"):
+    """Linear -> decomposed LayerNorm -> Linear -> Softmax, with one hot channel.
+
+    The first linear layer's bias puts ``hot_value`` into channel 3 (the "large activation"
+    of field reports 1/2); the squared deviation then overflows FP16 at the Pow.
+    """
+    rng = np.random.default_rng(0)
+    w1 = rng.normal(0, 0.2, (hidden, hidden)).astype(np.float32)
+    b1 = np.zeros(hidden, np.float32)
+    b1[3] = hot_value
+    w2 = rng.normal(0, 0.2, (hidden, hidden)).astype(np.float32)
+    axes = {"axes": [-1]}
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h0"], name="fc1/matmul"),
+        helper.make_node("Add", ["h0", "b1"], ["h"], name="fc1/add"),
+        helper.make_node("ReduceMean", ["h"], ["mean"], name="ln/mean", **axes),
+        helper.make_node("Sub", ["h", "mean"], ["d"], name="ln/sub"),
+        helper.make_node("Pow", ["d", "two"], ["d2"], name=pow_name),
+        helper.make_node("ReduceMean", ["d2"], ["var"], name="ln/var", **axes),
+        helper.make_node("Add", ["var", "eps"], ["var_eps"], name="ln/add_eps"),
+        helper.make_node("Sqrt", ["var_eps"], ["std"], name="ln/sqrt"),
+        helper.make_node("Div", ["d", "std"], ["n"], name="ln/div"),
+        helper.make_node("Mul", ["n", "gamma"], ["ng"], name="ln/scale"),
+        helper.make_node("Add", ["ng", "beta"], ["ln_out"], name="ln/shift"),
+        helper.make_node("MatMul", ["ln_out", "w2"], ["logits"], name="fc2/matmul"),
+        helper.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=-1),
+    ]
+    inits = [tensor("w1", w1), tensor("b1", b1), tensor("w2", w2), tensor("two", 2.0),
+             tensor("eps", eps), tensor("gamma", np.ones(hidden)), tensor("beta",
+                                                                          np.zeros(hidden))]
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                            ["batch", 8, hidden])],
+                      [helper.make_tensor_value_info("probs", TensorProto.FLOAT,
+                                                     ["batch", 8, hidden])], inits, opset)
+
+
+def conv_bn(var_max: float = 9.8e7, channels: int = 4):
+    """Conv -> BatchNormalization -> Relu, with a running variance up to ``var_max``."""
+    rng = np.random.default_rng(1)
+    w = rng.normal(0, 0.5, (channels, 3, 3, 3)).astype(np.float32)
+    var = np.linspace(0.5, var_max, channels).astype(np.float32)
+    w *= np.sqrt(var)[:, None, None, None] / 4  # conv outputs on the scale of sqrt(variance)
+    mean = rng.normal(0, 1, channels).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["bn"], name="bn",
+                         epsilon=1e-5),
+        helper.make_node("Relu", ["bn"], ["y"], name="relu"),
+    ]
+    inits = [tensor("w", w), tensor("g", np.ones(channels)), tensor("b", np.zeros(channels)),
+             tensor("m", mean), tensor("v", var)]
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                            [1, 3, 8, 8])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                     [1, channels, 8, 8])], inits)
+
+
+def random_samples(shape, count=2, seed=0, scale=1.0, name="x"):
+    rng = np.random.default_rng(seed)
+    return [S(f"s{i}", {name: (rng.standard_normal(shape) * scale).astype(np.float32)})
+            for i in range(count)]
