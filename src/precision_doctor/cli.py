@@ -13,7 +13,8 @@ import typer
 from rich.console import Console
 
 from precision_doctor import __version__
-from precision_doctor.errors import PrecisionDoctorError
+from precision_doctor.errors import PrecisionDoctorError, TargetNotMetError
+from precision_doctor.graph.load import load_model
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Does your ONNX model survive FP16/BF16/TF32? Where and why does it "
@@ -88,6 +89,99 @@ def diagnose(
     except PrecisionDoctorError as exc:
         _fail(exc)
     raise typer.Exit(0 if report.passed else 1)
+
+
+@app.command("fix")
+def fix_command(
+    model: Path = typer.Argument(..., help="The FP32 ONNX model (never modified)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write the fixed model; "
+                                "plan, recipes and report are written next to it"),
+    data: str = typer.Option(..., "--data", "-d", help="Calibration data (as for diagnose)"),
+    preprocess: Optional[str] = typer.Option(None, "--preprocess", "-p", help="Image "
+                                             "preprocessing (as for diagnose)"),
+    target: str = typer.Option("fp16", "--target", "-t", help="fp16 or bf16"),
+    tolerance: List[str] = typer.Option([], "--tolerance", help="Output tolerance target "
+                                        "(as for diagnose)"),
+    metric: Optional[str] = typer.Option(None, "--metric", help="Task metric target: top1, "
+                                         "top5, mask-iou:threshold=0.3, ctc-string, psnr, "
+                                         "ssim, box-map, or module:function"),
+    threshold: Optional[float] = typer.Option(None, "--threshold", help="Pass mark of --metric "
+                                              "(on every sample)"),
+    keep: List[str] = typer.Option([], "--keep", help="Node name or op type forced to FP32"),
+    force_low: List[str] = typer.Option([], "--force-low", help="Node name or op type the "
+                                        "search must leave in low precision"),
+    no_rewrites: bool = typer.Option(False, "--no-rewrites", help="Skip BatchNorm folding, "
+                                     "LayerNorm fusion and constant folding"),
+    keep_io_types: bool = typer.Option(True, "--keep-io-types/--low-io-types", help="Keep "
+                                       "graph inputs/outputs FP32"),
+    runner: str = typer.Option("emulate", "--runner", "-r", help="Evaluate with the emulator "
+                               "or a real engine (ort:cuda,tf32=0)"),
+    max_samples: Optional[int] = typer.Option(None, "--max-samples"),
+    max_evals: int = typer.Option(60, "--max-evals", help="Search evaluation budget"),
+    html_path: Optional[Path] = typer.Option(None, "--html", help="Write the HTML report here"),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing output files"),
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+) -> None:
+    """Write a strongly typed mixed-precision model meeting the accuracy target."""
+    from precision_doctor.workflows.fix import run_fix
+
+    try:
+        result = run_fix(model, output, data=data, preprocess=preprocess, target=target,
+                         tolerances=tolerance, metric=metric, threshold=threshold, keep=keep,
+                         force_low=force_low, no_rewrites=no_rewrites,
+                         keep_io_types=keep_io_types, runner=runner, max_samples=max_samples,
+                         max_evals=max_evals, html_path=html_path, force=force,
+                         console=console, quiet=quiet)
+    except TargetNotMetError as exc:
+        err_console.print(f"target not met: {exc}", style="red", markup=False)
+        raise typer.Exit(1)
+    except PrecisionDoctorError as exc:
+        _fail(exc)
+    raise typer.Exit(0 if result.passed else 1)
+
+
+@app.command()
+def audit(
+    layer_info: Path = typer.Argument(..., help="TensorRT layer information JSON "
+                                      "(trtexec --exportLayerInfo / IEngineInspector)"),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="trtexec --exportProfile "
+                                           "JSON for time shares"),
+    onnx_model: Optional[Path] = typer.Option(None, "--onnx", help="The ONNX model the engine "
+                                              "was built from (maps fused regions to nodes)"),
+    plan: Optional[Path] = typer.Option(None, "--plan", help="Precision plan JSON: its FP32 "
+                                        "nodes are checked"),
+    expect_fp32: List[str] = typer.Option([], "--expect-fp32", help="Node name or glob that "
+                                          "should have run in FP32 (repeatable)"),
+    compare: Optional[Path] = typer.Option(None, "--compare", help="A second layer-info JSON "
+                                           "of the same model to compare builds"),
+    compare_profile: Optional[Path] = typer.Option(None, "--compare-profile"),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the JSON report"),
+    force: bool = typer.Option(False, "--force"),
+    max_layers: Optional[int] = typer.Option(40, "--max-layers", help="Layers shown (0 = all)"),
+) -> None:
+    """Audit a built TensorRT engine: the precision each layer ran in, mapped to ONNX nodes."""
+    from precision_doctor.audit import audit_engine, compare_builds, render_audit, \
+        render_build_diff
+    from precision_doctor.report.files import check_writable, write_json
+
+    try:
+        check_writable([json_path], force)
+        model = load_model(onnx_model) if onnx_model else None
+        report = audit_engine(layer_info, profile, model, str(plan) if plan else None,
+                              tuple(expect_fp32))
+        render_audit(report, console, max_layers=max_layers or None)
+        data = {"audit": report.to_dict()}
+        if compare:
+            other = audit_engine(compare, compare_profile, model)
+            diff = compare_builds(report, other)
+            render_build_diff(diff, console)
+            data["compare"] = diff.to_dict()
+        if json_path:
+            write_json(json_path, data, force)
+    except PrecisionDoctorError as exc:
+        _fail(exc)
+    flagged = any(f.kind == "fp32-not-honored" for f in report.findings)
+    raise typer.Exit(1 if flagged else 0)
 
 
 def run() -> None:  # pragma: no cover - console entry point helper

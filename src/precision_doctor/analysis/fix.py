@@ -1,0 +1,227 @@
+"""``fix``: rewrites, then the smallest FP32 set that meets the target, then a strongly typed
+mixed-precision model, verified with ONNX Runtime against the FP32 reference.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from precision_doctor import __version__
+from precision_doctor.analysis.candidates import emulated, reference_factory
+from precision_doctor.analysis.cost import compute_nodes, fp32_share, node_costs
+from precision_doctor.analysis.hazards import scan_hazards
+from precision_doctor.analysis.layerwise import compare_layerwise
+from precision_doctor.analysis.objective import Objective, Outputs, Score
+from precision_doctor.analysis.search import SearchResult, rank_by_sensitivity, search_fp32_set
+from precision_doctor.compare.metrics import compute_metrics
+from precision_doctor.errors import PlanError
+from precision_doctor.formats import Precision
+from precision_doctor.graph.outputs import producer_inputs
+from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.precision.rewrites import apply_rewrites
+from precision_doctor.precision.writer import write_mixed_precision
+from precision_doctor.runners.base import Runner
+from precision_doctor.runners.emulator import EmulatorRunner
+from precision_doctor.runners.ort import OrtRunner
+
+Progress = Callable[[str, int, int], None]
+RANKING_SAMPLES = 2  # layerwise ranking uses the first samples; every evaluation uses all
+
+
+@dataclass(frozen=True)
+class FixResult:
+    """Everything ``fix`` did; ``to_dict`` is the JSON report (schema ``precision-doctor/fix``).
+
+    Attributes:
+        model: The fixed strongly typed model.
+        plan: The final precision plan (every override with its reason).
+        search: The search result (evaluations, trials).
+        before / after: Output metrics (dicts) of the naive all-low model (emulated) and of the
+            fixed model run by ONNX Runtime CPU.
+        after_emulated: Output metrics of the emulated final plan.
+        score_before / score_after: Objective scores.
+        share: FP32 share by nodes / FLOPs / params.
+        rewrites / writer: Reports of the rewrites and the writer (dicts).
+        target / objective: What was asked.
+        seconds: Wall time per stage.
+    """
+
+    model: onnx.ModelProto
+    plan: PrecisionPlan
+    search: SearchResult
+    before: dict
+    after: dict
+    after_emulated: dict
+    score_before: Score
+    score_after: Score
+    share: dict
+    rewrites: dict
+    writer: dict
+    target: str
+    objective: str
+    seconds: dict = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return self.score_after.passed
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": "precision-doctor/fix", "schema_version": 1, "tool_version": __version__,
+            "verdict": "pass" if self.passed else "fail", "target": self.target,
+            "objective": self.objective, "plan": self.plan.to_dict(),
+            "fp32_share": self.share, "before": self.before, "after": self.after,
+            "after_emulated": self.after_emulated,
+            "score_before": _score_dict(self.score_before),
+            "score_after": _score_dict(self.score_after),
+            "search": {"evaluations": self.search.evaluations, "kept": list(self.search.kept),
+                       "ranking_head": list(self.search.ranking[:20]),
+                       "trials": [t.__dict__ for t in self.search.trials]},
+            "rewrites": self.rewrites, "writer": self.writer, "seconds": self.seconds,
+            "warnings": list(self.warnings),
+        }
+
+
+def _score_dict(s: Score) -> dict:
+    return {"passed": s.passed, "value": s.value, "detail": s.detail}
+
+
+def _run(runner: Runner, samples, names) -> dict[str, list[np.ndarray]]:
+    outs: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    with runner:
+        for s in samples:
+            res = runner.run(s.feeds)
+            for n in names:
+                outs[n].append(np.asarray(res[n], np.float32) if res[n].dtype.kind == "f"
+                               else res[n])
+    return outs
+
+
+def _metrics(ref: Outputs, cand: Outputs) -> dict:
+    return {k: compute_metrics(ref[k], cand[k]).to_dict() for k in ref
+            if np.asarray(ref[k][0]).dtype.kind == "f"}
+
+
+def _resolve(model: onnx.ModelProto, entries: Sequence[str], what: str) -> list[str]:
+    names = []
+    for e in entries:
+        hit = [n.name for n in model.graph.node if n.name == e or n.op_type == e]
+        if not hit:
+            raise PlanError(f"{what} {e!r} matches no node name or op type of the model "
+                            "(after rewrites: folded BatchNorms and fused LayerNorms are gone)",
+                            node=e)
+        names += hit
+    return names
+
+
+def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective: Objective,
+        keep: Sequence[str] = (), force_low: Sequence[str] = (), rewrites: Sequence[str] | None
+        = None, keep_io_types: bool = True, runner: Callable[[onnx.ModelProto], Runner]
+        | None = None, max_evals: int = 60, progress: Progress | None = None) -> FixResult:
+    """Find and write a mixed-precision model meeting ``objective``.
+
+    Args:
+        model: FP32 model (nodes named).
+        samples: Calibration samples (``.name``, ``.feeds``); every evaluation uses all.
+        target: FP16 or BF16 (TF32 is an engine switch: use ``diagnose --target tf32``).
+        objective: Tolerance or task metric.
+        keep: Node names/op types forced to FP32 (reason ``user``).
+        force_low: Node names/op types never put in FP32 by the search.
+        rewrites: Rewrite rules to apply (None = all; ``[]`` = none).
+        keep_io_types: Keep graph inputs/outputs FP32.
+        runner: Evaluate written models with this runner factory (e.g. ORT CUDA) instead of
+            the CPU emulator.
+        max_evals: Search evaluation budget.
+        progress: ``progress(stage, done, total)``.
+
+    Returns:
+        ``FixResult``.
+
+    Raises:
+        TargetNotMetError: Not even all-FP32 meets the target.
+        PlanError: ``keep``/``force_low`` name nothing.
+        BackendError: A runner fails.
+    """
+    if target not in (Precision.FP16, Precision.BF16):
+        raise PlanError(f"fix writes FP16 or BF16 models; {target.value} is an engine setting "
+                        "(TF32: check it with `diagnose --target tf32`)")
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    names = [o.name for o in model.graph.output]
+    reference = _run(reference_factory(model), samples, names)
+    naive = _run(EmulatorRunner(model, PrecisionPlan(target)), samples, names)
+    score_before = objective.score(reference, naive)
+    seconds["reference"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    fixed_src, rw_report = apply_rewrites(model, rewrites)
+    seconds["rewrites"] = time.perf_counter() - t0
+    base = PrecisionPlan(target)
+    user = _resolve(fixed_src, keep, "--keep")
+    if user:
+        base = base.keep_fp32(user, "user", "--keep")
+    forced = [h for h in scan_hazards(fixed_src, target) if h.kind == "parameter-out-of-range"]
+    for h in forced:
+        base = base.keep_fp32([h.node], "hazard", h.detail)
+    low = set(_resolve(fixed_src, force_low, "--force-low"))
+    fixed_nodes = set(base.overrides)
+    candidates = [n.name for n in compute_nodes(fixed_src)
+                  if n.name not in fixed_nodes and n.name not in low]
+
+    if runner is None:
+        def evaluate(plan: PrecisionPlan) -> Outputs:
+            return _run(EmulatorRunner(fixed_src, plan), samples, names)
+    else:
+        def evaluate(plan: PrecisionPlan) -> Outputs:
+            written, _ = write_mixed_precision(fixed_src, plan, keep_io_types)
+            return _run(runner(written), samples, names)
+
+    def ranking() -> list[str]:
+        t = time.perf_counter()
+        lw = compare_layerwise(fixed_src, [s.feeds for s in samples[:RANKING_SAMPLES]],
+                               reference_factory, emulated(base).factory, target,
+                               threshold=1e-2)
+        seconds["ranking"] = time.perf_counter() - t
+        hazard_nodes = [n for h in scan_hazards(fixed_src, target)
+                        if h.kind == "decomposed-layernorm" for n in h.nodes]
+        return rank_by_sensitivity(lw, candidates, producer_inputs(fixed_src), hazard_nodes)
+
+    t0 = time.perf_counter()
+    result = search_fp32_set(evaluate, reference, objective, base, ranking, max_evals, progress)
+    seconds["search"] = time.perf_counter() - t0 - seconds.get("ranking", 0.0)
+
+    t0 = time.perf_counter()
+    written, writer_report = write_mixed_precision(fixed_src, result.plan, keep_io_types)
+    after = _run(OrtRunner(written, name="ort-cpu-fixed"), samples, names)
+    after_emulated = _run(EmulatorRunner(fixed_src, result.plan), samples, names)
+    score_after = objective.score(reference, after)
+    seconds["write_verify"] = time.perf_counter() - t0
+    shapes = {k: v.shape for k, v in samples[0].feeds.items()}
+    final_fp32 = [n.name for n in compute_nodes(written)
+                  if _is_fp32_node(n.name, result.plan, writer_report)]
+    share = fp32_share(fixed_src, final_fp32, node_costs(fixed_src, shapes))
+    warnings = []
+    if not score_after.passed and result.score.passed:
+        warnings.append("the emulated plan meets the target but ONNX Runtime CPU on the written "
+                        f"model scores {score_after.value:.4g}: its FP16 kernels compute "
+                        "differently from the engine model the emulator assumes")
+    return FixResult(written, result.plan, result, _metrics(reference, naive), _metrics(reference, after),
+                     _metrics(reference, after_emulated), score_before, score_after, share,
+                     rw_report.to_dict(), _writer_dict(writer_report), target.value,
+                     objective.describe(), {k: round(v, 3) for k, v in seconds.items()},
+                     tuple(warnings))
+
+
+def _writer_dict(report) -> dict:
+    return report.to_dict() if hasattr(report, "to_dict") else dict(report)
+
+
+def _is_fp32_node(name: str, plan: PrecisionPlan, writer_report) -> bool:
+    forced: Mapping = getattr(writer_report, "forced_fp32", None) or {}
+    return plan.precision_of(name) is Precision.FP32 or name in forced

@@ -1,0 +1,193 @@
+"""Accuracy-driven search for the smallest set of nodes to keep in FP32.
+
+1. Evaluate the start plan (everything low precision except forced nodes). If it meets the
+   target: done, k = 0.
+2. Evaluate every candidate in FP32. If even that fails, the target cannot be met: raise
+   ``TargetNotMetError`` with the best score reached.
+3. Rank candidates by measured sensitivity (from one layerwise comparison of the start plan:
+   overflow/NaN births first, then local error gain = rel_l2(out) / rel_l2(inputs)).
+4. Grow: binary search for the shortest prefix of the ranking that meets the target
+   (log2 N evaluations, assuming more FP32 never hurts).
+5. Shrink: delta debugging (Zeller & Hildebrandt 2002, "ddmin") removes prefix nodes that are
+   not needed: O(k log m) evaluations for k needed nodes in a prefix of m.
+
+So the evaluation count is O(k log N), never an O(N) sweep over nodes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from precision_doctor.analysis.layerwise import LayerwiseResult
+from precision_doctor.analysis.objective import Objective, Outputs, Score
+from precision_doctor.errors import TargetNotMetError
+from precision_doctor.formats import FORMATS, Precision
+from precision_doctor.precision.plan import PrecisionPlan
+
+Evaluate = Callable[[PrecisionPlan], Outputs]
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One evaluation: how many nodes were FP32, the score, and why it was tried."""
+
+    stage: str
+    fp32_nodes: int
+    passed: bool
+    value: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The smallest FP32 set found.
+
+    Attributes:
+        plan: Start plan plus the FP32 nodes the search kept (reason ``search``).
+        kept: Nodes the search put in FP32 (beyond the forced ones), ranked.
+        score: Score of ``plan``.
+        trials: Every evaluation, in order.
+        ranking: Candidate nodes in sensitivity order (first 50).
+    """
+
+    plan: PrecisionPlan
+    kept: tuple[str, ...]
+    score: Score
+    trials: tuple[Trial, ...]
+    ranking: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def evaluations(self) -> int:
+        return len(self.trials)
+
+
+def rank_by_sensitivity(layerwise: LayerwiseResult, candidates: Sequence[str],
+                        inputs_of: dict[str, list[str]], priority: Sequence[str] = ()
+                        ) -> list[str]:
+    """Candidates ordered by how much error they add, most sensitive first.
+
+    Score of a node = +inf where its output overflows the format or NaN/Inf is born; otherwise
+    rel_l2(output) / max(largest rel_l2 of its inputs, unit roundoff): the local error gain.
+    ``priority`` nodes (e.g. hazard findings) come first, in their given order. Ties and nodes
+    without a measurement keep topological order.
+    """
+    u = FORMATS[Precision(layerwise.target)].unit_roundoff
+    recs = {r.tensor: r for r in layerwise.records}
+    score: dict[str, float] = {}
+    for r in layerwise.records:
+        if r.overflow or ((r.cand_inf or r.cand_nan) and not r.ref_nonfinite):
+            ups = [recs[i] for i in inputs_of.get(r.tensor, ()) if i in recs]
+            born = all(not (x.cand_inf or x.cand_nan) for x in ups)
+            s = math.inf if (r.overflow or born) else 0.0
+        elif math.isfinite(r.rel_l2):
+            up = max((recs[i].rel_l2 for i in inputs_of.get(r.tensor, ()) if i in recs
+                      and math.isfinite(recs[i].rel_l2)), default=0.0)
+            s = r.rel_l2 / max(up, u)
+        else:
+            s = 0.0
+        score[r.node] = max(score.get(r.node, 0.0), s)
+    order = {n: i for i, n in enumerate(candidates)}
+    first = [n for n in dict.fromkeys(priority) if n in order]
+    rest = sorted((n for n in candidates if n not in set(first)),
+                  key=lambda n: (-score.get(n, 0.0), order[n]))
+    return first + rest
+
+
+class _Evaluator:
+    def __init__(self, evaluate: Evaluate, reference: Outputs, objective: Objective,
+                 base: PrecisionPlan, max_evals: int,
+                 progress: Callable[[str, int, int], None] | None) -> None:
+        self.evaluate, self.reference, self.objective = evaluate, reference, objective
+        self.base, self.max_evals, self.progress = base, max_evals, progress
+        self.trials: list[Trial] = []
+        self.cache: dict[frozenset[str], Score] = {}
+
+    def __call__(self, nodes: Sequence[str], stage: str) -> Score:
+        key = frozenset(nodes)
+        if key in self.cache:
+            return self.cache[key]
+        t0 = time.perf_counter()
+        plan = self.base.keep_fp32(nodes, "search")
+        s = self.objective.score(self.reference, self.evaluate(plan))
+        self.trials.append(Trial(stage, len(key), s.passed, s.value, time.perf_counter() - t0))
+        self.cache[key] = s
+        if self.progress:
+            self.progress("search", len(self.trials), self.max_evals)
+        return s
+
+    @property
+    def budget_left(self) -> bool:
+        return len(self.trials) < self.max_evals
+
+
+def search_fp32_set(evaluate: Evaluate, reference: Outputs, objective: Objective,
+                    base: PrecisionPlan, ranking: Sequence[str] | Callable[[], Sequence[str]],
+                    max_evals: int = 60,
+                    progress: Callable[[str, int, int], None] | None = None) -> SearchResult:
+    """Find a small set of ``ranking`` nodes to keep in FP32 so ``objective`` passes.
+
+    Args:
+        evaluate: Plan -> candidate outputs on all calibration samples.
+        reference: Reference outputs on the same samples.
+        objective: The accuracy target.
+        base: Start plan (default low precision, forced FP32 nodes already in).
+        ranking: Candidate nodes, most sensitive first, or a function computing them (called
+            only when the start plan fails, since ranking needs a layerwise comparison).
+        max_evals: Evaluation budget; when reached, the best passing set so far is returned.
+        progress: ``progress("search", done, budget)``.
+
+    Returns:
+        ``SearchResult``.
+
+    Raises:
+        TargetNotMetError: Even with every candidate in FP32 the target is not met.
+    """
+    ev = _Evaluator(evaluate, reference, objective, base, max_evals, progress)
+    start = ev([], "start")
+    if start.passed:
+        return SearchResult(base, (), start, tuple(ev.trials))
+    ranking = list(ranking() if callable(ranking) else ranking)
+    full = ev(list(ranking), "all-fp32")
+    if not full.passed:
+        best = full if objective.better(full, start) else start
+        raise TargetNotMetError(
+            f"the target ({objective.describe()}) is not met even with all {len(ranking)} "
+            f"candidate nodes in FP32: best score {best.value:.4g}. The reference and the "
+            "candidate engine disagree beyond the target in FP32 itself: loosen the target or "
+            "check the engine (e.g. TF32, preprocessing).", best=best.value)
+    lo, hi = 0, len(ranking)  # prefix length: lo fails, hi passes
+    while hi - lo > 1 and ev.budget_left:
+        mid = (lo + hi) // 2
+        if ev(ranking[:mid], "grow").passed:
+            hi = mid
+        else:
+            lo = mid
+    kept = _ddmin(list(ranking[:hi]), ev)
+    score = ev(kept, "final")
+    plan = base.keep_fp32(kept, "search", "needed to meet the target (accuracy search)")
+    return SearchResult(plan, tuple(kept), score, tuple(ev.trials), tuple(ranking[:50]))
+
+
+def _ddmin(nodes: list[str], ev: _Evaluator) -> list[str]:
+    """Remove nodes while the target still passes (complement-only ddmin)."""
+    n = 2
+    while len(nodes) >= 2 and ev.budget_left:
+        size = math.ceil(len(nodes) / n)
+        chunks = [nodes[i:i + size] for i in range(0, len(nodes), size)]
+        for chunk in chunks:
+            rest = [x for x in nodes if x not in set(chunk)]
+            if not ev.budget_left:
+                break
+            if ev(rest, "shrink").passed:
+                nodes, n = rest, max(n - 1, 2)
+                break
+        else:
+            if n >= len(nodes):
+                break
+            n = min(len(nodes), 2 * n)
+    if len(nodes) == 1 and ev.budget_left and ev([], "shrink").passed:
+        return []
+    return nodes

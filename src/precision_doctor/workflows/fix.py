@@ -1,0 +1,172 @@
+"""The fix workflow behind the CLI: search, write the model, plan, recipes and reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from precision_doctor.analysis.fix import FixResult, fix
+from precision_doctor.analysis.objective import Objective
+from precision_doctor.compare.task_metrics import get_metric
+from precision_doctor.errors import InputError, MetricError
+from precision_doctor.graph.load import input_metadata, load_model
+from precision_doctor.inputs import load_samples
+from precision_doctor.report.files import check_writable, write_bytes_atomic, write_json, \
+    write_text_atomic
+from precision_doctor.report.progress import progress_bar
+from precision_doctor.runners.ort import OrtRunner
+from precision_doctor.runners.ort_options import ort_providers
+from precision_doctor.workflows.diagnose import parse_precision, parse_tolerances
+
+
+def sidecar_paths(output: Path) -> dict[str, Path]:
+    """Files written next to the fixed model: plan, recipes, JSON report."""
+    stem = output.with_suffix("")
+    return {"plan": Path(f"{stem}.plan.json"), "recipes": Path(f"{stem}.recipes.md"),
+            "report": Path(f"{stem}.report.json")}
+
+
+def build_objective(tolerances: Sequence[str], metric: str | None, threshold: float | None,
+                    target) -> Objective:
+    """A metric objective when ``metric`` is given, else a tolerance objective."""
+    if metric:
+        m = get_metric(metric)
+        if threshold is None and m.default_threshold is None:
+            raise MetricError(f"metric {metric!r} has no default threshold: pass --threshold")
+        return Objective(metric=m, threshold=threshold)
+    if threshold is not None:
+        raise InputError("--threshold needs --metric")
+    return Objective(tolerances=parse_tolerances(tolerances, target)
+                     or parse_tolerances(["rel_l2=" + str(_default(target))], target))
+
+
+def _default(target) -> float:
+    from precision_doctor.compare.tolerance import default_tolerance
+
+    return default_tolerance(target).rel_l2
+
+
+def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None, target: str,
+            tolerances: Sequence[str], metric: str | None, threshold: float | None,
+            keep: Sequence[str], force_low: Sequence[str], no_rewrites: bool,
+            keep_io_types: bool, runner: str, max_samples: int | None, max_evals: int,
+            html_path: Path | None, force: bool, console: Console, quiet: bool = False
+            ) -> FixResult:
+    """Run ``fix`` and write the fixed model, its plan, recipes and reports.
+
+    Raises:
+        PrecisionDoctorError: Any user-facing problem; nothing is written then.
+        TargetNotMetError: The target cannot be met even in FP32 (nothing is written).
+    """
+    side = sidecar_paths(output)
+    if output.resolve() == Path(model_path).resolve():
+        raise InputError("-o must differ from the input model: precision-doctor never "
+                         "overwrites your model")
+    check_writable([output, *side.values(), html_path], force)
+    precision = parse_precision(target)
+    model = load_model(model_path)
+    samples = load_samples(data, input_metadata(model), preprocess, max_samples)
+    objective = build_objective(tolerances, metric, threshold, precision)
+    factory = None
+    if runner != "emulate":
+        providers, options = ort_providers(runner)
+
+        def factory(m):
+            return OrtRunner(m, providers, options, name=runner)
+
+    with progress_bar(console, enabled=not quiet and console.is_terminal) as progress:
+        result = fix(model, samples, precision, objective, keep, force_low,
+                     [] if no_rewrites else None, keep_io_types, factory, max_evals, progress)
+    report = result.to_dict()
+    report["model"] = {"input": str(model_path), "output": str(output)}
+    recipes_md = _recipes(result, model_path, output, samples, report)
+    write_bytes_atomic(output, result.model.SerializeToString(), force)
+    write_json(side["plan"], result.plan.to_dict(), force)
+    write_text_atomic(side["recipes"], recipes_md, force)
+    write_json(side["report"], report, force)
+    if html_path:
+        write_text_atomic(html_path, _fix_html(model, result, samples, precision, report), force)
+    if not quiet:
+        render_fix(result, console)
+        for name, path in [("model", output), *side.items()] + (
+                [("html", html_path)] if html_path else []):
+            console.print(f"{name}: {path}", markup=False)
+    else:
+        console.print(f"{'PASS' if result.passed else 'FAIL'}: wrote {output}", markup=False)
+    return result
+
+
+def _fix_html(model, result: FixResult, samples, precision, report: dict) -> str:
+    """HTML report: a diagnosis of the written model (run by ONNX Runtime CPU) against the
+    FP32 reference, plus the fix section (before/after, plan, recipes)."""
+    from precision_doctor.analysis.candidates import onnxruntime
+    from precision_doctor.analysis.diagnose import diagnose
+    from precision_doctor.report.html import render_html
+
+    after = diagnose(model, samples, precision,
+                     onnxruntime(["cpu"], model=result.model, name="ort-cpu-fixed"),
+                     noise=False, measure_impact=False, model_path=report["model"]["input"])
+    plan_rows = [{"node": n, "op_type": next((x.op_type for x in result.model.graph.node
+                                             if x.name == n), ""),
+                  "precision": d.precision.value, "reason": d.reason, "detail": d.detail}
+                 for n, d in result.plan.overrides.items()]
+    summary = {"before": result.before, "after": result.after, "plan": plan_rows,
+               "fp32_share_nodes": result.share["nodes"],
+               "fp32_share_flops": result.share["flops"],
+               "recipes": {k: v for k, v in report.get("recipes", {}).items()
+                           if isinstance(v, str)}}
+    return render_html(after, fix=summary)
+
+
+def _recipes(result: FixResult, model_path: Path, output: Path, samples, report: dict) -> str:
+    """Engine recipes as markdown (also stored in the JSON report)."""
+    try:
+        from precision_doctor.precision.recipes import build_recipes
+    except ImportError:  # pragma: no cover - recipes module is part of the package
+        return "# Recipes\n\nunavailable\n"
+    shapes: dict[str, list[list[int]]] = {}
+    for s in samples:
+        for k, v in s.feeds.items():
+            shapes.setdefault(k, []).append(list(v.shape))
+    recipes = build_recipes(fixed_model=str(output), original_model=str(model_path),
+                            plan=result.plan, target=result.target, tf32=False,
+                            input_shapes=shapes)
+    report["recipes"] = recipes.to_dict()
+    return recipes.render_markdown()
+
+
+def render_fix(result: FixResult, console: Console) -> None:
+    """Before/after table, FP32 share and the nodes kept in FP32."""
+    ok = result.passed
+    console.print(f"[bold {'green' if ok else 'red'}]{'PASS' if ok else 'FAIL'}[/] "
+                  f"{result.target.upper()} target: {escape(result.objective)}")
+    t = Table(title="Before / after (relative L2 vs FP32 reference)", title_justify="left")
+    for col in ("output", "naive (emulated)", "fixed (ORT CPU)", "fixed (emulated)"):
+        t.add_column(col)
+    for name in result.before:
+        t.add_row(escape(name), f"{result.before[name]['rel_l2']:.3g}",
+                  f"{result.after[name]['rel_l2']:.3g}",
+                  f"{result.after_emulated[name]['rel_l2']:.3g}")
+    console.print(t)
+    console.print(f"objective score: before {result.score_before.value:.4g} -> after "
+                  f"{result.score_after.value:.4g}")
+    s = result.share
+    console.print(f"FP32: {s['fp32_nodes']} of {s['compute_nodes']} compute nodes "
+                  f"({s['nodes']:.1%}), {s['flops']:.1%} of FLOPs, {s['params']:.1%} of "
+                  f"parameters; {result.search.evaluations} evaluations")
+    applied = [r for r in result.rewrites.get("records", []) if r.get("applied")]
+    if applied:
+        counts: dict[str, int] = {}
+        for r in applied:
+            counts[r["rule"]] = counts.get(r["rule"], 0) + 1
+        console.print("rewrites: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))
+    for name, d in result.plan.overrides.items():
+        console.print(f"  FP32 {escape(name)}: {d.reason} {escape(d.detail)}")
+    for w in result.warnings:
+        console.print(f"[yellow]warning:[/] {escape(w)}")
+
+
