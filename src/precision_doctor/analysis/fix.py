@@ -39,6 +39,7 @@ class FixResult:
 
     Attributes:
         model: The fixed strongly typed model.
+        rewritten: The FP32 model after the numerically safe rewrites (the plan's node names).
         plan: The final precision plan (every override with its reason).
         search: The search result (evaluations, trials).
         before / after: Output metrics (dicts) of the naive all-low model (emulated) and of the
@@ -52,6 +53,7 @@ class FixResult:
     """
 
     model: onnx.ModelProto
+    rewritten: onnx.ModelProto
     plan: PrecisionPlan
     search: SearchResult
     before: dict
@@ -211,7 +213,7 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         warnings.append("the emulated plan meets the target but ONNX Runtime CPU on the written "
                         f"model scores {score_after.value:.4g}: its FP16 kernels compute "
                         "differently from the engine model the emulator assumes")
-    return FixResult(written, result.plan, result, _metrics(reference, naive), _metrics(reference, after),
+    return FixResult(written, fixed_src, result.plan, result, _metrics(reference, naive), _metrics(reference, after),
                      _metrics(reference, after_emulated), score_before, score_after, share,
                      rw_report.to_dict(), _writer_dict(writer_report), target.value,
                      objective.describe(), {k: round(v, 3) for k, v in seconds.items()},

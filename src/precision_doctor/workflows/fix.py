@@ -24,10 +24,12 @@ from precision_doctor.workflows.diagnose import parse_precision, parse_tolerance
 
 
 def sidecar_paths(output: Path) -> dict[str, Path]:
-    """Files written next to the fixed model: plan, recipes, JSON report."""
+    """Files written next to the fixed model: plan, recipes, JSON report, and the rewritten
+    FP32 model (the base of the weakly typed TensorRT route: its node names are the plan's)."""
     stem = output.with_suffix("")
     return {"plan": Path(f"{stem}.plan.json"), "recipes": Path(f"{stem}.recipes.md"),
-            "report": Path(f"{stem}.report.json")}
+            "report": Path(f"{stem}.report.json"),
+            "rewritten": Path(f"{stem}.rewritten-fp32.onnx")}
 
 
 def build_objective(tolerances: Sequence[str], metric: str | None, threshold: float | None,
@@ -83,8 +85,9 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
                      [] if no_rewrites else None, keep_io_types, factory, max_evals, progress)
     report = result.to_dict()
     report["model"] = {"input": str(model_path), "output": str(output)}
-    recipes_md = _recipes(result, model_path, output, samples, report)
+    recipes_md = _recipes(result, side, output, samples, report, model)
     write_bytes_atomic(output, result.model.SerializeToString(), force)
+    write_bytes_atomic(side["rewritten"], result.rewritten.SerializeToString(), force)
     write_json(side["plan"], result.plan.to_dict(), force)
     write_text_atomic(side["recipes"], recipes_md, force)
     write_json(side["report"], report, force)
@@ -122,19 +125,20 @@ def _fix_html(model, result: FixResult, samples, precision, report: dict) -> str
     return render_html(after, fix=summary)
 
 
-def _recipes(result: FixResult, model_path: Path, output: Path, samples, report: dict) -> str:
+def _recipes(result: FixResult, side: dict[str, Path], output: Path, samples, report: dict,
+             model) -> str:
     """Engine recipes as markdown (also stored in the JSON report)."""
-    try:
-        from precision_doctor.precision.recipes import build_recipes
-    except ImportError:  # pragma: no cover - recipes module is part of the package
-        return "# Recipes\n\nunavailable\n"
+    from precision_doctor.precision.recipes import build_recipes
+
     shapes: dict[str, list[list[int]]] = {}
     for s in samples:
         for k, v in s.feeds.items():
             shapes.setdefault(k, []).append(list(v.shape))
-    recipes = build_recipes(fixed_model=str(output), original_model=str(model_path),
+    dynamic = any(m.is_dynamic() for m in input_metadata(model))
+    recipes = build_recipes(fixed_model=str(output), original_model=str(side["rewritten"]),
                             plan=result.plan, target=result.target, tf32=False,
-                            input_shapes=shapes)
+                            input_shapes=shapes, dynamic=dynamic,
+                            plan_json=str(side["plan"]))
     report["recipes"] = recipes.to_dict()
     return recipes.render_markdown()
 
