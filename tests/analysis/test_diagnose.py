@@ -88,3 +88,18 @@ def test_tolerance_and_noise_floor_in_verdict():
     loose = _diagnose(model, samples, tolerances=Tolerance(rel_l2=0.5), layerwise=False)
     assert loose.verdict == "pass"
     assert math.isfinite(loose.outputs[0].metrics.snr_db)
+
+
+def test_fp32_engine_mismatch_is_localized_and_blamed_on_tf32():
+    """Field report 3: an "FP32" engine with TF32 left on differs from ONNX Runtime CPU."""
+    from dataclasses import replace
+
+    model = transformer_block(hot_value=30.0)
+    tf32_engine = replace(emulated(PrecisionPlan(Precision.TF32)), name="engine-fp32", plan=None,
+                          tf32=True)
+    report = diagnose(model, random_samples((1, 8, 16)), Precision.FP32, tf32_engine,
+                      noise=False)
+    assert report.verdict == "fail"
+    mismatch = [f for f in report.findings if f.kind == "reference-mismatch"]
+    assert mismatch and mismatch[0].node == "fc1/matmul"
+    assert mismatch[0].evidence["cause"] == "tf32"

@@ -29,11 +29,14 @@ class Candidate:
         factory: Model proto -> runner.
         plan: The precision plan when the candidate is the emulator (enables measuring the
             impact of each finding); None for real engines.
+        tf32: Whether the engine may use TF32 for FP32 MatMul/Conv (None: not applicable).
+            ONNX Runtime's CUDA EP enables TF32 unless ``use_tf32=0`` (CUDA EP docs).
     """
 
     name: str
     factory: RunnerFactory
     plan: PrecisionPlan | None = None
+    tf32: bool | None = None
 
 
 def emulated(plan: PrecisionPlan) -> Candidate:
@@ -57,7 +60,11 @@ def onnxruntime(providers: Sequence[str], provider_options: Sequence[Mapping[str
             model, [o.name for o in marked.graph.output])
         return OrtRunner(target, providers, provider_options, name=label)
 
-    return Candidate(label, factory)
+    tf32 = None
+    if providers and providers[0] == "CUDAExecutionProvider":
+        opts = (provider_options or [{}])[0]
+        tf32 = str(opts.get("use_tf32", "1")).lower() not in ("0", "false")
+    return Candidate(label, factory, tf32=tf32)
 
 
 def reference_factory(model: onnx.ModelProto) -> OrtRunner:

@@ -131,7 +131,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         timings["layerwise"] = time.perf_counter() - t0
 
     hazards = scan_hazards(model, target)
-    findings = build_findings(hazards, lw, target, verdict == "fail", producer_inputs(model))
+    findings = build_findings(hazards, lw, target, verdict == "fail", producer_inputs(model),
+                              candidate.tf32)
     t0 = time.perf_counter()
     measure = None
     if measure_impact and candidate.plan is not None and verdict == "fail":

@@ -100,6 +100,7 @@ class _Builder:
     reported once for the whole pattern, whose nodes become the finding's remedy set."""
 
     target: Precision
+    outputs_fail: bool = True
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     seen: set[tuple[str, tuple[str, ...]]] = field(default_factory=set)
@@ -114,6 +115,8 @@ class _Builder:
         if (kind, nodes) in self.seen:
             return
         self.seen.add((kind, nodes))
+        if severity == "error" and not self.outputs_fail:
+            severity = "warning"  # measured locally, but the outputs still meet the target
         if len(nodes) > 1:
             summary += f" (inside a decomposed LayerNorm of {len(nodes)} nodes, {nodes[0]} .. " \
                        f"{nodes[-1]})"
@@ -123,7 +126,8 @@ class _Builder:
 
 def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
                    target: Precision, outputs_fail: bool,
-                   inputs_of: Mapping[str, Sequence[str]] | None = None) -> list[Finding]:
+                   inputs_of: Mapping[str, Sequence[str]] | None = None,
+                   tf32: bool | None = None) -> list[Finding]:
     """Findings from the hazard scan and the layerwise table (impact not yet measured).
 
     Args:
@@ -132,12 +136,13 @@ def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
         target: Target precision.
         outputs_fail: Whether any output failed its tolerance.
         inputs_of: Tensor -> input tensors of its producer (for error amplification).
+        tf32: Whether the candidate engine may use TF32 (FP32 comparisons only).
 
     Returns:
         Findings in detection order.
     """
     fmt = FORMATS[target]
-    b = _Builder(target, {n: h.nodes for h in hazards if h.kind == "decomposed-layernorm"
+    b = _Builder(target, outputs_fail, {n: h.nodes for h in hazards if h.kind == "decomposed-layernorm"
                           for n in h.nodes})
     recs = {r.tensor: r for r in layerwise.records} if layerwise else {}
     for h in hazards:
@@ -180,7 +185,9 @@ def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
                     b.add("activation-overflow", rec, f"squared deviation {rec.tensor} peaks "
                           f"at {_fmt(rec.ref_max_abs)} (headroom {rec.headroom_bits:.2f} bits)",
                           _rec_evidence(rec), "error" if rec.overflow else "warning")
-        if outputs_fail:
+        if outputs_fail and target is Precision.FP32:
+            _reference_mismatch(b, layerwise, inputs_of or {}, tf32)
+        elif outputs_fail:
             for r, gain, upstream in top_amplifiers(layerwise, inputs_of or {}, 3):
                 b.add("accumulated-rounding", r, f"{r.op_type} {r.node} amplifies the error of "
                       f"its inputs (rel_l2 {_fmt(upstream)}) {gain:.3g}x to rel_l2 "
@@ -188,6 +195,37 @@ def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
                       "magnifies ordinary rounding", {**_rec_evidence(r), "gain": gain,
                                                       "input_rel_l2": upstream}, "warning")
     return b.findings
+
+
+TF32_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+
+
+def _reference_mismatch(b: _Builder, layerwise: LayerwiseResult,
+                        inputs_of: Mapping[str, Sequence[str]], tf32: bool | None) -> None:
+    """Two FP32 evaluations disagree: localize where and classify why.
+
+    Classes: ``tf32`` (the engine may round MatMul/Conv inputs to 10 mantissa bits and the
+    first divergence is such an op), ``ill-conditioned`` (a node multiplies the small
+    difference it receives by > 10x: any FP32 reordering is magnified there), otherwise
+    ``algorithm-choice`` (different kernels or summation order, not amplified).
+    """
+    first = layerwise.record(layerwise.first_divergence) if layerwise.first_divergence else None
+    amplifiers = top_amplifiers(layerwise, inputs_of, 3)
+    if first is not None:
+        cause = ("tf32" if tf32 and first.op_type in TF32_OPS else "algorithm-choice")
+        b.add("reference-mismatch", first,
+              f"the two FP32 engines first differ beyond {layerwise.threshold:g} (rel L2) at "
+              f"{first.op_type} {first.node} ({first.tensor}: rel L2 {_fmt(first.rel_l2)}); "
+              f"cause: {cause}" + (" (TF32 is on: CUDA EP use_tf32 defaults to 1)"
+                                   if tf32 else ""),
+              {**_rec_evidence(first), "cause": cause, "tf32": bool(tf32)}, "error")
+    for r, gain, upstream in amplifiers:
+        if gain > 10:
+            b.add("reference-mismatch", r,
+                  f"{r.op_type} {r.node} is ill-conditioned: it magnifies the FP32 difference it "
+                  f"receives (rel L2 {_fmt(upstream)}) {gain:.3g}x to {_fmt(r.rel_l2)}",
+                  {**_rec_evidence(r), "cause": "ill-conditioned", "gain": gain,
+                   "input_rel_l2": upstream}, "warning")
 
 
 def _rec_evidence(r: LayerRecord) -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -20,6 +22,11 @@ from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.report.files import check_writable, write_json, write_text_atomic
 from precision_doctor.report.progress import progress_bar
 from precision_doctor.report.terminal import render_diagnosis
+
+
+def invocation() -> str:
+    """The command line that produced this run, shell-quoted (for "reproduce" sections)."""
+    return shlex.join(["precision-doctor", *sys.argv[1:]])
 
 
 def parse_precision(text: str) -> Precision:
@@ -110,7 +117,7 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
     if html_path:
         from precision_doctor.report.html import render_html
 
-        write_text_atomic(html_path, render_html(report), force)
+        write_text_atomic(html_path, render_html(report, command=invocation()), force)
         if not quiet:
             console.print(f"HTML report: {html_path}", markup=False)
     return report

@@ -20,7 +20,7 @@ from precision_doctor.report.files import check_writable, write_bytes_atomic, wr
 from precision_doctor.report.progress import progress_bar
 from precision_doctor.runners.ort import OrtRunner
 from precision_doctor.runners.ort_options import ort_providers
-from precision_doctor.workflows.diagnose import parse_precision, parse_tolerances
+from precision_doctor.workflows.diagnose import invocation, parse_precision, parse_tolerances
 
 
 def sidecar_paths(output: Path) -> dict[str, Path]:
@@ -122,7 +122,7 @@ def _fix_html(model, result: FixResult, samples, precision, report: dict) -> str
                "fp32_share_flops": result.share["flops"],
                "recipes": {k: v for k, v in report.get("recipes", {}).items()
                            if isinstance(v, str)}}
-    return render_html(after, fix=summary)
+    return render_html(after, fix=summary, command=invocation())
 
 
 def _recipes(result: FixResult, side: dict[str, Path], output: Path, samples, report: dict,
