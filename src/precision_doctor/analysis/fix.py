@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -25,6 +25,7 @@ from precision_doctor.graph.outputs import producer_inputs
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.precision.rewrites import apply_rewrites
 from precision_doctor.precision.writer import write_mixed_precision
+from precision_doctor.precision.writer_report import WriterReport
 from precision_doctor.runners.base import Runner
 from precision_doctor.runners.emulator import EmulatorRunner
 from precision_doctor.runners.ort import OrtRunner
@@ -215,15 +216,11 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
                         "differently from the engine model the emulator assumes")
     return FixResult(written, fixed_src, result.plan, result, _metrics(reference, naive), _metrics(reference, after),
                      _metrics(reference, after_emulated), score_before, score_after, share,
-                     rw_report.to_dict(), _writer_dict(writer_report), target.value,
+                     rw_report.to_dict(), writer_report.to_dict(), target.value,
                      objective.describe(), {k: round(v, 3) for k, v in seconds.items()},
                      tuple(warnings))
 
 
-def _writer_dict(report) -> dict:
-    return report.to_dict() if hasattr(report, "to_dict") else dict(report)
-
-
-def _is_fp32_node(name: str, plan: PrecisionPlan, writer_report) -> bool:
-    forced: Mapping = getattr(writer_report, "forced_fp32", None) or {}
-    return plan.precision_of(name) is Precision.FP32 or name in forced
+def _is_fp32_node(name: str, plan: PrecisionPlan, writer_report: WriterReport) -> bool:
+    return (plan.precision_of(name) is Precision.FP32
+            or name in {k.node for k in writer_report.kept_fp32})

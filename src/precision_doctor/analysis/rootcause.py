@@ -28,12 +28,9 @@ LOW_HEADROOM_BITS = 2.0  # < 2 bits: a 4x larger input overflows
 MAX_FINDINGS = 12
 
 REMEDIES = {
-    "parameter-out-of-range": "keep {node} in FP32, or fold it into the producer "
-                              "(BatchNormalization into the preceding Conv: `precision-doctor "
-                              "fix` does this)",
+    "parameter-out-of-range": "keep {node} in FP32, or bring the parameter into range",
     "activation-overflow": "keep {node} (and the ops computing the large values) in FP32, or "
-                           "rescale: fuse a decomposed LayerNorm into LayerNormalization "
-                           "(opset >= 17) whose statistics engines keep in FP32",
+                           "rescale its inputs",
     "underflow": "keep {node} in FP32 or raise the epsilon/scale so it stays representable",
     "nan-source": "keep {node} in FP32; NaN/Inf propagates from here to the outputs",
     "accumulated-rounding": "keep {node} in FP32 (it amplifies upstream rounding error most); "
@@ -41,6 +38,21 @@ REMEDIES = {
     "reference-mismatch": "disable TF32 (CUDA EP use_tf32=0, TensorRT --noTF32), compare with "
                           "deterministic algorithms, and check conditioning at {node}",
 }
+# Op-specific remedies that keep low precision (what `precision-doctor fix` rewrites).
+OP_REMEDIES = {
+    ("parameter-out-of-range", "BatchNormalization"):
+        "fold {node} into the preceding Conv/Gemm (computed in float64: the out-of-range "
+        "variance disappears; `precision-doctor fix` does this), or keep it in FP32",
+    ("parameter-out-of-range", "Where"):
+        "use a fill value in range (e.g. -65504 = -max FP16, or finfo(float16).min) for the "
+        "mask; -inf is harmless for Softmax unless a whole row is masked (then NaN)",
+    ("parameter-out-of-range", "Add"):
+        "if this is an attention mask, use a fill value in range (-65504); else keep {node} in "
+        "FP32",
+}
+LAYERNORM_REMEDY = ("fuse the decomposed LayerNorm into one LayerNormalization (opset >= 17), "
+                    "whose statistics engines compute in FP32 (`precision-doctor fix` does "
+                    "this), or keep its nodes in FP32")
 
 
 @dataclass(frozen=True)
@@ -86,8 +98,10 @@ class Finding:
         return cls(**d)
 
 
-def _remedy(kind: str, node: str) -> str:
-    return REMEDIES[kind].format(node=node)
+def _remedy(kind: str, node: str, op_type: str = "", in_layernorm: bool = False) -> str:
+    if in_layernorm and kind in ("activation-overflow", "nan-source", "underflow"):
+        return LAYERNORM_REMEDY
+    return OP_REMEDIES.get((kind, op_type), REMEDIES[kind]).format(node=node)
 
 
 def _fmt(x: float) -> str:
@@ -121,7 +135,8 @@ class _Builder:
             summary += f" (inside a decomposed LayerNorm of {len(nodes)} nodes, {nodes[0]} .. " \
                        f"{nodes[-1]})"
         self.findings.append(Finding(kind, node, op_type, tensor, summary, evidence,
-                                     _remedy(kind, node), severity, nodes))
+                                     _remedy(kind, node, op_type, len(nodes) > 1), severity,
+                                     nodes))
 
 
 def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
