@@ -202,7 +202,8 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     t0 = time.perf_counter()
     written, writer_report = write_mixed_precision(fixed_src, result.plan, keep_io_types)
     after = _run(OrtRunner(written, name="ort-cpu-fixed"), samples, names)
-    after_emulated = _run(EmulatorRunner(fixed_src, result.plan), samples, names)
+    after_emulated = _run(EmulatorRunner(fixed_src, writer_report.effective_plan()), samples,
+                          names)
     score_after = objective.score(reference, after)
     seconds["write_verify"] = time.perf_counter() - t0
     shapes = {k: v.shape for k, v in samples[0].feeds.items()}

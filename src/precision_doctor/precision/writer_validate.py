@@ -1,0 +1,133 @@
+"""Check a written model three ways: ``onnx.checker`` (full check, which includes strict shape and
+type inference), the element types ONNX infers against the ones the writer meant, and an ONNX
+Runtime CPU session.
+
+ONNX Runtime CPU has FP16 kernels for many ops; for the others its graph transformer inserts its
+own casts to FP32, so an FP16 model still loads. It has almost no BF16 kernels ("Could not find an
+implementation for Conv(22)"): a BF16 model that fails only that way is reported, not rejected
+(run it with the CUDA execution provider or TensorRT).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+
+from precision_doctor.errors import BackendError, UnsupportedModelError
+from precision_doctor.graph.load import PROTOBUF_LIMIT
+from precision_doctor.runners.ort import OrtRunner
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def run_checker(model: onnx.ModelProto) -> None:
+    """``onnx.checker.check_model(full_check=True)``; models >= 2 GiB are checked from a file.
+
+    Raises:
+        onnx.checker.ValidationError / onnx.shape_inference.InferenceError: as the checker does.
+    """
+    if model.ByteSize() < PROTOBUF_LIMIT:
+        onnx.checker.check_model(model, full_check=True)
+        return
+    with tempfile.TemporaryDirectory(prefix="precision-doctor-check-") as folder:
+        path = Path(folder) / "model.onnx"
+        onnx.save_model(model, str(path), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location="model.onnx.data")
+        onnx.checker.check_model(str(path), full_check=True)
+
+
+def inferred_dtypes(model: onnx.ModelProto, strict: bool = False) -> dict[str, ir.DataType]:
+    """Tensor name -> element type after ONNX shape inference (annotations included).
+
+    Models >= 2 GiB are inferred on a skeleton whose initializers are declared as typed graph
+    inputs (element types do not depend on weight values).
+
+    Raises:
+        UnsupportedModelError: Inference fails (``strict``) or cannot run at all.
+    """
+    source = model
+    if model.ByteSize() >= PROTOBUF_LIMIT:
+        source = onnx.ModelProto()
+        source.CopyFrom(model)
+        for init in source.graph.initializer:
+            source.graph.input.append(onnx.helper.make_tensor_value_info(
+                init.name, init.data_type, list(init.dims)))
+        del source.graph.initializer[:]
+    try:
+        inferred = onnx.shape_inference.infer_shapes(source, strict_mode=strict)
+    except Exception as exc:
+        raise UnsupportedModelError(
+            f"ONNX shape inference failed ({_first_line(exc)}); the writer needs every tensor's "
+            "element type. Fix the model (onnx.checker) or export it with value_info.") from exc
+    types: dict[str, ir.DataType] = {}
+    graph = inferred.graph
+    for vi in [*graph.input, *graph.value_info, *graph.output]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = ir.DataType(vi.type.tensor_type.elem_type)
+    for init in graph.initializer:
+        types[init.name] = ir.DataType(init.data_type)
+    return types
+
+
+def check_written(written: onnx.ModelProto, original: onnx.ModelProto,
+                  meant: Iterable[tuple[str, ir.DataType]],
+                  has_bf16: bool) -> tuple[bool, list[str]]:
+    """Validate the written model.
+
+    Args:
+        written: The model ``write_mixed_precision`` produced.
+        original: The input model (checked too when the written one fails, to tell a model
+            that was already invalid from a writer bug).
+        meant: (tensor name, element type the writer meant it to have) pairs.
+        has_bf16: The written model stores some tensors in BF16.
+
+    Returns:
+        ``(ort_validated, warnings)``.
+
+    Raises:
+        UnsupportedModelError: The written model fails ``onnx.checker`` while the input passes.
+        BackendError: ONNX Runtime CPU cannot create a session for the written model (ORT's
+            message included), except for missing BF16 kernels (a warning then).
+    """
+    warnings: list[str] = []
+    try:
+        run_checker(written)
+    except Exception as exc:  # noqa: BLE001
+        try:
+            run_checker(original)
+        except Exception as original_exc:  # noqa: BLE001
+            warnings.append(f"the input model already fails onnx.checker "
+                            f"({_first_line(original_exc)}); the written model was not "
+                            "validated by it")
+        else:
+            raise UnsupportedModelError(
+                f"the written mixed-precision model fails onnx.checker ({_first_line(exc)}) "
+                "although the input passes: a precision-doctor writer bug; please report it "
+                "with the model and plan") from exc
+    types = inferred_dtypes(written)
+    wrong = [f"{name} ({types[name].name.lower()}, meant {dtype.name.lower()})"
+             for name, dtype in meant if name in types and types[name] != dtype]
+    if wrong:
+        warnings.append(f"{len(wrong)} tensor(s) have another element type than the writer "
+                        f"meant (the report's node precisions may be off there): "
+                        f"{', '.join(wrong[:5])}")
+    try:
+        with OrtRunner(written, providers=("cpu",), name="ort-cpu"):
+            pass
+    except BackendError as exc:
+        if has_bf16 and "NOT_IMPLEMENTED" in str(exc):
+            warnings.append("ONNX Runtime CPU has no BF16 kernel for some op "
+                            f"({_first_line(exc).split('NOT_IMPLEMENTED : ')[-1]}); the model "
+                            "passed onnx.checker but was not run here: run it with the CUDA "
+                            "execution provider or TensorRT")
+            return False, warnings
+        raise BackendError(f"ONNX Runtime CPU cannot load the written model: {exc.message}",
+                           runner="ort-cpu") from exc
+    return True, warnings
