@@ -52,7 +52,8 @@ def diagnose(
                                              "overrides"),
     target: str = typer.Option("fp16", "--target", "-t", help="fp16, bf16 or tf32 (fp32 to "
                                "compare two FP32 engines)"),
-    runner: str = typer.Option("emulate", "--runner", "-r", help="emulate, or an ONNX Runtime "
+    runner: str = typer.Option("emulate", "--runner", "-r", help="emulate, emulate-fused (BN "
+                               "folded, LayerNorm fused, as engines run it), or an ONNX Runtime "
                                "spec: ort:cuda,tf32=0 | ort:tensorrt,fp16=1 | ort:cpu"),
     candidate_model: Optional[Path] = typer.Option(None, "--candidate-model", help="For ort "
                                                    "runners: run this model (e.g. the output "
@@ -182,6 +183,39 @@ def audit(
         _fail(exc)
     flagged = any(f.kind == "fp32-not-honored" for f in report.findings)
     raise typer.Exit(1 if flagged else 0)
+
+
+@app.command("inputs")
+def inputs_command(
+    a: str = typer.Argument(..., help="Side A: image, .npy, file.npz[:KEY], "
+                            "polygraphy.json[:KEY][@ITER]"),
+    b: str = typer.Argument(..., help="Side B (same forms)"),
+    preprocess_a: Optional[str] = typer.Option(None, "--preprocess-a", help="Preprocessing of "
+                                               "an image A (preset and/or key=value)"),
+    preprocess_b: Optional[str] = typer.Option(None, "--preprocess-b", help="Preprocessing of "
+                                               "an image B"),
+    model: Optional[Path] = typer.Option(None, "--model", help="Also measure how much the "
+                                         "difference moves this model's outputs"),
+    target: str = typer.Option("fp16", "--target", "-t", help="Precision whose effect is the "
+                               "yardstick"),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the JSON result"),
+    force: bool = typer.Option(False, "--force"),
+) -> None:
+    """Preprocessing forensics: what differs between two inputs meant to be the same sample."""
+    from precision_doctor.forensics import compare_inputs, render_forensics
+    from precision_doctor.report.files import check_writable, write_json
+    from precision_doctor.workflows.diagnose import parse_precision
+
+    try:
+        check_writable([json_path], force)
+        result = compare_inputs(a, b, preprocess_a=preprocess_a, preprocess_b=preprocess_b,
+                                model=model, target=parse_precision(target))
+        render_forensics(result, console)
+        if json_path:
+            write_json(json_path, result.to_dict(), force)
+    except PrecisionDoctorError as exc:
+        _fail(exc)
+    raise typer.Exit(0 if not result.findings else 1)
 
 
 def run() -> None:  # pragma: no cover - console entry point helper

@@ -103,3 +103,14 @@ def test_fp32_engine_mismatch_is_localized_and_blamed_on_tf32():
     mismatch = [f for f in report.findings if f.kind == "reference-mismatch"]
     assert mismatch and mismatch[0].node == "fc1/matmul"
     assert mismatch[0].evidence["cause"] == "tf32"
+
+
+def test_fused_emulation_models_an_engine_that_folds_batchnorm():
+    from precision_doctor.analysis.candidates import emulated_fused
+
+    model = conv_bn()
+    plan = PrecisionPlan(Precision.FP16)
+    fused = diagnose(model, random_samples((1, 3, 8, 8)), Precision.FP16,
+                     emulated_fused(model, plan), noise=False)
+    assert fused.verdict == "pass"  # folded: the variance 9.8e7 never exists in FP16
+    assert fused.candidate == "emulate-fused-fp16"

@@ -16,7 +16,7 @@ from precision_doctor.errors import BackendError
 from precision_doctor.graph.outputs import mark_outputs
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.emulator import EmulatorRunner
-from precision_doctor.runners.ort import OrtRunner
+from precision_doctor.runners.ort import OrtRunner, resolve_provider
 from precision_doctor.runners.ort_options import ort_providers
 
 
@@ -45,6 +45,26 @@ def emulated(plan: PrecisionPlan) -> Candidate:
     return Candidate(name, lambda m: EmulatorRunner(m, plan, name=name), plan)
 
 
+def emulated_fused(model: onnx.ModelProto, plan: PrecisionPlan) -> Candidate:
+    """Emulation of ``plan`` on the model an engine would actually run: BatchNorm folded into
+    the convolution, decomposed LayerNorm fused (``precision.rewrites``). Tensors are matched
+    by name; those the rewrites removed are not compared. The plan is applied to the nodes the
+    rewritten model still has (its default covers the new nodes)."""
+    from precision_doctor.precision.rewrites import apply_rewrites
+
+    rewritten, _ = apply_rewrites(model)
+    names = {n.name for n in rewritten.graph.node}
+    fused_plan = PrecisionPlan(plan.default, {k: v for k, v in plan.overrides.items()
+                                              if k in names})
+    name = f"emulate-fused-{plan.default.value}"
+
+    def factory(marked: onnx.ModelProto) -> EmulatorRunner:
+        target = mark_outputs(rewritten, [o.name for o in marked.graph.output])
+        return EmulatorRunner(target, fused_plan, name=name)
+
+    return Candidate(name, factory)
+
+
 def onnxruntime(providers: Sequence[str], provider_options: Sequence[Mapping[str, str]] | None
                 = None, model: onnx.ModelProto | None = None, name: str | None = None
                 ) -> Candidate:
@@ -61,7 +81,7 @@ def onnxruntime(providers: Sequence[str], provider_options: Sequence[Mapping[str
         return OrtRunner(target, providers, provider_options, name=label)
 
     tf32 = None
-    if providers and providers[0] == "CUDAExecutionProvider":
+    if providers and resolve_provider(providers[0]) == "CUDAExecutionProvider":
         opts = (provider_options or [{}])[0]
         tf32 = str(opts.get("use_tf32", "1")).lower() not in ("0", "false")
     return Candidate(label, factory, tf32=tf32)
@@ -74,14 +94,16 @@ def reference_factory(model: onnx.ModelProto) -> OrtRunner:
 
 
 
-def candidate_from_spec(spec: str, plan: PrecisionPlan,
+def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,
                         candidate_model: onnx.ModelProto | None = None) -> Candidate:
     """Build the candidate named by ``spec``.
 
     Args:
-        spec: ``emulate`` or an ONNX Runtime spec such as ``ort:cuda,tf32=0`` (see
-            ``precision_doctor.runners.ort_options``).
-        plan: The precision plan (used by ``emulate``).
+        spec: ``emulate``, ``emulate-fused`` (the model after BatchNorm folding and LayerNorm
+            fusion, as engines run it) or an ONNX Runtime spec such as ``ort:cuda,tf32=0``
+            (see ``precision_doctor.runners.ort_options``).
+        plan: The precision plan (used by the emulators).
+        model: The diagnosed model.
         candidate_model: For ``ort`` runners, run this model (e.g. the FP16 model written by
             ``fix``) instead of the diagnosed one.
 
@@ -89,13 +111,14 @@ def candidate_from_spec(spec: str, plan: PrecisionPlan,
         BackendError: Unknown runner or bad ORT options.
     """
     text = spec.strip()
-    if text == "emulate":
+    if text in ("emulate", "emulate-fused"):
         if candidate_model is not None:
             raise BackendError("--candidate-model is for ort runners; the emulator derives its "
                                "model from the plan")
-        return emulated(plan)
+        return emulated(plan) if text == "emulate" else emulated_fused(model, plan)
     if text.startswith("ort"):
         providers, options = ort_providers(text)
         return onnxruntime(providers, options, candidate_model, name=text.replace(",", " "))
-    raise BackendError(f"unknown runner {spec!r}: use 'emulate' or 'ort:<provider>[,options]' "
+    raise BackendError(f"unknown runner {spec!r}: use 'emulate', 'emulate-fused' or "
+                       "'ort:<provider>[,options]' "
                        "(e.g. ort:cuda,tf32=0)", runner=spec)

@@ -8,7 +8,10 @@ Model of an engine (a strongly typed network, the behaviour TensorRT >= 10 guara
   output is rounded to the format. Internal accumulation is FP32 (what tensor-core GEMM/conv
   kernels and ONNX Runtime CUDA's reductions do).
 * TF32 node (MatMul/Gemm/Conv/ConvTranspose only): the two multiplicands are rounded to 10
-  mantissa bits with the FP32 exponent range; accumulation and output stay FP32.
+  mantissa bits with the FP32 exponent range; accumulation and output stay FP32. Depthwise
+  convolutions (one input channel per group) are left in FP32: cuDNN runs them on CUDA cores,
+  not tensor cores, so TF32 does not apply (measured on an H200: emulating them as TF32
+  overestimated PP-OCRv4 cls's TF32 error 2.7x; see BENCHMARKS.md).
 * FP32 node: unchanged.
 
 Rounding is round-to-nearest-even with overflow to inf, FP16 subnormals kept and values below
@@ -162,7 +165,8 @@ class _Emulator:
             if p is Precision.FP32:
                 continue
             if p is Precision.TF32:
-                if node.op_type in TF32_OPS and node.domain in ("", "ai.onnx"):
+                if node.op_type in TF32_OPS and node.domain in ("", "ai.onnx") \
+                        and not _depthwise(node):
                     for i in (0, 1):
                         v = node.inputs[i] if i < len(node.inputs) else None
                         if self.is_float(v):
@@ -184,6 +188,16 @@ class _Emulator:
                 self.rounded[p].add(id(out))  # moving rounded values keeps them rounded
             else:
                 self.round_output(node, out, p)
+
+
+def _depthwise(node: ir.Node) -> bool:
+    """A Conv with one input channel per group (weights [C_out, 1, k...]) and group > 1."""
+    group = node.attributes.get("group")
+    if node.op_type != "Conv" or group is None or group.as_int() <= 1 or len(node.inputs) < 2:
+        return False
+    w = node.inputs[1]
+    shape = w.shape if w is not None else None
+    return shape is not None and len(shape) >= 2 and shape[1] == 1
 
 
 def emulate(model: onnx.ModelProto, plan: PrecisionPlan) -> tuple[onnx.ModelProto, EmulationInfo]:

@@ -99,7 +99,7 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
     samples = load_samples(data, input_metadata(model), preprocess, max_samples)
     plan = build_plan(model, precision, plan_path, keep)
     cand_model = load_model(candidate_model) if candidate_model else None
-    candidate = candidate_from_spec(runner, plan, cand_model)
+    candidate = candidate_from_spec(runner, plan, model, cand_model)
     with progress_bar(console, enabled=not quiet and console.is_terminal) as progress:
         report = diagnose(model, samples, precision, candidate,
                           parse_tolerances(tolerances, precision), layerwise=layerwise,

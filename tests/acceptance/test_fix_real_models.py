@@ -1,0 +1,64 @@
+"""Issue 3 acceptance: ``fix`` on the real PP-OCRv4 det and rec models (needs ../shared).
+
+Kept fast: two full images at a reduced detection size, and three recognition crops. The full
+benchmark (all images, all crops, RapidOCR end to end, other tools) is benchmarks/search.py and
+benchmarks/ocr_end_to_end.py.
+"""
+
+import onnx
+import pytest
+
+from precision_doctor.analysis.fix import fix
+from precision_doctor.analysis.objective import Objective
+from precision_doctor.compare.task_mask import mask_iou_per_sample
+from precision_doctor.compare.task_metrics import get_metric
+from precision_doctor.formats import Precision
+from precision_doctor.graph import input_metadata, load_model
+from precision_doctor.inputs import load_samples
+from precision_doctor.runners.ort import OrtRunner
+
+pytestmark = pytest.mark.shared
+
+
+def _io_names(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
+    inits = {t.name for t in model.graph.initializer}
+    return ([i.name for i in model.graph.input if i.name not in inits],
+            [o.name for o in model.graph.output])
+
+
+def test_fix_det_meets_mask_iou_with_few_fp32_nodes(shared_dir):
+    model = load_model(shared_dir / "models/ppocrv4/det.onnx")
+    samples = load_samples(shared_dir / "data/ocr/full_images", input_metadata(model),
+                           "ppocr-det:resize=max-side,side=480", max_samples=2)
+    objective = Objective(metric=get_metric("mask-iou:threshold=0.3"), threshold=0.99)
+    result = fix(model, samples, Precision.FP16, objective)
+
+    assert result.score_before.value < 0.9  # naive FP16 breaks the detector
+    assert result.passed and result.score_after.value >= 0.99
+    assert result.share["nodes"] <= 0.05
+    written = result.model
+    onnx.checker.check_model(written, full_check=True)
+    assert _io_names(written) == _io_names(model)
+    # the written file itself, run by ONNX Runtime CPU, meets the IoU on every image
+    out = model.graph.output[0].name
+    with OrtRunner(model) as ref, OrtRunner(written) as cand:
+        for s in samples:
+            iou = mask_iou_per_sample(ref.run(s.feeds)[out], cand.run(s.feeds)[out], 0.3)
+            assert iou[0] >= 0.99, s.name
+
+
+def test_fix_rec_keeps_charset_and_most_nodes_fp16(shared_dir):
+    path = shared_dir / "models/ppocrv4/rec.onnx"
+    model = load_model(path)
+    samples = load_samples(shared_dir / "data/ocr/rec_crops/paddleocr", input_metadata(model),
+                           "ppocr-rec", max_samples=3)
+    objective = Objective(metric=get_metric(f"ctc-string:charset={path}"), threshold=1.0)
+    result = fix(model, samples, Precision.FP16, objective)
+
+    assert result.passed
+    assert result.share["nodes"] <= 0.05  # >= 95 % of compute nodes in FP16
+    meta = {p.key: p.value for p in result.model.metadata_props}
+    original = {p.key: p.value for p in model.metadata_props}
+    assert meta.get("character") == original["character"]
+    onnx.checker.check_model(result.model)
+    assert _io_names(result.model) == _io_names(model)
