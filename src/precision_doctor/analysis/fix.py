@@ -69,6 +69,7 @@ class FixResult:
     objective: str
     seconds: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -87,7 +88,7 @@ class FixResult:
                        "ranking_head": list(self.search.ranking[:20]),
                        "trials": [t.__dict__ for t in self.search.trials]},
             "rewrites": self.rewrites, "writer": self.writer, "seconds": self.seconds,
-            "warnings": list(self.warnings),
+            "warnings": list(self.warnings), "notes": list(self.notes),
         }
 
 
@@ -215,11 +216,17 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         warnings.append("the emulated plan meets the target but ONNX Runtime CPU on the written "
                         f"model scores {score_after.value:.4g}: its FP16 kernels compute "
                         "differently from the engine model the emulator assumes")
+    notes = []
+    if any(r.rule == "fuse-layernorm" and r.applied for r in rw_report.records):
+        notes.append("decomposed LayerNorms were fused into LayerNormalization; its FP16 "
+                     "emulation assumes FP32 statistics inside the op (what TensorRT and ONNX "
+                     "Runtime CUDA compute). If your engine computes LayerNormalization in "
+                     "FP16, add --keep LayerNormalization.")
     return FixResult(written, fixed_src, result.plan, result, _metrics(reference, naive), _metrics(reference, after),
                      _metrics(reference, after_emulated), score_before, score_after, share,
                      rw_report.to_dict(), writer_report.to_dict(), target.value,
                      objective.describe(), {k: round(v, 3) for k, v in seconds.items()},
-                     tuple(warnings))
+                     tuple(warnings), tuple(notes))
 
 
 def _is_fp32_node(name: str, plan: PrecisionPlan, writer_report: WriterReport) -> bool:

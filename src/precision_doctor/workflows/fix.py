@@ -170,6 +170,8 @@ def render_fix(result: FixResult, console: Console) -> None:
         console.print("rewrites: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))
     for name, d in result.plan.overrides.items():
         console.print(f"  FP32 {escape(name)}: {d.reason} {escape(d.detail)}")
+    for note in result.notes:
+        console.print(f"note: {escape(note)}")
     for w in result.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}")
 
