@@ -14,26 +14,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from PIL import Image
+
+from real_inputs import real_image
 
 from precision_doctor.precision.rewrites import apply_rewrites
 
 pytestmark = pytest.mark.shared
 
-IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-CASES = {
-    "det": ("full_images/ch_en_num.jpg", (640, 640), IMAGENET),
-    "rec": ("rec_crops/rapidocr/en_rec.jpg", (48, 320), HALF),
-    "cls": ("rec_crops/rapidocr/text_cls.jpg", (48, 192), HALF),
-}
 
 
-def _image(path: Path, size: tuple[int, int], norm) -> np.ndarray:
-    h, w = size
-    rgb = np.asarray(Image.open(path).convert("RGB").resize((w, h), Image.BILINEAR), np.float32)
-    x = (rgb / 255.0 - np.array(norm[0], np.float32)) / np.array(norm[1], np.float32)
-    return x.transpose(2, 0, 1)[None].astype(np.float32)
 
 
 def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
@@ -46,12 +35,11 @@ def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
 
 def _rewrite_and_compare(shared_dir: Path, name: str):
     model = onnx.load(str(shared_dir / "models" / "ppocrv4" / f"{name}.onnx"))
-    image, size, norm = CASES[name]
     out, report = apply_rewrites(model)
     onnx.checker.check_model(out, full_check=True)
     assert [o.name for o in out.graph.output] == [o.name for o in model.graph.output]
     assert list(out.metadata_props) == list(model.metadata_props)
-    x = _image(shared_dir / "data" / "ocr" / image, size, norm)
+    x = real_image(shared_dir, name)
     before, after = _run(model, x), _run(out, x)
     rel = float(np.linalg.norm(after.astype(np.float64) - before) / np.linalg.norm(before))
     assert rel < 1e-5, f"{name}: relative L2 {rel:.3g}"

@@ -15,7 +15,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from PIL import Image
+
+from real_inputs import CASES, real_image
 
 from precision_doctor.formats import Precision
 from precision_doctor.graph.load import load_model
@@ -25,23 +26,11 @@ from precision_doctor.precision.writer import write_mixed_precision
 
 pytestmark = pytest.mark.shared
 
-IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-CASES = {  # image, (height, width), (mean, std) as PaddleOCR preprocesses them
-    "det": ("full_images/ch_en_num.jpg", (640, 640), IMAGENET),
-    "rec": ("rec_crops/rapidocr/en_rec.jpg", (48, 320), HALF),
-    "cls": ("rec_crops/rapidocr/text_cls.jpg", (48, 192), HALF),
-}
 # Cast nodes expected: graph input + graph output, plus det's BatchNormalization (running
 # variance 9.8e7 > 65504) kept FP32: one Cast in, one out.
 EXPECTED_CASTS = {"det": 4, "rec": 2, "cls": 2}
 
 
-def _image(path: Path, size: tuple[int, int], norm) -> np.ndarray:
-    h, w = size
-    rgb = np.asarray(Image.open(path).convert("RGB").resize((w, h), Image.BILINEAR), np.float32)
-    x = (rgb / 255.0 - np.array(norm[0], np.float32)) / np.array(norm[1], np.float32)
-    return x.transpose(2, 0, 1)[None].astype(np.float32)
 
 
 def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
@@ -73,8 +62,7 @@ def test_all_fp16_plan_on_real_model(shared_dir: Path, name: str):
     assert [v.name for v in out.graph.output] == [v.name for v in model.graph.output]
     assert report.io_dtypes == {v.name: "float32" for v in [*model.graph.input,
                                                              *model.graph.output]}
-    image, size, norm = CASES[name]
-    x = _image(shared_dir / "data" / "ocr" / image, size, norm)
+    x = real_image(shared_dir, name)
     written = _run(out, x)
     emulated = _run(emulate(model, report.effective_plan())[0], x)
     assert np.isfinite(written).all()
