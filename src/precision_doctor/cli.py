@@ -218,6 +218,26 @@ def inputs_command(
     raise typer.Exit(0 if not result.findings else 1)
 
 
+@app.command()
+def demo(
+    out: Path = typer.Option(Path("precision-doctor-demo"), "--out", help="Where the demo "
+                             "writes its inputs, reports and the fixed model"),
+    force: bool = typer.Option(False, "--force", help="Overwrite a previous demo's files"),
+    quick: bool = typer.Option(False, "--quick", help="Smaller images, no noise floor"),
+) -> None:
+    """Diagnose and fix a real model (PP-OCRv4 text detector) on real photos: no files needed.
+
+    Needs the demo extra: pip install "precision-doctor[demo]".
+    """
+    from precision_doctor.workflows.demo import run_demo
+
+    try:
+        rc = run_demo(out, console, force=force, quick=quick)
+    except PrecisionDoctorError as exc:
+        _fail(exc)
+    raise typer.Exit(rc)
+
+
 def run() -> None:  # pragma: no cover - console entry point helper
     """Entry point that never prints a bare traceback for user errors."""
     try:
