@@ -17,6 +17,7 @@ Usage (from the repo root; ``../shared`` must exist)::
 
     python3 benchmarks/ocr_end_to_end.py                 # runs fix, writes $TMPDIR/pd-bench/ocr_e2e/
     python3 benchmarks/ocr_end_to_end.py --fixed det_fp16.onnx   # use an existing fixed model
+    python3 benchmarks/ocr_end_to_end.py --extra autocast=autocast.onnx  # one more det model
 
 Exit status 0 when the acceptance holds, 1 otherwise.
 """
@@ -127,7 +128,12 @@ def mask_iou(ref: np.ndarray, cand: np.ndarray) -> float:
 
 def compare(ref: OcrRun, cand: OcrRun) -> dict:
     """Exact comparison of one image's OCR result against the reference."""
+    shift = (float(np.max(np.abs(np.asarray(ref.boxes) - np.asarray(cand.boxes))))
+             if len(ref.boxes) == len(cand.boxes) and ref.boxes else
+             (0.0 if len(ref.boxes) == len(cand.boxes) else float("nan")))
     return {"boxes": len(cand.boxes), "boxes_equal": cand.boxes == ref.boxes,
+            "boxes_moved": sum(a != b for a, b in zip(ref.boxes, cand.boxes)),
+            "max_shift_px": shift,
             "texts_equal": cand.texts == ref.texts,
             "texts_differ": sum(a != b for a, b in zip(ref.texts, cand.texts))
             + abs(len(ref.texts) - len(cand.texts)),
@@ -141,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fixed", type=Path, default=None, help="existing fixed det model")
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "pd-bench" / "ocr_e2e")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    ap.add_argument("--extra", action="append", default=[], metavar="NAME=PATH",
+                    help="another det model to compare (e.g. autocast=autocast.onnx)")
     args = ap.parse_args(argv)
     det = args.shared / "models/ppocrv4/det.onnx"
     image_dir = args.shared / "data/ocr/full_images"
@@ -159,16 +167,18 @@ def main(argv: list[str] | None = None) -> int:
     naive = naive_fp16(det, args.out / "det_naive_fp16.onnx")
 
     variants = {"fp32": det, "fix-fp16": fixed, "naive-fp16": naive}
+    variants.update(dict(e.split("=", 1) for e in args.extra))
     runs = {k: run_rapidocr(p, images) for k, p in variants.items()}
     rows = []
     print(f"\n{'image':<28} {'variant':<11} {'boxes':>5} {'boxes==':>7} {'texts==':>7} "
-          f"{'#diff':>5} {'maskIoU':>8} {'nonfinite':>9}")
+          f"{'#diff':>5} {'moved':>5} {'shift px':>8} {'maskIoU':>8} {'nonfinite':>9}")
     for i, img in enumerate(images):
         for name in variants:
             c = compare(runs["fp32"][i], runs[name][i])
             rows.append({"image": img.name, "variant": name, **c})
-            print(f"{img.name:<28} {name:<11} {c['boxes']:>5} {str(c['boxes_equal']):>7} "
-                  f"{str(c['texts_equal']):>7} {c['texts_differ']:>5} {c['mask_iou']:>8.4f} "
+            print(f"{img.name:<28} {name:<11} {c['boxes']:>5} {c['boxes_equal']!s:>7} "
+                  f"{c['texts_equal']!s:>7} {c['texts_differ']:>5} {c['boxes_moved']:>5} "
+                  f"{c['max_shift_px']:>8.3g} {c['mask_iou']:>8.4f} "
                   f"{c['nonfinite']:>9}")
     fixed_rows = [r for r in rows if r["variant"] == "fix-fp16"]
     ok = all(r["boxes_equal"] and r["texts_equal"] and r["mask_iou"] >= IOU_TARGET

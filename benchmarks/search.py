@@ -47,6 +47,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 TOOLS = ("precision-doctor", "onnxconverter-common", "autocast")
+# optional: fix evaluating every candidate plan with ONNX Runtime CPU (``--runner ort:cpu``), the
+# engine the other two tools validate on, instead of the default FP16 engine emulator
+EXTRA_TOOLS = ("precision-doctor-ortcpu",)
 TASKS = {
     "det": {"model": "models/ppocrv4/det.onnx", "data": "data/ocr/full_images",
             "preprocess": "ppocr-det", "metric": "mask-iou:threshold=0.3", "threshold": 0.99},
@@ -82,7 +85,7 @@ def _sample_metric(spec: dict):
     return lambda ref, cand: evaluate_metric(metric, ref, cand)
 
 
-def worker_ours(spec: dict, out: Path) -> dict:
+def worker_ours(spec: dict, out: Path, ort_cpu: bool = False) -> dict:
     import onnx
 
     from precision_doctor.analysis.fix import fix
@@ -92,7 +95,13 @@ def worker_ours(spec: dict, out: Path) -> dict:
 
     model, samples = _samples(spec)
     objective = Objective(metric=get_metric(spec["metric"]), threshold=spec["threshold"])
-    result = fix(model, samples, Precision.FP16, objective)
+    runner = None
+    if ort_cpu:
+        from precision_doctor.runners.ort import OrtRunner
+
+        def runner(m):
+            return OrtRunner(m, ("cpu",), name="ort-cpu")
+    result = fix(model, samples, Precision.FP16, objective, runner=runner)
     onnx.save(result.model, str(out))
     return {"evaluations": result.search.evaluations, "passed": result.passed,
             "self_reported_share": result.share, "kept": list(result.search.kept)}
@@ -132,8 +141,8 @@ def worker_autocast(spec: dict, out: Path, calib: Path) -> dict:
 def run_worker(args: argparse.Namespace) -> int:
     spec = task_spec(args.model, args.shared)
     out, info_path = args.out / f"{args.worker}.onnx", args.out / f"{args.worker}.json"
-    if args.worker == "precision-doctor":
-        info = worker_ours(spec, out)
+    if args.worker.startswith("precision-doctor"):
+        info = worker_ours(spec, out, ort_cpu=args.worker.endswith("ortcpu"))
     elif args.worker == "onnxconverter-common":
         info = worker_occ(spec, out)
     else:
@@ -150,27 +159,29 @@ def launch(tool: str, args: argparse.Namespace, timeout_s: float) -> dict:
     cmd = [str(python), str(Path(__file__).resolve()), "--worker", tool, "--model", args.model,
            "--shared", str(args.shared), "--out", str(args.out)]
     env = dict(os.environ, PYTHONPATH=str(REPO / "src") if tool != "autocast" else "")
-    log = open(args.out / f"{tool}.log", "w")
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+    for stale in (args.out / f"{tool}.json", args.out / f"{tool}.onnx"):
+        stale.unlink(missing_ok=True)
     timed_out = False
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.perf_counter() - t0 > timeout_s:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pid, status, usage = os.wait4(proc.pid, 0)
-            timed_out = True
-            break
-        time.sleep(0.2)
-    wall = time.perf_counter() - t0
-    log.close()
+    with open(args.out / f"{tool}.log", "w") as log:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - t0 > timeout_s:
+                os.killpg(proc.pid, signal.SIGKILL)
+                pid, status, usage = os.wait4(proc.pid, 0)
+                timed_out = True
+                break
+            time.sleep(0.2)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4
     info_path = args.out / f"{tool}.json"
     info = json.loads(info_path.read_text()) if info_path.exists() and not timed_out else {}
     return {"tool": tool, "wall_s": round(wall, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024),
-            "exit": os.waitstatus_to_exitcode(status), "timed_out": timed_out, **info}
+            "exit": proc.returncode, "timed_out": timed_out, **info}
 
 
 def fp32_compute_nodes(model) -> list[str]:
@@ -259,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="mixed-precision search benchmark")
     ap.add_argument("--model", choices=sorted(TASKS), default="det")
     ap.add_argument("--shared", type=Path, default=SHARED)
-    ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--tools", default=",".join(TOOLS),
+                    help=f"comma-separated, from {', '.join(TOOLS + EXTRA_TOOLS)}")
     ap.add_argument("--out", type=Path, default=None, help="work folder (default: a temp dir)")
     ap.add_argument("--occ-timeout", type=float, default=1200.0,
                     help="seconds before onnxconverter-common is stopped (issue #251: slow)")
@@ -267,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modelopt-python", default=sys.executable,
                     help="interpreter with nvidia-modelopt[onnx] installed")
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--worker", choices=TOOLS, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=TOOLS + EXTRA_TOOLS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.out is None:
         args.out = Path(tempfile.mkdtemp(prefix=f"pd-search-{args.model}-"))

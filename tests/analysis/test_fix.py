@@ -93,3 +93,23 @@ def test_cli_fix_writes_model_plan_recipes_and_never_overwrites(tmp_path):
                               "--threshold", "2"])
     assert res.exit_code == 1 and "not met" in res.output
     assert not (tmp_path / "n.onnx").exists()
+
+
+def test_near_tie_samples_are_listed_and_left_out():
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from tiny_models import S, make_model, tensor
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"], name="mm"),
+             helper.make_node("Softmax", ["logits"], ["p"], name="sm", axis=-1)]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                       [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 4])],
+                       [tensor("w", np.eye(4))])
+    tie = S("tie", {"x": np.array([[2.0, 2.0, 0.0, 0.0]], np.float32)})
+    clear = S("clear", {"x": np.array([[3.0, 0.0, 0.0, 0.0]], np.float32)})
+    result = fix(model, [tie, clear], Precision.FP16,
+                 Objective(metric=get_metric("top1"), threshold=1.0))
+    assert [t.sample for t in result.near_ties] == ["tie"]
+    assert result.near_ties[0].margin == 0.0
+    assert result.passed and result.to_dict()["near_ties"][0]["sample"] == "tie"

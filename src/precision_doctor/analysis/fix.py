@@ -5,7 +5,7 @@ mixed-precision model, verified with ONNX Runtime against the FP32 reference.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -16,6 +16,7 @@ from precision_doctor.analysis.candidates import emulated, reference_factory
 from precision_doctor.analysis.cost import compute_nodes, fp32_share, node_costs
 from precision_doctor.analysis.hazards import scan_hazards
 from precision_doctor.analysis.layerwise import compare_layerwise
+from precision_doctor.analysis.near_ties import NearTie, find_near_ties
 from precision_doctor.analysis.objective import Objective, Outputs, Score
 from precision_doctor.analysis.search import SearchResult, rank_by_sensitivity, search_fp32_set
 from precision_doctor.compare.metrics import compute_metrics
@@ -51,6 +52,8 @@ class FixResult:
         rewrites / writer: Reports of the rewrites and the writer (dicts).
         target / objective: What was asked.
         seconds: Wall time per stage.
+        warnings / notes: What the user should know (emulator vs ORT gap, assumptions).
+        near_ties: Samples left out of a decision-metric target (see ``analysis.near_ties``).
     """
 
     model: onnx.ModelProto
@@ -70,6 +73,7 @@ class FixResult:
     seconds: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    near_ties: tuple[NearTie, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -89,6 +93,7 @@ class FixResult:
                        "trials": [t.__dict__ for t in self.search.trials]},
             "rewrites": self.rewrites, "writer": self.writer, "seconds": self.seconds,
             "warnings": list(self.warnings), "notes": list(self.notes),
+            "near_ties": [t.to_dict() for t in self.near_ties],
         }
 
 
@@ -159,6 +164,9 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     t0 = time.perf_counter()
     names = [o.name for o in model.graph.output]
     reference = _run(reference_factory(model), samples, names)
+    near_ties = find_near_ties(model, samples, reference, objective)
+    if near_ties:
+        objective = replace(objective, exclude=frozenset(t.index for t in near_ties))
     naive = _run(EmulatorRunner(model, PrecisionPlan(target)), samples, names)
     score_before = objective.score(reference, naive)
     seconds["reference"] = time.perf_counter() - t0
@@ -222,11 +230,11 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
                      "emulation assumes FP32 statistics inside the op (what TensorRT and ONNX "
                      "Runtime CUDA compute). If your engine computes LayerNormalization in "
                      "FP16, add --keep LayerNormalization.")
-    return FixResult(written, fixed_src, result.plan, result, _metrics(reference, naive), _metrics(reference, after),
-                     _metrics(reference, after_emulated), score_before, score_after, share,
+    return FixResult(written, fixed_src, result.plan, result, _metrics(reference, naive),
+                     _metrics(reference, after), _metrics(reference, after_emulated), score_before, score_after, share,
                      rw_report.to_dict(), writer_report.to_dict(), target.value,
                      objective.describe(), {k: round(v, 3) for k, v in seconds.items()},
-                     tuple(warnings), tuple(notes))
+                     tuple(warnings), tuple(notes), tuple(near_ties))
 
 
 def _is_fp32_node(name: str, plan: PrecisionPlan, writer_report: WriterReport) -> bool:

@@ -44,11 +44,14 @@ class Objective:
         tolerances: Output name (or ``*``) -> tolerance, for a tolerance objective.
         metric: A task metric (higher or lower is better as the metric says).
         threshold: The metric's pass mark (default: the metric's own default threshold).
+        exclude: Sample indices left out of a metric objective (near-ties, see
+            ``analysis.near_ties``); their values are still reported.
     """
 
     tolerances: Mapping[str, Tolerance] | None = None
     metric: TaskMetric | None = None
     threshold: float | None = None
+    exclude: frozenset[int] = frozenset()
 
     def describe(self) -> str:
         if self.metric is not None:
@@ -81,10 +84,12 @@ class Objective:
             values = [evaluate_metric(self.metric, {k: v[i] for k, v in reference.items()},
                                       {k: v[i] for k, v in candidate.items()})
                       for i in range(n)]
-            worst = min(values) if self.metric.higher_is_better else max(values)
+            counted = [v for i, v in enumerate(values) if i not in self.exclude] or values
+            worst = min(counted) if self.metric.higher_is_better else max(counted)
             threshold = self._threshold()
             passed = worst >= threshold if self.metric.higher_is_better else worst <= threshold
-            return Score(passed, float(worst), {"per_sample": values})
+            return Score(passed, float(worst), {"per_sample": values,
+                                                "excluded": sorted(self.exclude)})
         worst, detail, passed = 0.0, {}, True
         for name in reference:
             if not np.issubdtype(np.asarray(reference[name][0]).dtype, np.floating):

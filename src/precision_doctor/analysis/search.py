@@ -155,9 +155,10 @@ def search_fp32_set(evaluate: Evaluate, reference: Outputs, objective: Objective
         best = full if objective.better(full, start) else start
         raise TargetNotMetError(
             f"the target ({objective.describe()}) is not met even with all {len(ranking)} "
-            f"candidate nodes in FP32: best score {best.value:.4g}. The reference and the "
-            "candidate engine disagree beyond the target in FP32 itself: loosen the target or "
-            "check the engine (e.g. TF32, preprocessing).", best=best.value)
+            f"candidate nodes in FP32: best score {best.value:.4g}. Either nodes excluded from "
+            "the search (--force-low, or kept low by the plan) break it, or the evaluating "
+            "engine differs from the FP32 reference beyond the target in FP32 itself (e.g. "
+            "TF32 on, other kernels): loosen the target or check the engine.", best=best.value)
     lo, hi = 0, len(ranking)  # prefix length: lo fails, hi passes
     while hi - lo > 1 and ev.budget_left:
         mid = (lo + hi) // 2

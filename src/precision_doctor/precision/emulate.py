@@ -13,6 +13,9 @@ Model of an engine (a strongly typed network, the behaviour TensorRT >= 10 guara
   not tensor cores, so TF32 does not apply (measured on an H200: emulating them as TF32
   overestimated PP-OCRv4 cls's TF32 error 2.7x; see BENCHMARKS.md).
 * FP32 node: unchanged.
+* Data-movement nodes (Reshape, Concat, Slice, Gather, ...) do no arithmetic: they carry values
+  in the format their producers stored them in, whatever the plan says about them (the
+  strongly typed writer gives them their producer's precision too).
 
 Rounding is round-to-nearest-even with overflow to inf, FP16 subnormals kept and values below
 half the smallest subnormal flushed to zero (ONNX ``Cast`` semantics). Initializers are rounded
@@ -161,6 +164,9 @@ class _Emulator:
 
     def run(self) -> None:
         for node in list(self.graph):
+            if node.op_type in DATA_MOVEMENT_OPS and node.op_type not in ("Cast", "CastLike"):
+                self._follow_producer(node)
+                continue
             p = self.plan.precision_of(node.name or "")
             if p is Precision.FP32:
                 continue
@@ -174,19 +180,19 @@ class _Emulator:
                 continue
             self._low_precision_node(node, p)
 
+    def _follow_producer(self, node: ir.Node) -> None:
+        """A data-movement node: its outputs are in a format when all its float inputs are."""
+        floats = [v for v in node.inputs if self.is_float(v)]
+        for p in (Precision.FP16, Precision.BF16):
+            if floats and all(id(v) in self.rounded[p] for v in floats):
+                self.rounded[p].update(id(o) for o in node.outputs if self.is_float(o))
+
     def _low_precision_node(self, node: ir.Node, p: Precision) -> None:
-        float_inputs = [i for i, v in enumerate(node.inputs) if self.is_float(v)]
-        for i in float_inputs:
-            v = node.inputs[i]
-            if id(v) not in self.rounded[p]:
+        for i, v in enumerate(node.inputs):
+            if self.is_float(v) and id(v) not in self.rounded[p]:
                 node.replace_input_with(i, self.rounded_input(v, p, node))
-        passthrough = node.op_type in DATA_MOVEMENT_OPS and node.op_type not in ("Cast", "CastLike")
         for out in node.outputs:
-            if not self.is_float(out):
-                continue
-            if passthrough and float_inputs:
-                self.rounded[p].add(id(out))  # moving rounded values keeps them rounded
-            else:
+            if self.is_float(out):
                 self.round_output(node, out, p)
 
 

@@ -170,6 +170,9 @@ def render_fix(result: FixResult, console: Console) -> None:
         console.print("rewrites: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))
     for name, d in result.plan.overrides.items():
         console.print(f"  FP32 {escape(name)}: {d.reason} {escape(d.detail)}")
+    for t in result.near_ties:
+        console.print(f"near-tie (left out of the target): {escape(t.sample)}: FP32 top-1 vs "
+                      f"top-2 margin {t.margin:.3g} < 2 x FP32 noise {t.noise:.3g}")
     for note in result.notes:
         console.print(f"note: {escape(note)}")
     for w in result.warnings:
