@@ -7,14 +7,16 @@ different marked outputs. ``candidate_from_spec`` maps the CLI's ``--runner`` te
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
+import numpy as np
 import onnx
 
 from precision_doctor.analysis.layerwise import RunnerFactory
 from precision_doctor.errors import BackendError
 from precision_doctor.graph.outputs import mark_outputs
 from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.runners.base import Runner
 from precision_doctor.runners.emulator import EmulatorRunner
 from precision_doctor.runners.ort import OrtRunner, resolve_provider
 from precision_doctor.runners.ort_options import ort_providers
@@ -122,3 +124,30 @@ def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,
     raise BackendError(f"unknown runner {spec!r}: use 'emulate', 'emulate-fused' or "
                        "'ort:<provider>[,options]' "
                        "(e.g. ort:cuda,tf32=0)", runner=spec)
+
+
+def run_samples(runner: Runner, samples: Sequence, names: Sequence[str], stage: str = "",
+                progress: Callable[[str, int, int], None] | None = None
+                ) -> dict[str, list[np.ndarray]]:
+    """Run ``runner`` (entered and exited here) on every sample; float outputs as float32.
+
+    Args:
+        runner: A runner not yet entered.
+        samples: Objects with ``.feeds``.
+        names: Output names to collect.
+        stage / progress: ``progress(stage, done, total)`` after each sample.
+
+    Returns:
+        Output name -> one array per sample.
+    """
+    outs: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    with runner:
+        for i, s in enumerate(samples):
+            result = runner.run(s.feeds)
+            for n in names:
+                a = np.asarray(result[n])
+                outs[n].append(a.astype(np.float32) if a.dtype.kind == "f" and a.itemsize < 4
+                               else a)
+            if progress:
+                progress(stage, i + 1, len(samples))
+    return outs

@@ -14,18 +14,27 @@ from typing import Callable, Mapping, Protocol, Sequence
 import numpy as np
 import onnx
 
+from precision_doctor.analysis.candidates import (
+    Candidate,
+    emulated,
+    reference_factory,
+    run_samples,
+)
 from precision_doctor.analysis.diagnosis import DiagnosisReport, OutputResult
 from precision_doctor.analysis.hazards import scan_hazards
-from precision_doctor.analysis.layerwise import RunnerFactory, compare_layerwise
+from precision_doctor.analysis.layerwise import compare_layerwise
 from precision_doctor.analysis.noise import measure_noise_floor
 from precision_doctor.analysis.rootcause import build_findings, rank_findings
 from precision_doctor.compare.metrics import compute_metrics, relative_l2
-from precision_doctor.compare.tolerance import (Tolerance, check, default_tolerance,
-                                                elementwise_pass_share)
+from precision_doctor.compare.tolerance import (
+    Tolerance,
+    check,
+    default_tolerance,
+    elementwise_pass_share,
+)
 from precision_doctor.errors import ReferenceError_
 from precision_doctor.formats import Precision
 from precision_doctor.graph.load import opset_of
-from precision_doctor.analysis.candidates import Candidate, emulated, reference_factory
 from precision_doctor.graph.outputs import producer_inputs
 
 Progress = Callable[[str, int, int], None]
@@ -35,19 +44,6 @@ NOISE_MULTIPLE_OK = 2.0  # an error within 2x the FP32 noise floor is not a prec
 class SampleLike(Protocol):
     name: str
     feeds: Mapping[str, np.ndarray]
-
-
-def _run_all(runner_factory: RunnerFactory, model: onnx.ModelProto, samples, names, stage,
-             progress) -> dict[str, list[np.ndarray]]:
-    outs: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    with runner_factory(model) as runner:
-        for i, s in enumerate(samples):
-            result = runner.run(s.feeds)
-            for n in names:
-                outs[n].append(result[n])
-            if progress:
-                progress(stage, i + 1, len(samples))
-    return outs
 
 
 def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Precision,
@@ -84,7 +80,7 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     out_names = [o.name for o in model.graph.output]
-    ref = _run_all(reference_factory, model, samples, out_names, "reference", progress)
+    ref = run_samples(reference_factory(model), samples, out_names, "reference", progress)
     for name, arrays in ref.items():
         for s, a in zip(samples, arrays):
             if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
@@ -95,7 +91,7 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
                     sample=s.name)
     timings["reference"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    cand = _run_all(candidate.factory, model, samples, out_names, "candidate", progress)
+    cand = run_samples(candidate.factory(model), samples, out_names, "candidate", progress)
     timings["candidate"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -140,7 +136,7 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
 
         def measure(nodes: Sequence[str]) -> float:
             trial = emulated(plan.keep_fp32(nodes, "diagnose"))
-            outs = _run_all(trial.factory, model, samples, out_names, "impact", None)
+            outs = run_samples(trial.factory(model), samples, out_names)
             return max(relative_l2(ref[n], outs[n]) for n in (o.name for o in outputs))
 
     baseline = max((o.metrics.rel_l2 for o in outputs), default=0.0)

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 
 from precision_doctor import __version__
-from precision_doctor.analysis.candidates import emulated, reference_factory
+from precision_doctor.analysis.candidates import emulated, reference_factory, run_samples
 from precision_doctor.analysis.cost import compute_nodes, fp32_share, node_costs
 from precision_doctor.analysis.hazards import scan_hazards
 from precision_doctor.analysis.layerwise import compare_layerwise
@@ -101,17 +101,6 @@ def _score_dict(s: Score) -> dict:
     return {"passed": s.passed, "value": s.value, "detail": s.detail}
 
 
-def _run(runner: Runner, samples, names) -> dict[str, list[np.ndarray]]:
-    outs: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    with runner:
-        for s in samples:
-            res = runner.run(s.feeds)
-            for n in names:
-                outs[n].append(np.asarray(res[n], np.float32) if res[n].dtype.kind == "f"
-                               else res[n])
-    return outs
-
-
 def _metrics(ref: Outputs, cand: Outputs) -> dict:
     return {k: compute_metrics(ref[k], cand[k]).to_dict() for k in ref
             if np.asarray(ref[k][0]).dtype.kind == "f"}
@@ -163,11 +152,11 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     names = [o.name for o in model.graph.output]
-    reference = _run(reference_factory(model), samples, names)
+    reference = run_samples(reference_factory(model), samples, names)
     near_ties = find_near_ties(model, samples, reference, objective)
     if near_ties:
         objective = replace(objective, exclude=frozenset(t.index for t in near_ties))
-    naive = _run(EmulatorRunner(model, PrecisionPlan(target)), samples, names)
+    naive = run_samples(EmulatorRunner(model, PrecisionPlan(target)), samples, names)
     score_before = objective.score(reference, naive)
     seconds["reference"] = time.perf_counter() - t0
 
@@ -188,11 +177,11 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
 
     if runner is None:
         def evaluate(plan: PrecisionPlan) -> Outputs:
-            return _run(EmulatorRunner(fixed_src, plan), samples, names)
+            return run_samples(EmulatorRunner(fixed_src, plan), samples, names)
     else:
         def evaluate(plan: PrecisionPlan) -> Outputs:
             written, _ = write_mixed_precision(fixed_src, plan, keep_io_types)
-            return _run(runner(written), samples, names)
+            return run_samples(runner(written), samples, names)
 
     def ranking() -> list[str]:
         t = time.perf_counter()
@@ -210,8 +199,8 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
 
     t0 = time.perf_counter()
     written, writer_report = write_mixed_precision(fixed_src, result.plan, keep_io_types)
-    after = _run(OrtRunner(written, name="ort-cpu-fixed"), samples, names)
-    after_emulated = _run(EmulatorRunner(fixed_src, writer_report.effective_plan()), samples,
+    after = run_samples(OrtRunner(written, name="ort-cpu-fixed"), samples, names)
+    after_emulated = run_samples(EmulatorRunner(fixed_src, writer_report.effective_plan()), samples,
                           names)
     score_after = objective.score(reference, after)
     seconds["write_verify"] = time.perf_counter() - t0
