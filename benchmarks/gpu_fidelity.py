@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import default_assets, load_cases  # noqa: E402
 
-from precision_doctor.analysis.candidates import emulated, onnxruntime  # noqa: E402
+from precision_doctor.analysis.candidates import emulated, onnxruntime, run_samples  # noqa: E402,E501
 from precision_doctor.analysis.diagnose import diagnose  # noqa: E402
 from precision_doctor.analysis.layerwise import compare_layerwise  # noqa: E402
 from precision_doctor.compare.metrics import relative_l2  # noqa: E402
@@ -48,12 +48,9 @@ from precision_doctor.runners.ort import OrtRunner  # noqa: E402
 
 
 def run_all(runner, samples) -> dict[str, list[np.ndarray]]:
-    outs: dict[str, list[np.ndarray]] = {}
-    with runner:
-        for s in samples:
-            for k, v in runner.run(s.feeds).items():
-                outs.setdefault(k, []).append(np.asarray(v, np.float32))
-    return outs
+    """All outputs of ``runner`` on ``samples`` (the project's ``run_samples``)."""
+    names = [o.name for o in runner.model.graph.output]
+    return run_samples(runner, samples, names)
 
 
 def err(ref, out) -> float:

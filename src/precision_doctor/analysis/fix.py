@@ -23,7 +23,7 @@ from precision_doctor.compare.metrics import compute_metrics
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision
 from precision_doctor.graph.outputs import producer_inputs
-from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.precision.plan import PrecisionPlan, select_nodes
 from precision_doctor.precision.rewrites import apply_rewrites
 from precision_doctor.precision.writer import write_mixed_precision
 from precision_doctor.precision.writer_report import WriterReport
@@ -32,6 +32,7 @@ from precision_doctor.runners.emulator import EmulatorRunner
 from precision_doctor.runners.ort import OrtRunner
 
 Progress = Callable[[str, int, int], None]
+REWRITE_HINT = "(after rewrites: folded BatchNorms and fused LayerNorms are gone)"
 RANKING_SAMPLES = 2  # layerwise ranking uses the first samples; every evaluation uses all
 
 
@@ -106,18 +107,6 @@ def _metrics(ref: Outputs, cand: Outputs) -> dict:
             if np.asarray(ref[k][0]).dtype.kind == "f"}
 
 
-def _resolve(model: onnx.ModelProto, entries: Sequence[str], what: str) -> list[str]:
-    names = []
-    for e in entries:
-        hit = [n.name for n in model.graph.node if n.name == e or n.op_type == e]
-        if not hit:
-            raise PlanError(f"{what} {e!r} matches no node name or op type of the model "
-                            "(after rewrites: folded BatchNorms and fused LayerNorms are gone)",
-                            node=e)
-        names += hit
-    return names
-
-
 def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective: Objective,
         keep: Sequence[str] = (), force_low: Sequence[str] = (), rewrites: Sequence[str] | None
         = None, keep_io_types: bool = True, runner: Callable[[onnx.ModelProto], Runner]
@@ -164,13 +153,14 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     fixed_src, rw_report = apply_rewrites(model, rewrites)
     seconds["rewrites"] = time.perf_counter() - t0
     base = PrecisionPlan(target)
-    user = _resolve(fixed_src, keep, "--keep")
+    user = select_nodes(fixed_src, keep, "--keep", REWRITE_HINT)
     if user:
         base = base.keep_fp32(user, "user", "--keep")
-    forced = [h for h in scan_hazards(fixed_src, target) if h.kind == "parameter-out-of-range"]
-    for h in forced:
-        base = base.keep_fp32([h.node], "hazard", h.detail)
-    low = set(_resolve(fixed_src, force_low, "--force-low"))
+    hazards = scan_hazards(fixed_src, target)
+    for h in hazards:
+        if h.kind == "parameter-out-of-range":
+            base = base.keep_fp32([h.node], "hazard", h.detail)
+    low = set(select_nodes(fixed_src, force_low, "--force-low", REWRITE_HINT))
     fixed_nodes = set(base.overrides)
     candidates = [n.name for n in compute_nodes(fixed_src)
                   if n.name not in fixed_nodes and n.name not in low]
@@ -189,8 +179,7 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
                                reference_factory, emulated(base).factory, target,
                                threshold=1e-2)
         seconds["ranking"] = time.perf_counter() - t
-        hazard_nodes = [n for h in scan_hazards(fixed_src, target)
-                        if h.kind == "decomposed-layernorm" for n in h.nodes]
+        hazard_nodes = [n for h in hazards if h.kind == "decomposed-layernorm" for n in h.nodes]
         return rank_by_sensitivity(lw, candidates, producer_inputs(fixed_src), hazard_nodes)
 
     t0 = time.perf_counter()

@@ -140,3 +140,26 @@ class PrecisionPlan:
             return cls.from_dict(json.loads(Path(path).read_text()))
         except (OSError, json.JSONDecodeError) as exc:
             raise PlanError(f"cannot read precision plan {path}: {exc}", file=str(path)) from exc
+
+
+def select_nodes(model: onnx.ModelProto, entries: Iterable[str], option: str,
+                 hint: str = "") -> list[str]:
+    """Node names matched by ``entries``: each an exact node name or an op type.
+
+    Args:
+        model: The model whose nodes are searched.
+        entries: Node names or op types (e.g. ``LayerNormalization``), as given on the CLI.
+        option: The option the entries came from (``--keep``), for the error message.
+        hint: Extra sentence for the error message.
+
+    Raises:
+        PlanError: An entry matches no node name or op type.
+    """
+    names: list[str] = []
+    for entry in entries:
+        matched = [n.name for n in model.graph.node if n.name == entry or n.op_type == entry]
+        if not matched:
+            raise PlanError(f"{option} {entry!r} matches no node name or op type of the model"
+                            + (f" {hint}" if hint else ""), node=entry)
+        names.extend(matched)
+    return names

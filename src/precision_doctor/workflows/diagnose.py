@@ -14,11 +14,11 @@ from precision_doctor.analysis.candidates import candidate_from_spec
 from precision_doctor.analysis.diagnose import diagnose
 from precision_doctor.analysis.diagnosis import DiagnosisReport
 from precision_doctor.compare.tolerance import Tolerance, default_tolerance
-from precision_doctor.errors import InputError, PlanError
+from precision_doctor.errors import InputError
 from precision_doctor.formats import Precision
 from precision_doctor.graph.load import input_metadata, load_model
 from precision_doctor.inputs import load_samples
-from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.precision.plan import PrecisionPlan, select_nodes
 from precision_doctor.report.files import check_writable, write_json, write_text_atomic
 from precision_doctor.report.progress import progress_bar
 from precision_doctor.report.terminal import render_diagnosis
@@ -66,13 +66,7 @@ def build_plan(model: onnx.ModelProto, target: Precision, plan_path: Path | None
         PlanError: A ``keep`` entry matches no node or op type, or the plan file is invalid.
     """
     plan = PrecisionPlan.load(plan_path) if plan_path else PrecisionPlan(target)
-    names = []
-    for entry in keep:
-        matched = [n.name for n in model.graph.node if n.name == entry or n.op_type == entry]
-        if not matched:
-            raise PlanError(f"--keep {entry!r} matches no node name or op type of the model",
-                            node=entry)
-        names.extend(matched)
+    names = select_nodes(model, keep, "--keep")
     if names:
         plan = plan.keep_fp32(names, "user", "--keep")
     plan.validate(model)
