@@ -118,7 +118,9 @@ def fix_command(
     runner: str = typer.Option("emulate", "--runner", "-r", help="Evaluate with the emulator "
                                "or a real engine (ort:cuda,tf32=0)"),
     max_samples: Optional[int] = typer.Option(None, "--max-samples"),
-    max_evals: int = typer.Option(60, "--max-evals", help="Search evaluation budget"),
+    max_evals: int = typer.Option(150, "--max-evals",
+                                   help="Search evaluation budget (a cap; a search stops "
+                                        "earlier when it can)"),
     html_path: Optional[Path] = typer.Option(None, "--html", help="Write the HTML report here"),
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),

@@ -5,6 +5,7 @@ benchmark (all images, all crops, RapidOCR end to end, other tools) is benchmark
 benchmarks/ocr_end_to_end.py.
 """
 
+import numpy as np
 import onnx
 import pytest
 
@@ -62,3 +63,31 @@ def test_fix_rec_keeps_charset_and_most_nodes_fp16(shared_dir):
     assert meta.get("character") == original["character"]
     onnx.checker.check_model(result.model)
     assert _io_names(result.model) == _io_names(model)
+
+
+def test_fix_det_gives_the_ocr_client_identical_boxes(shared_dir):
+    pytest.importorskip("rapidocr_onnxruntime", reason="db-boxes needs the demo extra")
+    from rapidocr_onnxruntime.ch_ppocr_det.utils import DBPostProcess
+
+    model = load_model(shared_dir / "models/ppocrv4/det.onnx")
+    # all 3 images at 640 px: FP16 moves boxes there (at 480 px all-FP16 happens to pass)
+    samples = load_samples(shared_dir / "data/ocr/full_images", input_metadata(model),
+                           "ppocr-det:resize=max-side,side=640")
+    objective = Objective(metric=get_metric("db-boxes"), threshold=1.0)
+
+    def ort_cpu(m):
+        return OrtRunner(m, ("cpu",), name="ort-cpu")
+
+    result = fix(model, samples, Precision.FP16, objective, runner=ort_cpu)
+
+    assert result.score_before.value < 1.0 and result.search.kept  # the search was needed
+    assert result.passed and result.share["nodes"] <= 0.05
+    # the client's own post-processing on both maps gives the same boxes on every image
+    post = DBPostProcess(thresh=0.3, box_thresh=0.5, max_candidates=1000, unclip_ratio=1.6,
+                         score_mode="fast", use_dilation=True)
+    out = model.graph.output[0].name
+    with OrtRunner(model) as ref, OrtRunner(result.model) as cand:
+        for s in samples:
+            ref_boxes, _ = post(ref.run(s.feeds)[out], s.source_size)
+            cand_boxes, _ = post(cand.run(s.feeds)[out], s.source_size)
+            assert len(ref_boxes) > 3 and np.array_equal(ref_boxes, cand_boxes), s.name

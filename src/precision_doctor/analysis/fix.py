@@ -33,7 +33,7 @@ from precision_doctor.runners.ort import OrtRunner
 
 Progress = Callable[[str, int, int], None]
 REWRITE_HINT = "(after rewrites: folded BatchNorms and fused LayerNorms are gone)"
-RANKING_SAMPLES = 2  # layerwise ranking uses the first samples; every evaluation uses all
+RANKING_SAMPLES = 2  # layerwise ranking uses the worst samples; every evaluation uses all
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def _metrics(ref: Outputs, cand: Outputs) -> dict:
 def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective: Objective,
         keep: Sequence[str] = (), force_low: Sequence[str] = (), rewrites: Sequence[str] | None
         = None, keep_io_types: bool = True, runner: Callable[[onnx.ModelProto], Runner]
-        | None = None, max_evals: int = 60, progress: Progress | None = None) -> FixResult:
+        | None = None, max_evals: int = 150, progress: Progress | None = None) -> FixResult:
     """Find and write a mixed-precision model meeting ``objective``.
 
     Args:
@@ -142,6 +142,7 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     t0 = time.perf_counter()
     names = [o.name for o in model.graph.output]
     reference = run_samples(reference_factory(model), samples, names)
+    objective = objective.with_samples(samples)
     near_ties = find_near_ties(model, samples, reference, objective)
     if near_ties:
         objective = replace(objective, exclude=frozenset(t.index for t in near_ties))
@@ -173,9 +174,10 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
             written, _ = write_mixed_precision(fixed_src, plan, keep_io_types)
             return run_samples(runner(written), samples, names)
 
-    def ranking() -> list[str]:
+    def ranking(start: Score) -> list[str]:
         t = time.perf_counter()
-        lw = compare_layerwise(fixed_src, [s.feeds for s in samples[:RANKING_SAMPLES]],
+        worst = objective.worst_samples(start, RANKING_SAMPLES, len(samples))
+        lw = compare_layerwise(fixed_src, [samples[i].feeds for i in worst],
                                reference_factory, emulated(base).factory, target,
                                threshold=1e-2)
         seconds["ranking"] = time.perf_counter() - t
@@ -201,7 +203,14 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     if not score_after.passed and result.score.passed:
         warnings.append("the emulated plan meets the target but ONNX Runtime CPU on the written "
                         f"model scores {score_after.value:.4g}: its FP16 kernels compute "
-                        "differently from the engine model the emulator assumes")
+                        "differently from the engine model the emulator assumes. Decision "
+                        "metrics at exact thresholds (identical strings, boxes) depend on the "
+                        "engine's exact rounding: search with the engine you deploy on "
+                        "(--runner ort:cpu, ort:cuda)")
+    if result.evaluations >= max_evals:
+        warnings.append(f"the search used its whole budget of {max_evals} evaluations: the "
+                        f"{len(result.kept)} nodes it kept in FP32 meet the target but may not "
+                        "all be needed; raise --max-evals for a smaller set")
     notes = []
     if any(r.rule == "fuse-layernorm" and r.applied for r in rw_report.records):
         notes.append("decomposed LayerNorms were fused into LayerNormalization; its FP16 "
@@ -209,7 +218,8 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
                      "Runtime CUDA compute). If your engine computes LayerNormalization in "
                      "FP16, add --keep LayerNormalization.")
     return FixResult(written, fixed_src, result.plan, result, _metrics(reference, naive),
-                     _metrics(reference, after), _metrics(reference, after_emulated), score_before, score_after, share,
+                     _metrics(reference, after), _metrics(reference, after_emulated),
+                     score_before, score_after, share,
                      rw_report.to_dict(), writer_report.to_dict(), target.value,
                      objective.describe(), {k: round(v, 3) for k, v in seconds.items()},
                      tuple(warnings), tuple(notes), tuple(near_ties))

@@ -8,8 +8,8 @@ with the metric and takes the worst sample ("on every image"), compared with the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -46,17 +46,59 @@ class Objective:
         threshold: The metric's pass mark (default: the metric's own default threshold).
         exclude: Sample indices left out of a metric objective (near-ties, see
             ``analysis.near_ties``); their values are still reported.
+        contexts: Per-sample facts for the metric (e.g. ``{"source_size": (h, w)}``), in
+            sample order; see ``compare.task_metrics.CONTEXT_KEYS``. Empty: none known.
     """
 
     tolerances: Mapping[str, Tolerance] | None = None
     metric: TaskMetric | None = None
     threshold: float | None = None
     exclude: frozenset[int] = frozenset()
+    contexts: tuple[Mapping[str, Any], ...] = ()
+
+    def with_samples(self, samples: Sequence[Any]) -> Objective:
+        """This objective with ``contexts`` taken from the samples' known facts.
+
+        Args:
+            samples: Calibration samples (``.source_size`` is read when present).
+
+        Returns:
+            A copy; unchanged when it is not a metric objective or has contexts already.
+        """
+        if self.metric is None or self.contexts:
+            return self
+        contexts = tuple({"source_size": s.source_size}
+                         if getattr(s, "source_size", None) is not None else {}
+                         for s in samples)
+        return replace(self, contexts=contexts) if any(contexts) else self
+
+    def worst_samples(self, score: Score, count: int, total: int) -> list[int]:
+        """Indices of the ``count`` samples ``score`` rates worst, worst first.
+
+        For a metric objective: by per-sample value (near-ties left out unless nothing else
+        is left; ties keep sample order). A tolerance objective scores outputs, not samples:
+        the first ``count`` samples.
+
+        Args:
+            score: A score from :meth:`score`.
+            count: How many indices to return (at most ``total``).
+            total: Number of samples.
+
+        Returns:
+            Sample indices.
+        """
+        values = score.detail.get("per_sample") if self.metric is not None else None
+        if not values or len(values) != total:
+            return list(range(min(count, total)))
+        sign = 1.0 if self.metric is not None and self.metric.higher_is_better else -1.0
+        order = sorted(range(total), key=lambda i: (i in self.exclude, sign * values[i], i))
+        return order[:count]
 
     def describe(self) -> str:
         if self.metric is not None:
             op = ">=" if self.metric.higher_is_better else "<="
-            return f"{self.metric.spec or self.metric.name} {op} {self._threshold():g} on every sample"
+            name = self.metric.spec or self.metric.name
+            return f"{name} {op} {self._threshold():g} on every sample"
         parts = [f"{k}: {t.describe()}" for k, t in (self.tolerances or {}).items()]
         return "; ".join(parts) or "default tolerance"
 
@@ -82,7 +124,8 @@ class Objective:
         if self.metric is not None:
             n = len(next(iter(reference.values())))
             values = [evaluate_metric(self.metric, {k: v[i] for k, v in reference.items()},
-                                      {k: v[i] for k, v in candidate.items()})
+                                      {k: v[i] for k, v in candidate.items()},
+                                      self.contexts[i] if i < len(self.contexts) else None)
                       for i in range(n)]
             counted = [v for i, v in enumerate(values) if i not in self.exclude] or values
             worst = min(counted) if self.metric.higher_is_better else max(counted)

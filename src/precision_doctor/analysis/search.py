@@ -4,8 +4,9 @@
    target: done, k = 0.
 2. Evaluate every candidate in FP32. If even that fails, the target cannot be met: raise
    ``TargetNotMetError`` with the best score reached.
-3. Rank candidates by measured sensitivity (from one layerwise comparison of the start plan:
-   overflow/NaN births first, then local error gain = rel_l2(out) / rel_l2(inputs)).
+3. Rank candidates by measured sensitivity (from one layerwise comparison of the start plan on
+   the samples it scores worst: overflow/NaN births first, then local error gain =
+   rel_l2(out) / rel_l2(inputs)).
 4. Grow: binary search for the shortest prefix of the ranking that meets the target
    (log2 N evaluations, assuming more FP32 never hurts).
 5. Shrink: delta debugging (Zeller & Hildebrandt 2002, "ddmin") removes prefix nodes that are
@@ -124,7 +125,8 @@ class _Evaluator:
 
 
 def search_fp32_set(evaluate: Evaluate, reference: Outputs, objective: Objective,
-                    base: PrecisionPlan, ranking: Sequence[str] | Callable[[], Sequence[str]],
+                    base: PrecisionPlan,
+                    ranking: Sequence[str] | Callable[[Score], Sequence[str]],
                     max_evals: int = 60,
                     progress: Callable[[str, int, int], None] | None = None) -> SearchResult:
     """Find a small set of ``ranking`` nodes to keep in FP32 so ``objective`` passes.
@@ -134,8 +136,9 @@ def search_fp32_set(evaluate: Evaluate, reference: Outputs, objective: Objective
         reference: Reference outputs on the same samples.
         objective: The accuracy target.
         base: Start plan (default low precision, forced FP32 nodes already in).
-        ranking: Candidate nodes, most sensitive first, or a function computing them (called
-            only when the start plan fails, since ranking needs a layerwise comparison).
+        ranking: Candidate nodes, most sensitive first, or a function computing them from the
+            start plan's score (called only when the start plan fails, since ranking needs a
+            layerwise comparison; the score says which samples fail).
         max_evals: Evaluation budget; when reached, the best passing set so far is returned.
         progress: ``progress("search", done, budget)``.
 
@@ -149,7 +152,7 @@ def search_fp32_set(evaluate: Evaluate, reference: Outputs, objective: Objective
     start = ev([], "start")
     if start.passed:
         return SearchResult(base, (), start, tuple(ev.trials))
-    ranking = list(ranking() if callable(ranking) else ranking)
+    ranking = list(ranking(start) if callable(ranking) else ranking)
     full = ev(list(ranking), "all-fp32")
     if not full.passed:
         best = full if objective.better(full, start) else start

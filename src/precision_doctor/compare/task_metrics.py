@@ -7,13 +7,18 @@ means identical behaviour (PSNR, in dB, is the one exception: ``inf`` when ident
 A metric is named by a spec string:
 
 * a built-in, optionally with options: ``top1``, ``top5``, ``mask-iou:threshold=0.3``,
-  ``box-map:boxes=dets,iou=0.5``, ``ctc-string:charset=rec.onnx,ignore_case=true``, ``psnr``,
+  ``db-boxes``, ``box-map:boxes=dets,iou=0.5``, ``ctc-string:charset=rec.onnx,ignore_case=true``,
+  ``psnr``,
   ``ssim:data_range=1.0`` (see :func:`list_metrics`);
 * a user function ``module:function`` or ``path/to/file.py:function``, optionally followed by
   ``:key=value,...`` options passed to it as keyword arguments.
 
 Option values cannot contain ``,``; ``true``/``false``/``none`` and numbers are converted.
 Every built-in takes ``output=NAME`` (default: the first output).
+
+Per-sample context: a metric function with a keyword parameter named in :data:`CONTEXT_KEYS`
+also receives that fact about the sample, when known (``source_size``: the source image's
+``(height, width)``, for image inputs); such parameters are not spec options.
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from precision_doctor.compare import (task_classification, task_detection, task_image,
-                                      task_mask, task_ocr)
+from precision_doctor.compare import (task_classification, task_db, task_detection,
+                                      task_image, task_mask, task_ocr)
 from precision_doctor.compare.task_io import parse_param_value
 from precision_doctor.errors import MetricError, PrecisionDoctorError
 
@@ -45,6 +50,8 @@ Outputs = Mapping[str, np.ndarray]
 # Options that name outputs, files or modes: kept as text even when they look like numbers.
 TEXT_OPTIONS = frozenset({"output", "boxes", "scores", "labels", "count", "charset", "layout",
                           "box_format"})
+# Facts about a sample passed to metric functions that declare them (not settable by a spec).
+CONTEXT_KEYS = frozenset({"source_size"})
 _DETECTION_OPTIONS = {"output": None, "boxes": None, "scores": None, "labels": None,
                       "count": None, "score_threshold": 0.0, "box_format": "xyxy", "iou": 0.5}
 
@@ -72,9 +79,10 @@ class TaskMetric:
     params: tuple[tuple[str, Any], ...] = ()
     spec: str = ""
 
-    def __call__(self, reference: Outputs, candidate: Outputs) -> float:
+    def __call__(self, reference: Outputs, candidate: Outputs,
+                 context: Mapping[str, Any] | None = None) -> float:
         """Same as :func:`evaluate_metric`."""
-        return evaluate_metric(self, reference, candidate)
+        return evaluate_metric(self, reference, candidate, context)
 
     def meets(self, value: float, threshold: float | None = None) -> bool:
         """Whether ``value`` passes ``threshold`` (default :attr:`default_threshold`).
@@ -113,7 +121,20 @@ class _Builtin:
 
 def _options(fn: MetricFn) -> dict[str, Any]:
     sig = inspect.signature(fn)
-    return {n: p.default for n, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY}
+    return {n: p.default for n, p in sig.parameters.items()
+            if p.kind is p.KEYWORD_ONLY and n not in CONTEXT_KEYS}
+
+
+def _context_for(fn: MetricFn, context: Mapping[str, Any] | None) -> dict[str, Any]:
+    if not context:
+        return {}
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return {k: v for k, v in context.items()
+            if k in CONTEXT_KEYS and v is not None and (k in params or takes_any)}
 
 
 BUILTINS: dict[str, _Builtin] = {
@@ -126,6 +147,10 @@ BUILTINS: dict[str, _Builtin] = {
     "mask-iou": _Builtin(task_mask.mask_iou, 0.95,
                          "mean IoU of the maps binarized at threshold (PP-OCR det: 0.3)",
                          _options(task_mask.mask_iou)),
+    "db-boxes": _Builtin(task_db.db_boxes, 1.0,
+                         "share of DB text boxes (PP-OCR det) reproduced exactly, client's "
+                         "DBPostProcess (needs rapidocr_onnxruntime)",
+                         _options(task_db.db_boxes)),
     "box-match": _Builtin(task_detection.box_match, 0.95,
                           "F1 of candidate boxes matched to reference boxes at IoU >= 0.5",
                           _DETECTION_OPTIONS),
@@ -265,13 +290,16 @@ def _load_user_function(target: str, fn_name: str) -> MetricFn:
     return fn
 
 
-def evaluate_metric(metric: TaskMetric, reference: Outputs, candidate: Outputs) -> float:
+def evaluate_metric(metric: TaskMetric, reference: Outputs, candidate: Outputs,
+                    context: Mapping[str, Any] | None = None) -> float:
     """Call a metric and check its result.
 
     Args:
         metric: The resolved metric.
         reference: Reference outputs (name -> array).
         candidate: Candidate outputs (name -> array).
+        context: Facts about the sample (keys in :data:`CONTEXT_KEYS`); each is passed only
+            to a function that declares a keyword parameter of that name.
 
     Returns:
         The value as a Python float (may be +-inf, e.g. PSNR of identical images).
@@ -282,7 +310,8 @@ def evaluate_metric(metric: TaskMetric, reference: Outputs, candidate: Outputs) 
             built-ins (bad output name, unreadable charset file) keep their type.
     """
     try:
-        value = metric.fn(reference, candidate, **dict(metric.params))
+        value = metric.fn(reference, candidate, **dict(metric.params),
+                          **_context_for(metric.fn, context))
     except PrecisionDoctorError as exc:
         if isinstance(exc, MetricError) and not exc.message.startswith(f"{metric.name}: "):
             raise MetricError(f"{metric.name}: {exc.message}",

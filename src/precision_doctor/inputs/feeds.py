@@ -33,16 +33,24 @@ class Sample:
         name: Where it came from: a file name, ``file.npz[3]`` (one batch entry of a split
             array), ``input.json[0]`` (a Polygraphy iteration) or ``random[2]``.
         feeds: Input name -> array, in model input order after ``check_feeds``.
+        source_size: ``(height, width)`` in pixels of the decoded image before preprocessing,
+            for image samples (None otherwise). Task metrics that map outputs back to the
+            source image (``db-boxes``) receive it.
     """
 
     name: str
     feeds: dict[str, np.ndarray]
+    source_size: tuple[int, int] | None = None
 
     def describe(self) -> dict[str, object]:
         """JSON-ready summary: name and, per input, shape and dtype (no data)."""
-        return {"name": self.name,
-                "feeds": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}
-                          for k, v in self.feeds.items()}}
+        out: dict[str, object] = {
+            "name": self.name,
+            "feeds": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}
+                      for k, v in self.feeds.items()}}
+        if self.source_size is not None:
+            out["source_size"] = list(self.source_size)
+        return out
 
 
 def is_dynamic_dim(dim: object) -> bool:
@@ -189,7 +197,8 @@ def check_feeds(feeds: Mapping[str, np.ndarray], inputs: Sequence[TensorMeta]
 
 
 def check_sample(name: str, feeds: Mapping[str, np.ndarray], inputs: Sequence[TensorMeta],
-                 file: str | None = None, hint: str = "") -> Sample:
+                 file: str | None = None, hint: str = "",
+                 source_size: tuple[int, int] | None = None) -> Sample:
     """``check_feeds`` for one named sample; errors are re-raised prefixed with its name.
 
     Args:
@@ -198,6 +207,7 @@ def check_sample(name: str, feeds: Mapping[str, np.ndarray], inputs: Sequence[Te
         inputs: Model inputs.
         file: Source file recorded in the error context.
         hint: Text appended to the error message (e.g. how to fix a preprocessing spec).
+        source_size: ``(height, width)`` of the source image, for image samples.
 
     Returns:
         The validated ``Sample``.
@@ -206,7 +216,7 @@ def check_sample(name: str, feeds: Mapping[str, np.ndarray], inputs: Sequence[Te
         InputError: As ``check_feeds`` (same subclass), message prefixed with ``name``.
     """
     try:
-        return Sample(name, check_feeds(feeds, inputs))
+        return Sample(name, check_feeds(feeds, inputs), source_size)
     except InputError as exc:
         context = {**exc.context, "sample": name, "file": file}
         raise type(exc)(f"{name}: {exc.message}{hint}", **context) from exc

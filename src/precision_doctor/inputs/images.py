@@ -5,10 +5,19 @@ EXIF orientation applied only when ``spec.exif`` is set, then ``convert("RGB")``
 replicated to 3 channels, palette images are expanded, and an alpha channel is dropped (the
 ``torchvision`` ``pil_loader`` behaviour). 16-bit and float images are refused: save them as
 .npy with the exact values the model expects.
+
+Resizing: Pillow filters, and ``cv2-linear`` (what PaddleOCR/RapidOCR use) with OpenCV's own
+``cv2.resize(INTER_LINEAR)`` when OpenCV is installed (it comes with ``rapidocr_onnxruntime``).
+Without OpenCV a Pillow affine transform with the same semantics stands in; OpenCV's 11-bit
+fixed-point interpolation rounds differently, so single pixels then differ by one 8-bit level
+(1/127.5 after PP-OCR's normalisation), which moves a DB text box by a pixel now and then. A
+``CV2FallbackWarning`` says so once.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,10 +76,30 @@ def decode_image(path: str | Path, exif: bool = False) -> Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
+class CV2FallbackWarning(UserWarning):
+    """``cv2-linear`` resizing without OpenCV: Pillow stands in, +-1 level on some pixels."""
+
+
+@functools.lru_cache(maxsize=1)
+def _cv2():
+    if importlib.util.find_spec("cv2") is None:
+        warnings.warn("OpenCV is not installed: cv2-linear resizing uses Pillow, which differs "
+                      "from cv2.resize by one 8-bit level on some pixels; pip install "
+                      "opencv-python-headless for bit-exact PaddleOCR/RapidOCR inputs",
+                      CV2FallbackWarning, stacklevel=3)
+        return None
+    import cv2
+
+    return cv2
+
+
 def _resize(image: Image.Image, size_hw: tuple[int, int], interpolation: str) -> Image.Image:
     h, w = size_hw
     if (image.height, image.width) == (h, w):
         return image
+    if interpolation == "cv2-linear" and _cv2() is not None:
+        pixels = _cv2().resize(np.asarray(image), (w, h), interpolation=_cv2().INTER_LINEAR)
+        return Image.fromarray(pixels)
     if interpolation == "cv2-linear":
         # Affine map with half-pixel centers and a 2x2 bilinear kernel, no antialiasing: the
         # semantics of OpenCV cv2.resize(INTER_LINEAR) that PaddleOCR/RapidOCR use.
@@ -164,7 +193,8 @@ def load_images(paths: Sequence[str | Path], inputs: Sequence[TensorMeta],
             ``SkippedImageWarning``.
 
     Returns:
-        (samples, skipped): samples named by file name; skipped holds one message per skipped
+        (samples, skipped): samples named by file name, with ``source_size`` the decoded
+        image's (height, width); skipped holds one message per skipped
         file (empty unless ``skip_bad``).
 
     Raises:
@@ -188,5 +218,6 @@ def load_images(paths: Sequence[str | Path], inputs: Sequence[TensorMeta],
             continue
         tensor = image_to_tensor(image, spec, name=p.name)
         hint = f" (preprocessing: {spec}).{_layout_hint(meta, spec)}"
-        samples.append(check_sample(p.name, {meta.name: tensor}, inputs, str(p), hint))
+        samples.append(check_sample(p.name, {meta.name: tensor}, inputs, str(p), hint,
+                                    source_size=(image.height, image.width)))
     return samples, skipped
