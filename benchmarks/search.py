@@ -56,6 +56,11 @@ TASKS = {
     "rec": {"model": "models/ppocrv4/rec.onnx", "data": "data/ocr/rec_crops/*/*",
             "preprocess": "ppocr-rec", "metric": "ctc-string:charset={model}",
             "threshold": 1.0},
+    # the end-to-end target: RapidOCR's own boxes identical on every image (tools that take a
+    # target get this one; run with --tools precision-doctor-ortcpu,autocast: a validate_fn
+    # this strict sends onnxconverter-common through every segment)
+    "det-boxes": {"model": "models/ppocrv4/det.onnx", "data": "data/ocr/full_images",
+                  "preprocess": "ppocr-det", "metric": "db-boxes", "threshold": 1.0},
 }
 
 
@@ -78,11 +83,12 @@ def _samples(spec: dict):
 
 
 def _sample_metric(spec: dict):
-    """``f(ref_outputs, cand_outputs) -> float`` on one sample (name -> array dicts)."""
+    """``f(ref_outputs, cand_outputs, sample) -> float`` on one sample (name -> array dicts)."""
     from precision_doctor.compare.task_metrics import evaluate_metric, get_metric
 
     metric = get_metric(spec["metric"])
-    return lambda ref, cand: evaluate_metric(metric, ref, cand)
+    return lambda ref, cand, sample: evaluate_metric(
+        metric, ref, cand, {"source_size": getattr(sample, "source_size", None)})
 
 
 def worker_ours(spec: dict, out: Path, ort_cpu: bool = False) -> dict:
@@ -118,7 +124,8 @@ def worker_occ(spec: dict, out: Path) -> dict:
 
     def validate(res0, res1) -> bool:  # the same target, on its single feed
         calls[0] += 1
-        return metric(dict(zip(names, res0)), dict(zip(names, res1))) >= spec["threshold"]
+        return metric(dict(zip(names, res0)), dict(zip(names, res1)),
+                      samples[0]) >= spec["threshold"]
 
     fixed = auto_convert_mixed_precision(model, dict(samples[0].feeds), validate,
                                          keep_io_types=True)
@@ -223,8 +230,8 @@ def measure(model_path: Path, spec: dict, samples, reference: dict) -> dict:
             for n in names:
                 outs[n].append(np.asarray(res[n], np.float32))
     metric = _sample_metric(spec)
-    per_sample = [metric({n: reference[n][i] for n in names}, {n: outs[n][i] for n in names})
-                  for i in range(len(samples))]
+    per_sample = [metric({n: reference[n][i] for n in names}, {n: outs[n][i] for n in names},
+                         samples[i]) for i in range(len(samples))]
     fp32 = fp32_compute_nodes(model)
     shapes = {k: v.shape for k, v in samples[0].feeds.items()}
     share = fp32_share(model, fp32, node_costs(model, shapes))
@@ -319,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             row.update(m, model_path=str(path))
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "metric_per_sample"}), flush=True)
-    if args.model == "det":
+    if args.model.startswith("det"):
         done = {r["tool"]: Path(r["model_path"]) for r in rows if "model_path" in r}
         for tool, text in ocr_identity(done, args.shared).items():
             next(r for r in rows if r["tool"] == tool)["ocr_identical"] = text
