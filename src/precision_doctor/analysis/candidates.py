@@ -126,6 +126,16 @@ def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,
                        "(e.g. ort:cuda,tf32=0)", runner=spec)
 
 
+def float32_outputs(result: Mapping[str, np.ndarray], names: Sequence[str]
+                    ) -> dict[str, np.ndarray]:
+    """The ``names`` outputs of one run, low-precision floats widened to float32 (exact)."""
+    out = {}
+    for n in names:
+        a = np.asarray(result[n])
+        out[n] = a.astype(np.float32) if a.dtype.kind == "f" and a.itemsize < 4 else a
+    return out
+
+
 def run_samples(runner: Runner, samples: Sequence, names: Sequence[str], stage: str = "",
                 progress: Callable[[str, int, int], None] | None = None
                 ) -> dict[str, list[np.ndarray]]:
@@ -143,11 +153,9 @@ def run_samples(runner: Runner, samples: Sequence, names: Sequence[str], stage: 
     outs: dict[str, list[np.ndarray]] = {n: [] for n in names}
     with runner:
         for i, s in enumerate(samples):
-            result = runner.run(s.feeds)
+            result = float32_outputs(runner.run(s.feeds), names)
             for n in names:
-                a = np.asarray(result[n])
-                outs[n].append(a.astype(np.float32) if a.dtype.kind == "f" and a.itemsize < 4
-                               else a)
+                outs[n].append(result[n])
             if progress:
                 progress(stage, i + 1, len(samples))
     return outs

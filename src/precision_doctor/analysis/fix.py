@@ -166,13 +166,10 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     candidates = [n.name for n in compute_nodes(fixed_src)
                   if n.name not in fixed_nodes and n.name not in low]
 
-    if runner is None:
-        def evaluate(plan: PrecisionPlan) -> Outputs:
-            return run_samples(EmulatorRunner(fixed_src, plan), samples, names)
-    else:
-        def evaluate(plan: PrecisionPlan) -> Outputs:
-            written, _ = write_mixed_precision(fixed_src, plan, keep_io_types)
-            return run_samples(runner(written), samples, names)
+    def open_plan(plan: PrecisionPlan) -> Runner:
+        if runner is None:
+            return EmulatorRunner(fixed_src, plan)
+        return runner(write_mixed_precision(fixed_src, plan, keep_io_types)[0])
 
     def ranking(start: Score) -> list[str]:
         t = time.perf_counter()
@@ -185,7 +182,8 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         return rank_by_sensitivity(lw, candidates, producer_inputs(fixed_src), hazard_nodes)
 
     t0 = time.perf_counter()
-    result = search_fp32_set(evaluate, reference, objective, base, ranking, max_evals, progress)
+    result = search_fp32_set(open_plan, samples, reference, objective, base, ranking, max_evals,
+                             progress)
     seconds["search"] = time.perf_counter() - t0 - seconds.get("ranking", 0.0)
 
     t0 = time.perf_counter()

@@ -115,6 +115,32 @@ class Objective:
             return a.value > b.value
         return a.value < b.value
 
+    def sample_value(self, index: int, reference: Mapping[str, np.ndarray],
+                     candidate: Mapping[str, np.ndarray]) -> float:
+        """The task metric on one sample (``index`` picks its context).
+
+        Raises:
+            MetricError: The task metric raised or returned NaN.
+        """
+        if self.metric is None:
+            raise ValueError("sample_value needs a task-metric objective")
+        return evaluate_metric(self.metric, reference, candidate,
+                               self.contexts[index] if index < len(self.contexts) else None)
+
+    def meets(self, value: float) -> bool:
+        """Whether one sample's metric value meets the threshold."""
+        threshold = self._threshold()
+        higher = self.metric is None or self.metric.higher_is_better
+        return value >= threshold if higher else value <= threshold
+
+    def metric_score(self, values: Sequence[float]) -> Score:
+        """Score from every sample's metric value (near-ties in ``exclude`` not counted)."""
+        counted = [v for i, v in enumerate(values) if i not in self.exclude] or list(values)
+        higher = self.metric is None or self.metric.higher_is_better
+        worst = min(counted) if higher else max(counted)
+        return Score(self.meets(worst), float(worst), {"per_sample": list(values),
+                                                       "excluded": sorted(self.exclude)})
+
     def score(self, reference: Outputs, candidate: Outputs) -> Score:
         """Score ``candidate`` against ``reference`` (all samples).
 
@@ -123,16 +149,9 @@ class Objective:
         """
         if self.metric is not None:
             n = len(next(iter(reference.values())))
-            values = [evaluate_metric(self.metric, {k: v[i] for k, v in reference.items()},
-                                      {k: v[i] for k, v in candidate.items()},
-                                      self.contexts[i] if i < len(self.contexts) else None)
-                      for i in range(n)]
-            counted = [v for i, v in enumerate(values) if i not in self.exclude] or values
-            worst = min(counted) if self.metric.higher_is_better else max(counted)
-            threshold = self._threshold()
-            passed = worst >= threshold if self.metric.higher_is_better else worst <= threshold
-            return Score(passed, float(worst), {"per_sample": values,
-                                                "excluded": sorted(self.exclude)})
+            return self.metric_score([
+                self.sample_value(i, {k: v[i] for k, v in reference.items()},
+                                  {k: v[i] for k, v in candidate.items()}) for i in range(n)])
         worst, detail, passed = 0.0, {}, True
         for name in reference:
             if not np.issubdtype(np.asarray(reference[name][0]).dtype, np.floating):

@@ -12,7 +12,10 @@
 5. Shrink: delta debugging (Zeller & Hildebrandt 2002, "ddmin") removes prefix nodes that are
    not needed: O(k log m) evaluations for k needed nodes in a prefix of m.
 
-So the evaluation count is O(k log N), never an O(N) sweep over nodes.
+So the evaluation count is O(k log N), never an O(N) sweep over nodes. With a task-metric
+objective ("on every sample"), a grow/shrink evaluation stops at the first sample that misses
+the target; samples that failed before run first (move-to-front), so a failing evaluation
+usually costs one sample, not all of them.
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from precision_doctor.analysis.candidates import float32_outputs, run_samples
 from precision_doctor.analysis.layerwise import LayerwiseResult
 from precision_doctor.analysis.objective import Objective, Outputs, Score
 from precision_doctor.errors import TargetNotMetError
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.runners.base import Runner
 
-Evaluate = Callable[[PrecisionPlan], Outputs]
+OpenPlan = Callable[[PrecisionPlan], Runner]  # plan -> a runner (not entered) of that plan
 
 
 @dataclass(frozen=True)
@@ -98,41 +103,71 @@ def rank_by_sensitivity(layerwise: LayerwiseResult, candidates: Sequence[str],
 
 
 class _Evaluator:
-    def __init__(self, evaluate: Evaluate, reference: Outputs, objective: Objective,
-                 base: PrecisionPlan, max_evals: int,
+    def __init__(self, open_plan: OpenPlan, samples: Sequence, reference: Outputs,
+                 objective: Objective, base: PrecisionPlan, max_evals: int,
                  progress: Callable[[str, int, int], None] | None) -> None:
-        self.evaluate, self.reference, self.objective = evaluate, reference, objective
-        self.base, self.max_evals, self.progress = base, max_evals, progress
+        self.open_plan, self.samples, self.reference = open_plan, samples, reference
+        self.objective, self.base, self.max_evals, self.progress = (objective, base, max_evals,
+                                                                    progress)
         self.trials: list[Trial] = []
         self.cache: dict[frozenset[str], Score] = {}
+        self.order = list(range(len(samples)))  # failing samples move to the front
 
-    def __call__(self, nodes: Sequence[str], stage: str) -> Score:
+    def __call__(self, nodes: Sequence[str], stage: str, complete: bool = False) -> Score:
         key = frozenset(nodes)
         if key in self.cache:
             return self.cache[key]
         t0 = time.perf_counter()
-        plan = self.base.keep_fp32(nodes, "search")
-        s = self.objective.score(self.reference, self.evaluate(plan))
+        runner = self.open_plan(self.base.keep_fp32(nodes, "search"))
+        if self.objective.metric is None or complete:
+            s = self.objective.score(self.reference,
+                                     run_samples(runner, self.samples, list(self.reference)))
+        else:
+            s = self._fail_fast(runner)
         self.trials.append(Trial(stage, len(key), s.passed, s.value, time.perf_counter() - t0))
         self.cache[key] = s
         if self.progress:
             self.progress("search", len(self.trials), self.max_evals)
         return s
 
+    def fail_first(self, score: Score) -> None:
+        """Order samples worst first, from a complete score."""
+        self.order = self.objective.worst_samples(score, len(self.samples), len(self.samples))
+
+    def _fail_fast(self, runner: Runner) -> Score:
+        names = list(self.reference)
+        values: list[float | None] = [None] * len(self.samples)
+        with runner:
+            for i in list(self.order):
+                cand = float32_outputs(runner.run(self.samples[i].feeds), names)
+                value = self.objective.sample_value(
+                    i, {n: self.reference[n][i] for n in names}, cand)
+                values[i] = value
+                if i not in self.objective.exclude and not self.objective.meets(value):
+                    self.order.remove(i)
+                    self.order.insert(0, i)
+                    return Score(False, float(value), {"per_sample": values,
+                                                       "excluded": sorted(self.objective.exclude),
+                                                       "stopped_at_sample": i})
+        return self.objective.metric_score([float(v) for v in values])
+
     @property
     def budget_left(self) -> bool:
         return len(self.trials) < self.max_evals
 
 
-def search_fp32_set(evaluate: Evaluate, reference: Outputs, objective: Objective,
-                    base: PrecisionPlan,
+def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
+                    objective: Objective, base: PrecisionPlan,
                     ranking: Sequence[str] | Callable[[Score], Sequence[str]],
                     max_evals: int = 60,
                     progress: Callable[[str, int, int], None] | None = None) -> SearchResult:
     """Find a small set of ``ranking`` nodes to keep in FP32 so ``objective`` passes.
 
     Args:
-        evaluate: Plan -> candidate outputs on all calibration samples.
+        open_plan: Plan -> a runner of it, not yet entered (the emulator, or the written
+            model on a real engine).
+        samples: Calibration samples (``.feeds``); every evaluation uses all of them (a
+            metric evaluation stops at the first failing sample).
         reference: Reference outputs on the same samples.
         objective: The accuracy target.
         base: Start plan (default low precision, forced FP32 nodes already in).
@@ -148,12 +183,13 @@ def search_fp32_set(evaluate: Evaluate, reference: Outputs, objective: Objective
     Raises:
         TargetNotMetError: Even with every candidate in FP32 the target is not met.
     """
-    ev = _Evaluator(evaluate, reference, objective, base, max_evals, progress)
-    start = ev([], "start")
+    ev = _Evaluator(open_plan, samples, reference, objective, base, max_evals, progress)
+    start = ev([], "start", complete=True)
     if start.passed:
         return SearchResult(base, (), start, tuple(ev.trials))
+    ev.fail_first(start)
     ranking = list(ranking(start) if callable(ranking) else ranking)
-    full = ev(list(ranking), "all-fp32")
+    full = ev(list(ranking), "all-fp32", complete=True)
     if not full.passed:
         best = full if objective.better(full, start) else start
         raise TargetNotMetError(
@@ -170,7 +206,7 @@ def search_fp32_set(evaluate: Evaluate, reference: Outputs, objective: Objective
         else:
             lo = mid
     kept = _ddmin(list(ranking[:hi]), ev)
-    score = ev(kept, "final")
+    score = ev(kept, "final", complete=True)
     plan = base.keep_fp32(kept, "search", "needed to meet the target (accuracy search)")
     return SearchResult(plan, tuple(kept), score, tuple(ev.trials), tuple(ranking[:50]))
 
