@@ -84,11 +84,10 @@ def _samples(spec: dict):
 
 def _sample_metric(spec: dict):
     """``f(ref_outputs, cand_outputs, sample) -> float`` on one sample (name -> array dicts)."""
-    from precision_doctor.compare.task_metrics import evaluate_metric, get_metric
+    from precision_doctor.compare.task_metrics import evaluate_metric, get_metric, sample_context
 
     metric = get_metric(spec["metric"])
-    return lambda ref, cand, sample: evaluate_metric(
-        metric, ref, cand, {"source_size": getattr(sample, "source_size", None)})
+    return lambda ref, cand, sample: evaluate_metric(metric, ref, cand, sample_context(sample))
 
 
 def worker_ours(spec: dict, out: Path, ort_cpu: bool = False) -> dict:

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from precision_doctor.compare.metrics import compute_metrics
-from precision_doctor.compare.task_metrics import TaskMetric, evaluate_metric
+from precision_doctor.compare.task_metrics import TaskMetric, evaluate_metric, sample_context
 from precision_doctor.compare.tolerance import Tolerance, check, elementwise_pass_share
 
 Outputs = Mapping[str, Sequence[np.ndarray]]
@@ -60,16 +60,15 @@ class Objective:
         """This objective with ``contexts`` taken from the samples' known facts.
 
         Args:
-            samples: Calibration samples (``.source_size`` is read when present).
+            samples: Calibration samples (attributes named in ``CONTEXT_KEYS`` are read,
+                e.g. ``.source_size``).
 
         Returns:
             A copy; unchanged when it is not a metric objective or has contexts already.
         """
         if self.metric is None or self.contexts:
             return self
-        contexts = tuple({"source_size": s.source_size}
-                         if getattr(s, "source_size", None) is not None else {}
-                         for s in samples)
+        contexts = tuple(sample_context(s) for s in samples)
         return replace(self, contexts=contexts) if any(contexts) else self
 
     def worst_samples(self, score: Score, count: int, total: int) -> list[int]:
@@ -90,7 +89,7 @@ class Objective:
         values = score.detail.get("per_sample") if self.metric is not None else None
         if not values or len(values) != total:
             return list(range(min(count, total)))
-        sign = 1.0 if self.metric is not None and self.metric.higher_is_better else -1.0
+        sign = 1.0 if self.metric.higher_is_better else -1.0
         order = sorted(range(total), key=lambda i: (i in self.exclude, sign * values[i], i))
         return order[:count]
 
@@ -128,16 +127,14 @@ class Objective:
                                self.contexts[index] if index < len(self.contexts) else None)
 
     def meets(self, value: float) -> bool:
-        """Whether one sample's metric value meets the threshold."""
+        """Whether one sample's metric value meets the threshold (metric objectives)."""
         threshold = self._threshold()
-        higher = self.metric is None or self.metric.higher_is_better
-        return value >= threshold if higher else value <= threshold
+        return value >= threshold if self.metric.higher_is_better else value <= threshold
 
     def metric_score(self, values: Sequence[float]) -> Score:
         """Score from every sample's metric value (near-ties in ``exclude`` not counted)."""
         counted = [v for i, v in enumerate(values) if i not in self.exclude] or list(values)
-        higher = self.metric is None or self.metric.higher_is_better
-        worst = min(counted) if higher else max(counted)
+        worst = min(counted) if self.metric.higher_is_better else max(counted)
         return Score(self.meets(worst), float(worst), {"per_sample": list(values),
                                                        "excluded": sorted(self.exclude)})
 

@@ -125,6 +125,12 @@ def _options(fn: MetricFn) -> dict[str, Any]:
             if p.kind is p.KEYWORD_ONLY and n not in CONTEXT_KEYS}
 
 
+def sample_context(sample: Any) -> dict[str, Any]:
+    """The facts of ``sample`` (its attributes named in :data:`CONTEXT_KEYS`) that are known."""
+    return {k: getattr(sample, k) for k in sorted(CONTEXT_KEYS)
+            if getattr(sample, k, None) is not None}
+
+
 def _context_for(fn: MetricFn, context: Mapping[str, Any] | None) -> dict[str, Any]:
     if not context:
         return {}
