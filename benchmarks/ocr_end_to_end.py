@@ -102,7 +102,7 @@ def run_fix(model_path: Path, images: Path, out: Path, metric: str) -> tuple[Pat
     """``precision-doctor fix`` through the library, as the CLI example in the issue."""
     from precision_doctor.analysis.fix import fix
     from precision_doctor.analysis.objective import Objective
-    from precision_doctor.compare.task_metrics import get_metric
+    from precision_doctor.compare.tasks.registry import get_metric
     from precision_doctor.formats import Precision
     from precision_doctor.graph.load import input_metadata, load_model
     from precision_doctor.inputs import load_samples
@@ -133,7 +133,7 @@ def run_fix(model_path: Path, images: Path, out: Path, metric: str) -> tuple[Pat
 
 
 def mask_iou(ref: np.ndarray, cand: np.ndarray) -> float:
-    from precision_doctor.compare.task_mask import mask_iou_per_sample
+    from precision_doctor.compare.tasks.mask import mask_iou_per_sample
 
     if ref.shape != cand.shape:
         return float("nan")

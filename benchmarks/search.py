@@ -84,7 +84,7 @@ def _samples(spec: dict):
 
 def _sample_metric(spec: dict):
     """``f(ref_outputs, cand_outputs, sample) -> float`` on one sample (name -> array dicts)."""
-    from precision_doctor.compare.task_metrics import evaluate_metric, get_metric, sample_context
+    from precision_doctor.compare.tasks.registry import evaluate_metric, get_metric, sample_context
 
     metric = get_metric(spec["metric"])
     return lambda ref, cand, sample: evaluate_metric(metric, ref, cand, sample_context(sample))
@@ -95,7 +95,7 @@ def worker_ours(spec: dict, out: Path, ort_cpu: bool = False) -> dict:
 
     from precision_doctor.analysis.fix import fix
     from precision_doctor.analysis.objective import Objective
-    from precision_doctor.compare.task_metrics import get_metric
+    from precision_doctor.compare.tasks.registry import get_metric
     from precision_doctor.formats import Precision
 
     model, samples = _samples(spec)
@@ -259,7 +259,7 @@ def ocr_identity(det_paths: dict[str, Path], shared: Path) -> dict[str, str]:
 
 def ctc_flips(spec: dict, samples, reference: dict, outs: dict) -> list[str]:
     """Crops whose CTC decoding differs from FP32's, with the FP32 margin."""
-    from precision_doctor.compare.task_ocr import ctc_details
+    from precision_doctor.compare.tasks.ocr import ctc_details
 
     flips = []
     name = next(iter(reference))

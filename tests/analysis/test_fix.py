@@ -5,7 +5,7 @@ from typer.testing import CliRunner
 from precision_doctor.analysis.fix import fix
 from precision_doctor.analysis.objective import Objective
 from precision_doctor.cli import app
-from precision_doctor.compare.task_metrics import get_metric
+from precision_doctor.compare.tasks.registry import get_metric
 from precision_doctor.compare.tolerance import Tolerance
 from precision_doctor.errors import MetricError, PlanError, TargetNotMetError
 from precision_doctor.formats import Precision

@@ -7,7 +7,7 @@ import pytest
 
 from precision_doctor.analysis.objective import Objective
 from precision_doctor.analysis.search import search_fp32_set
-from precision_doctor.compare.task_metrics import get_metric
+from precision_doctor.compare.tasks.registry import get_metric
 from precision_doctor.errors import TargetNotMetError
 from precision_doctor.formats import Precision
 from precision_doctor.precision.plan import PrecisionPlan

@@ -8,8 +8,8 @@ import pytest
 from PIL import Image
 
 from precision_doctor.analysis.objective import Objective
-from precision_doctor.compare.task_db import boxes_to_source, db_boxes, db_boxes_from_map
-from precision_doctor.compare.task_metrics import get_metric
+from precision_doctor.compare.tasks.db import boxes_to_source, db_boxes, db_boxes_from_map
+from precision_doctor.compare.tasks.registry import get_metric
 from precision_doctor.errors import MetricError
 
 needs_client = pytest.mark.skipif(

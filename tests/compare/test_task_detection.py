@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from precision_doctor.compare.task_detection import (DetectionMatch, average_precision, box_iou,
+from precision_doctor.compare.tasks.detection import (DetectionMatch, average_precision, box_iou,
                                                      box_map, box_match, box_match_details)
 from precision_doctor.errors import MetricError
 

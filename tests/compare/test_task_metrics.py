@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from precision_doctor.compare.task_metrics import (BUILTINS, TaskMetric, evaluate_metric,
+from precision_doctor.compare.tasks.registry import (BUILTINS, TaskMetric, evaluate_metric,
                                                    get_metric, list_metrics)
 from precision_doctor.errors import MetricError
 

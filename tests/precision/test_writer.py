@@ -12,11 +12,11 @@ import pytest
 
 from precision_doctor.errors import BackendError, PlanError, UnsupportedModelError
 from precision_doctor.formats import Precision
-from precision_doctor.precision import writer as writer_module
+from precision_doctor.precision.writer import core as writer_module
 from precision_doctor.precision.emulate import emulate
 from precision_doctor.precision.plan import NodeDecision, PrecisionPlan
 from precision_doctor.precision.writer import write_mixed_precision
-from precision_doctor.precision.writer_report import WriterReport
+from precision_doctor.precision.writer.report import WriterReport
 
 FP16 = PrecisionPlan(Precision.FP16)
 F16, F32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
@@ -275,6 +275,6 @@ def test_session_failure_is_backend_error_with_ort_message(monkeypatch):
         def __exit__(self, *exc):
             return None
 
-    monkeypatch.setattr("precision_doctor.precision.writer_validate.OrtRunner", Failing)
+    monkeypatch.setattr("precision_doctor.precision.writer.validate.OrtRunner", Failing)
     with pytest.raises(BackendError, match="boom"):
         write_mixed_precision(chain(), FP16)

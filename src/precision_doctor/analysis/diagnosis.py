@@ -35,7 +35,8 @@ from precision_doctor.analysis.hazards import Hazard
 from precision_doctor.analysis.layerwise import LayerwiseResult
 from precision_doctor.analysis.noise import NoiseFloor
 from precision_doctor.analysis.rootcause import Finding
-from precision_doctor.compare.metrics import OutputMetrics, _from_json_float, _json_float
+from precision_doctor.compare.metrics import OutputMetrics
+from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.compare.tolerance import Tolerance
 
 SCHEMA = "precision-doctor/diagnosis"
@@ -67,9 +68,9 @@ class OutputResult:
     def to_dict(self) -> dict:
         return {"name": self.name, "passed": self.passed, "reason": self.reason,
                 "tolerance": self.tolerance.to_dict(), "metrics": self.metrics.to_dict(),
-                "noise_floor": _json_float(self.noise_floor) if self.noise_floor is not None
+                "noise_floor": json_float(self.noise_floor) if self.noise_floor is not None
                 else None,
-                "noise_multiple": _json_float(self.noise_multiple)
+                "noise_multiple": json_float(self.noise_multiple)
                 if self.noise_multiple is not None else None}
 
     @classmethod
@@ -77,8 +78,8 @@ class OutputResult:
         nf, nm = d.get("noise_floor"), d.get("noise_multiple")
         return cls(d["name"], d["passed"], d["reason"], Tolerance.from_dict(d["tolerance"]),
                    OutputMetrics.from_dict(d["metrics"]),
-                   _from_json_float(nf) if nf is not None else None,
-                   _from_json_float(nm) if nm is not None else None)
+                   from_json_float(nf) if nf is not None else None,
+                   from_json_float(nm) if nm is not None else None)
 
 
 @dataclass(frozen=True)

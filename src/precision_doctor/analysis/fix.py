@@ -26,7 +26,7 @@ from precision_doctor.graph.outputs import producer_inputs
 from precision_doctor.precision.plan import PrecisionPlan, select_nodes
 from precision_doctor.precision.rewrites import apply_rewrites
 from precision_doctor.precision.writer import write_mixed_precision
-from precision_doctor.precision.writer_report import WriterReport
+from precision_doctor.precision.writer.report import WriterReport
 from precision_doctor.runners.base import Runner
 from precision_doctor.runners.emulator import EmulatorRunner
 from precision_doctor.runners.ort import OrtRunner

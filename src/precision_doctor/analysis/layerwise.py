@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import onnx
 
-from precision_doctor.compare.metrics import _from_json_float, _json_float
+from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.outputs import (TensorSite, chunk_sites, float_activations,
                                             mark_outputs, producer_inputs)
@@ -67,11 +67,11 @@ class LayerRecord:
     headroom_bits: float
 
     def to_dict(self) -> dict:
-        return {k: _json_float(v) for k, v in asdict(self).items()}
+        return {k: json_float(v) for k, v in asdict(self).items()}
 
     @classmethod
     def from_dict(cls, data: dict) -> "LayerRecord":
-        return cls(**{k: (_from_json_float(v) if k in _FLOAT_FIELDS else v)
+        return cls(**{k: (from_json_float(v) if k in _FLOAT_FIELDS else v)
                       for k, v in data.items()})
 
 

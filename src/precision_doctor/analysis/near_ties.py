@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 
 from precision_doctor.analysis.objective import Objective, Outputs
-from precision_doctor.compare.task_ocr import ctc_margin
+from precision_doctor.compare.tasks.ocr import ctc_margin
 from precision_doctor.runners.ort import OrtRunner
 
 DECISION_METRICS = {"top1", "top5", "ctc-string", "ctc-char"}

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from precision_doctor.compare.metrics import compute_metrics
-from precision_doctor.compare.task_metrics import TaskMetric, evaluate_metric, sample_context
+from precision_doctor.compare.tasks.registry import TaskMetric, evaluate_metric, sample_context
 from precision_doctor.compare.tolerance import Tolerance, check, elementwise_pass_share
 
 Outputs = Mapping[str, Sequence[np.ndarray]]

@@ -21,7 +21,7 @@ from typing import Callable, Mapping, Sequence
 
 from precision_doctor.analysis.hazards import Hazard
 from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
-from precision_doctor.compare.metrics import _from_json_float, _json_float
+from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.formats import FORMATS, Precision
 
 LOW_HEADROOM_BITS = 2.0  # < 2 bits: a 4x larger input overflows
@@ -86,14 +86,14 @@ class Finding:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["nodes"] = list(self.nodes)
-        d["evidence"] = {k: _json_float(v) for k, v in self.evidence.items()}
+        d["evidence"] = {k: json_float(v) for k, v in self.evidence.items()}
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "Finding":
         d = dict(data)
         d["nodes"] = tuple(d.get("nodes", ()))
-        d["evidence"] = {k: _from_json_float(v) if v in ("inf", "-inf", "nan") else v
+        d["evidence"] = {k: from_json_float(v) if v in ("inf", "-inf", "nan") else v
                          for k, v in d.get("evidence", {}).items()}
         return cls(**d)
 

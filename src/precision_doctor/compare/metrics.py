@@ -20,6 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
+from precision_doctor.jsonable import from_json_float, json_float
+
 
 @dataclass(frozen=True)
 class OutputMetrics:
@@ -52,23 +54,12 @@ class OutputMetrics:
     argmax_agreement: float | None = None
 
     def to_dict(self) -> dict:
-        return {k: _json_float(v) for k, v in asdict(self).items()}
+        return {k: json_float(v) for k, v in asdict(self).items()}
 
     @classmethod
     def from_dict(cls, data: dict) -> "OutputMetrics":
-        return cls(**{k: (_from_json_float(v) if isinstance(v, (str, float)) else v)
+        return cls(**{k: (from_json_float(v) if isinstance(v, (str, float)) else v)
                       for k, v in data.items()})
-
-
-def _json_float(v):
-    """Floats as JSON numbers; inf/nan as the strings "inf", "-inf", "nan"."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    return v
-
-
-def _from_json_float(v):
-    return float(v) if isinstance(v, str) else v
 
 
 def _argmax_applicable(shape: tuple[int, ...]) -> bool:

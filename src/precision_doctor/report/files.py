@@ -7,13 +7,13 @@ or model, and an existing file is replaced only with ``force=True``.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Iterable
 
 from precision_doctor.errors import OutputExistsError
+from precision_doctor.jsonable import dumps
 
 
 def check_writable(paths: Iterable[str | Path | None], force: bool) -> None:
@@ -59,5 +59,4 @@ def write_text_atomic(path: str | Path, text: str, force: bool = False) -> Path:
 
 def write_json(path: str | Path, data: object, force: bool = False) -> Path:
     """Write ``data`` as stable, indented JSON (sorted keys) atomically."""
-    return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True,
-                                              ensure_ascii=False) + "\n", force)
+    return write_text_atomic(path, dumps(data), force)

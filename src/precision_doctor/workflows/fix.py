@@ -11,7 +11,7 @@ from rich.table import Table
 
 from precision_doctor.analysis.fix import FixResult, fix
 from precision_doctor.analysis.objective import Objective
-from precision_doctor.compare.task_metrics import get_metric
+from precision_doctor.compare.tasks.registry import get_metric
 from precision_doctor.errors import InputError, MetricError
 from precision_doctor.graph.load import input_metadata, load_model
 from precision_doctor.inputs import load_samples

@@ -39,9 +39,13 @@ from typing import Any
 
 import numpy as np
 
-from precision_doctor.compare import (task_classification, task_db, task_detection,
-                                      task_image, task_mask, task_ocr)
-from precision_doctor.compare.task_io import parse_param_value
+from precision_doctor.compare.tasks import classification as task_classification
+from precision_doctor.compare.tasks import db as task_db
+from precision_doctor.compare.tasks import detection as task_detection
+from precision_doctor.compare.tasks import image as task_image
+from precision_doctor.compare.tasks import mask as task_mask
+from precision_doctor.compare.tasks import ocr as task_ocr
+from precision_doctor.compare.tasks.io import parse_param_value
 from precision_doctor.errors import MetricError, PrecisionDoctorError
 
 MetricFn = Callable[..., float]

@@ -23,8 +23,8 @@ import onnx_ir as ir
 
 from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.formats import FORMATS
-from precision_doctor.precision.writer_decide import FLOAT, PRECISION_OF, Decisions
-from precision_doctor.precision.writer_schema import has_subgraph, subgraph_nodes
+from precision_doctor.precision.writer.decide import FLOAT, PRECISION_OF, Decisions
+from precision_doctor.precision.writer.schema import has_subgraph, subgraph_nodes
 
 NUMPY_DTYPES = {ir.DataType.FLOAT16: np.dtype(np.float16),
                 ir.DataType.BFLOAT16: np.dtype(ml_dtypes.bfloat16)}

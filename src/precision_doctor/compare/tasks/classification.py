@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from precision_doctor.compare.task_io import select_pair
+from precision_doctor.compare.tasks.io import select_pair
 from precision_doctor.errors import MetricError
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from precision_doctor.compare.task_io import select_output
+from precision_doctor.compare.tasks.io import select_output
 from precision_doctor.errors import MetricError
 
 BOX_FORMATS = ("xyxy", "xywh", "cxcywh")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from precision_doctor.compare.task_io import select_pair
+from precision_doctor.compare.tasks.io import select_pair
 from precision_doctor.errors import MetricError, ModelLoadError
 
 BLANK = ""  # placeholder text of the CTC blank class (index 0); never emitted

@@ -19,8 +19,8 @@ import onnx_ir as ir
 
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS
-from precision_doctor.precision.writer_report import KeptNode
-from precision_doctor.precision.writer_schema import TypeGroup, first_opset_allowing, op_schema
+from precision_doctor.precision.writer.report import KeptNode
+from precision_doctor.precision.writer.schema import TypeGroup, first_opset_allowing, op_schema
 
 LOW = {Precision.FP16: ir.DataType.FLOAT16, Precision.BF16: ir.DataType.BFLOAT16}
 MOVE_OPS = DATA_MOVEMENT_OPS - {"Constant", "Cast", "CastLike", "ConstantOfShape", "Range"}

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from precision_doctor.compare.task_io import select_pair
+from precision_doctor.compare.tasks.io import select_pair
 from precision_doctor.errors import MetricError
 
 _INSTALL_HINT = ("the db-boxes metric runs the OCR client's own DB post-processing; install it "

@@ -25,15 +25,15 @@ import onnx_ir as ir
 
 from precision_doctor.formats import Precision
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
-from precision_doctor.precision.writer_checks import (
+from precision_doctor.precision.writer.checks import (
     LOW,
     ConstantView,
     first_allowing,
     keep_reason,
     misfit_node,
 )
-from precision_doctor.precision.writer_report import KeptNode
-from precision_doctor.precision.writer_schema import (
+from precision_doctor.precision.writer.report import KeptNode
+from precision_doctor.precision.writer.schema import (
     TypeGroup,
     domain_opset,
     has_subgraph,

@@ -2,9 +2,9 @@
 
 TensorRT >= 10 strongly typed networks (and TensorRT 11, which removed weak typing) take the
 precision of every layer from the ONNX types, so the model itself must say where FP16/BF16 starts
-and ends. The writer (1) decides the storage format of every float tensor (``writer_decide``),
+and ends. The writer (1) decides the storage format of every float tensor (``writer.decide``),
 (2) rewrites the model with explicit Casts only at precision boundaries and converted constants
-(``writer_apply``), (3) validates it (``writer_validate``). What it fixes in the tools people use
+(``writer.apply``), (3) validates it (``writer.validate``). What it fixes in the tools people use
 (ANCHORS.md): weights are never clamped (a node whose parameters do not fit stays FP32 and is
 reported), Resize ``scales`` stays float32, Clip/Pad/Where operands change with their data,
 metadata_props survive (PP-OCRv4 rec keeps its character list there), no orphan or paired Casts.
@@ -26,11 +26,11 @@ from onnx import version_converter
 from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.graph.load import opset_of
 from precision_doctor.precision.plan import PrecisionPlan
-from precision_doctor.precision.writer_apply import WritePassResult, WritePrecisionPass
-from precision_doctor.precision.writer_decide import FLOAT, Decisions, decide
-from precision_doctor.precision.writer_report import WriterReport
-from precision_doctor.precision.writer_schema import min_ir_version
-from precision_doctor.precision.writer_validate import check_written, inferred_dtypes
+from precision_doctor.precision.writer.apply import WritePassResult, WritePrecisionPass
+from precision_doctor.precision.writer.decide import FLOAT, Decisions, decide
+from precision_doctor.precision.writer.report import WriterReport
+from precision_doctor.precision.writer.schema import min_ir_version
+from precision_doctor.precision.writer.validate import check_written, inferred_dtypes
 
 # Opset 22 is where ONNX allowed bfloat16 in Conv, ConvTranspose and the pooling ops; ONNX
 # Runtime (>= 1.20) and TensorRT 10 parse it. The writer does not convert beyond it.

@@ -1,0 +1,11 @@
+"""The strongly typed mixed-precision writer.
+
+``core`` drives it: ``decide`` (storage format of every float tensor, using ``checks`` and the
+op ``schema`` tables) -> ``apply`` (Casts at precision boundaries, converted constants) ->
+``validate`` (checker, shape inference, an ONNX Runtime session); ``report`` is its result.
+"""
+
+from precision_doctor.precision.writer.core import convert_opset, write_mixed_precision
+from precision_doctor.precision.writer.report import KeptNode, WriterReport
+
+__all__ = ["KeptNode", "WriterReport", "convert_opset", "write_mixed_precision"]
