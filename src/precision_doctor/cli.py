@@ -163,8 +163,7 @@ def audit(
     max_layers: Optional[int] = typer.Option(40, "--max-layers", help="Layers shown (0 = all)"),
 ) -> None:
     """Audit a built TensorRT engine: the precision each layer ran in, mapped to ONNX nodes."""
-    from precision_doctor.audit import audit_engine, compare_builds, render_audit, \
-        render_build_diff
+    from precision_doctor.audit import audit_engine, compare_builds, render_audit, render_build_diff
     from precision_doctor.report.files import check_writable, write_json
 
     try:

@@ -24,7 +24,7 @@ class Precision(str, enum.Enum):
     BF16 = "bf16"
 
     @classmethod
-    def parse(cls, value: str) -> "Precision":
+    def parse(cls, value: str) -> Precision:
         """Parse ``fp16``/``FP16``/``float16``/``half`` style names.
 
         Raises:

@@ -3,6 +3,7 @@ import math
 
 import pytest
 from onnx import TensorProto, helper
+from tiny_models import conv_bn, make_model, random_samples, transformer_block
 
 from precision_doctor.analysis.candidates import emulated
 from precision_doctor.analysis.diagnose import diagnose
@@ -11,7 +12,6 @@ from precision_doctor.compare.tolerance import Tolerance
 from precision_doctor.errors import ReferenceError_
 from precision_doctor.formats import Precision
 from precision_doctor.precision.plan import PrecisionPlan
-from tiny_models import conv_bn, make_model, random_samples, transformer_block
 
 
 def _diagnose(model, samples, target=Precision.FP16, **kw):

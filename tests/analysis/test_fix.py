@@ -1,5 +1,6 @@
 import onnx
 import pytest
+from tiny_models import conv_bn, random_samples, transformer_block
 from typer.testing import CliRunner
 
 from precision_doctor.analysis.fix import fix
@@ -9,7 +10,6 @@ from precision_doctor.compare.tasks.registry import get_metric
 from precision_doctor.compare.tolerance import Tolerance
 from precision_doctor.errors import MetricError, PlanError, TargetNotMetError
 from precision_doctor.formats import Precision
-from tiny_models import conv_bn, random_samples, transformer_block
 
 TOL = Objective(tolerances={"*": Tolerance(rel_l2=1e-2)})
 
@@ -98,7 +98,6 @@ def test_cli_fix_writes_model_plan_recipes_and_never_overwrites(tmp_path):
 def test_near_tie_samples_are_listed_and_left_out():
     import numpy as np
     from onnx import TensorProto, helper
-
     from tiny_models import S, make_model, tensor
 
     nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"], name="mm"),

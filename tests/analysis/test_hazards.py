@@ -1,9 +1,9 @@
 import numpy as np
 from onnx import TensorProto, helper
+from tiny_models import conv_bn, make_model, tensor, transformer_block
 
 from precision_doctor.analysis.hazards import find_decomposed_layernorms, scan_hazards
 from precision_doctor.formats import Precision
-from tiny_models import conv_bn, make_model, tensor, transformer_block
 
 
 def test_batchnorm_variance_above_fp16_max_but_fine_in_bf16():

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from precision_doctor.audit.names import (
-    has_profile_suffix, myelin_graph_id, parse_foreign_node, split_layer_name, split_metadata)
+    has_profile_suffix,
+    myelin_graph_id,
+    parse_foreign_node,
+    split_layer_name,
+    split_metadata,
+)
 
 
 def test_split_metadata_both_separators_and_trailing() -> None:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from precision_doctor.audit.precision import (
-    infer_precision, parse_format, side_precision, tactic_hint, tf32_tactic)
+    infer_precision,
+    parse_format,
+    side_precision,
+    tactic_hint,
+    tf32_tactic,
+)
 from precision_doctor.audit.records import TensorInfo
 
 

@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from precision_doctor.audit import (
-    AuditReport, BuildDiff, audit_engine, compare_builds, parse_layer_info)
+    AuditReport,
+    BuildDiff,
+    audit_engine,
+    compare_builds,
+    parse_layer_info,
+)
 
 CONTROLNET = "yuanjiechen_trt2023_controlnet_trt861"
 TREX = "NVIDIA_TensorRT_TREx"

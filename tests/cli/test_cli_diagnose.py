@@ -2,10 +2,10 @@ import json
 
 import numpy as np
 import onnx
+from tiny_models import conv_bn, transformer_block
 from typer.testing import CliRunner
 
 from precision_doctor.cli import app
-from tiny_models import conv_bn, transformer_block
 
 runner = CliRunner()
 

@@ -3,8 +3,11 @@
 import numpy as np
 import pytest
 
-from precision_doctor.compare.tasks.classification import (top1_agreement, top5_agreement,
-                                                          topk_agreement_per_position)
+from precision_doctor.compare.tasks.classification import (
+    top1_agreement,
+    top5_agreement,
+    topk_agreement_per_position,
+)
 from precision_doctor.errors import MetricError
 
 

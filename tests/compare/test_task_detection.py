@@ -5,8 +5,14 @@ import json
 import numpy as np
 import pytest
 
-from precision_doctor.compare.tasks.detection import (DetectionMatch, average_precision, box_iou,
-                                                     box_map, box_match, box_match_details)
+from precision_doctor.compare.tasks.detection import (
+    DetectionMatch,
+    average_precision,
+    box_iou,
+    box_map,
+    box_match,
+    box_match_details,
+)
 from precision_doctor.errors import MetricError
 
 A, B = [0, 0, 10, 10], [20, 20, 30, 30]

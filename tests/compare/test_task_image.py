@@ -5,8 +5,13 @@ import math
 import numpy as np
 import pytest
 
-from precision_doctor.compare.tasks.image import (gaussian_window, psnr, psnr_per_sample, ssim,
-                                                 ssim_per_sample)
+from precision_doctor.compare.tasks.image import (
+    gaussian_window,
+    psnr,
+    psnr_per_sample,
+    ssim,
+    ssim_per_sample,
+)
 from precision_doctor.errors import MetricError
 
 

@@ -7,8 +7,13 @@ import sys
 import numpy as np
 import pytest
 
-from precision_doctor.compare.tasks.registry import (BUILTINS, TaskMetric, evaluate_metric,
-                                                   get_metric, list_metrics)
+from precision_doctor.compare.tasks.registry import (
+    BUILTINS,
+    TaskMetric,
+    evaluate_metric,
+    get_metric,
+    list_metrics,
+)
 from precision_doctor.errors import MetricError
 
 REF = {"logits": np.array([[0.1, 0.9], [0.8, 0.2]]), "map": np.array([[[0.9, 0.1]]])}

@@ -8,10 +8,18 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from precision_doctor.compare.tasks.ocr import (OcrSample, character_error_rate, ctc_best_path,
-                                               ctc_char_agreement, ctc_charset_from_model,
-                                               ctc_details, ctc_greedy_decode, ctc_margin,
-                                               ctc_string_agreement, edit_distance)
+from precision_doctor.compare.tasks.ocr import (
+    OcrSample,
+    character_error_rate,
+    ctc_best_path,
+    ctc_char_agreement,
+    ctc_charset_from_model,
+    ctc_details,
+    ctc_greedy_decode,
+    ctc_margin,
+    ctc_string_agreement,
+    edit_distance,
+)
 from precision_doctor.errors import MetricError
 
 CHARSET = ["", "a", "b", " "]

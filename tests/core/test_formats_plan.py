@@ -3,11 +3,11 @@ import json
 import ml_dtypes
 import numpy as np
 import pytest
+from tiny_models import conv_bn
 
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import FORMATS, Precision, round_to
 from precision_doctor.precision.plan import NodeDecision, PrecisionPlan
-from tiny_models import conv_bn
 
 
 def test_fp16_limits_and_rounding():

@@ -4,8 +4,12 @@ import numpy as np
 import pytest
 
 from precision_doctor.compare.metrics import compute_metrics, relative_l2
-from precision_doctor.compare.tolerance import (Tolerance, check, default_tolerance,
-                                                elementwise_pass_share)
+from precision_doctor.compare.tolerance import (
+    Tolerance,
+    check,
+    default_tolerance,
+    elementwise_pass_share,
+)
 from precision_doctor.formats import Precision
 
 

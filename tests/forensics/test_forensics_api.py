@@ -13,9 +13,19 @@ from rich.console import Console
 
 from precision_doctor.errors import DataFormatError, InputError, InputNameError
 from precision_doctor.forensics import (
-    ForensicsResult, compare_inputs, load_side, output_effect, parse_source, render_forensics)
+    ForensicsResult,
+    compare_inputs,
+    load_side,
+    output_effect,
+    parse_source,
+    render_forensics,
+)
 from precision_doctor.inputs import (
-    Sample, image_to_tensor, parse_preprocess, save_polygraphy_inputs)
+    Sample,
+    image_to_tensor,
+    parse_preprocess,
+    save_polygraphy_inputs,
+)
 
 
 def _conv_model() -> onnx.ModelProto:

@@ -9,7 +9,12 @@ import pytest
 from PIL import Image
 
 from precision_doctor.forensics import (
-    KNOWN_NORMALIZATIONS, ForensicsResult, InputFinding, analyze_tensors, recognize)
+    KNOWN_NORMALIZATIONS,
+    ForensicsResult,
+    InputFinding,
+    analyze_tensors,
+    recognize,
+)
 from precision_doctor.inputs import PreprocessSpec, image_to_tensor, parse_preprocess
 
 

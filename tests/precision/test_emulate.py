@@ -1,12 +1,12 @@
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
+from tiny_models import conv_bn, make_model, tensor
 
 from precision_doctor.formats import Precision, round_to
 from precision_doctor.precision.emulate import emulate
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.ort import OrtRunner
-from tiny_models import conv_bn, make_model, tensor
 
 VALUES = np.abs(np.concatenate([
     (np.random.default_rng(0).standard_normal(20000)

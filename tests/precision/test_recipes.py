@@ -15,8 +15,13 @@ from precision_doctor.errors import InputShapeError, PlanError
 from precision_doctor.formats import Precision
 from precision_doctor.graph.load import load_model
 from precision_doctor.precision.plan import PrecisionPlan
-from precision_doctor.precision.recipes import (Recipes, build_recipes, default_tolerance,
-                                                shape_ranges, trt_layer_names)
+from precision_doctor.precision.recipes import (
+    Recipes,
+    build_recipes,
+    default_tolerance,
+    shape_ranges,
+    trt_layer_names,
+)
 
 NODES = ["ln/pow", "my node", "x:y"]  # a space and a colon: both expressible (quoted)
 SHAPES = {"x": [[1, 3, 32, 32], [2, 3, 64, 48], [1, 3, 64, 48], [1, 3, 64, 48]]}

@@ -14,7 +14,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-
 from real_inputs import real_image
 
 from precision_doctor.precision.rewrites import apply_rewrites

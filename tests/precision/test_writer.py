@@ -12,9 +12,9 @@ import pytest
 
 from precision_doctor.errors import BackendError, PlanError, UnsupportedModelError
 from precision_doctor.formats import Precision
-from precision_doctor.precision.writer import core as writer_module
 from precision_doctor.precision.emulate import emulate
 from precision_doctor.precision.plan import NodeDecision, PrecisionPlan
+from precision_doctor.precision.writer import core as writer_module
 from precision_doctor.precision.writer import write_mixed_precision
 from precision_doctor.precision.writer.report import WriterReport
 

@@ -15,7 +15,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-
 from real_inputs import CASES, real_image
 
 from precision_doctor.formats import Precision

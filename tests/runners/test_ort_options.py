@@ -12,7 +12,13 @@ from onnx import helper
 from precision_doctor.errors import BackendError
 from precision_doctor.runners.ort import OrtRunner
 from precision_doctor.runners.ort_options import (
-    CUDA_OPTIONS, TENSORRT_OPTIONS, OrtSpec, ort_providers, parse_ort_spec, valid_options)
+    CUDA_OPTIONS,
+    TENSORRT_OPTIONS,
+    OrtSpec,
+    ort_providers,
+    parse_ort_spec,
+    valid_options,
+)
 
 
 def test_cpu_has_no_fallback_and_no_options():

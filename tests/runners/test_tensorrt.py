@@ -15,10 +15,19 @@ from onnx import TensorProto, helper
 
 from precision_doctor.errors import BackendError, BackendUnavailable
 from precision_doctor.runners import tensorrt as trt_runner
-from precision_doctor.runners.tensorrt import (TensorRTRunner, build_plan, mark_debug_tensors,
-                                               parse_network, widen_profile)
-from precision_doctor.runners.trt_cuda import (CudaRuntime, capsule_pointer, make_debug_listener,
-                                               make_output_allocator)
+from precision_doctor.runners.tensorrt import (
+    TensorRTRunner,
+    build_plan,
+    mark_debug_tensors,
+    parse_network,
+    widen_profile,
+)
+from precision_doctor.runners.trt_cuda import (
+    CudaRuntime,
+    capsule_pointer,
+    make_debug_listener,
+    make_output_allocator,
+)
 
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 

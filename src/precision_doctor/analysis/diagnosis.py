@@ -36,8 +36,8 @@ from precision_doctor.analysis.layerwise import LayerwiseResult
 from precision_doctor.analysis.noise import NoiseFloor
 from precision_doctor.analysis.rootcause import Finding
 from precision_doctor.compare.metrics import OutputMetrics
-from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.compare.tolerance import Tolerance
+from precision_doctor.jsonable import from_json_float, json_float
 
 SCHEMA = "precision-doctor/diagnosis"
 SCHEMA_VERSION = 1
@@ -74,7 +74,7 @@ class OutputResult:
                 if self.noise_multiple is not None else None}
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "OutputResult":
+    def from_dict(cls, d: Mapping) -> OutputResult:
         nf, nm = d.get("noise_floor"), d.get("noise_multiple")
         return cls(d["name"], d["passed"], d["reason"], Tolerance.from_dict(d["tolerance"]),
                    OutputMetrics.from_dict(d["metrics"]),
@@ -122,7 +122,7 @@ class DiagnosisReport:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "DiagnosisReport":
+    def from_dict(cls, d: Mapping) -> DiagnosisReport:
         """Inverse of ``to_dict``.
 
         Raises:

@@ -72,7 +72,7 @@ class Hazard:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Hazard":
+    def from_dict(cls, data: dict) -> Hazard:
         data = dict(data)
         data["nodes"] = tuple(data.get("nodes", ()))
         return cls(**data)

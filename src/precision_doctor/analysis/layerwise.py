@@ -16,10 +16,15 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import onnx
 
-from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.formats import FORMATS, Precision
-from precision_doctor.graph.outputs import (TensorSite, chunk_sites, float_activations,
-                                            mark_outputs, producer_inputs)
+from precision_doctor.graph.outputs import (
+    TensorSite,
+    chunk_sites,
+    float_activations,
+    mark_outputs,
+    producer_inputs,
+)
+from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.runners.base import Runner
 
 RunnerFactory = Callable[[onnx.ModelProto], Runner]
@@ -70,7 +75,7 @@ class LayerRecord:
         return {k: json_float(v) for k, v in asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "LayerRecord":
+    def from_dict(cls, data: dict) -> LayerRecord:
         return cls(**{k: (from_json_float(v) if k in _FLOAT_FIELDS else v)
                       for k, v in data.items()})
 
@@ -116,7 +121,7 @@ class LayerwiseResult:
                 "records": [r.to_dict() for r in self.records]}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "LayerwiseResult":
+    def from_dict(cls, data: dict) -> LayerwiseResult:
         return cls(data["target"], data["threshold"],
                    tuple(LayerRecord.from_dict(r) for r in data["records"]),
                    data.get("first_divergence"), data.get("nan_birth"), data.get("chunks", 0),

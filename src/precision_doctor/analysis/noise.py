@@ -47,7 +47,7 @@ class NoiseFloor:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "NoiseFloor":
+    def from_dict(cls, data: Mapping) -> NoiseFloor:
         return cls(dict(data["per_output"]), dict(data.get("probes", {})),
                    dict(data.get("skipped", {})))
 

@@ -21,8 +21,8 @@ from typing import Callable, Mapping, Sequence
 
 from precision_doctor.analysis.hazards import Hazard
 from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
-from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.formats import FORMATS, Precision
+from precision_doctor.jsonable import from_json_float, json_float
 
 LOW_HEADROOM_BITS = 2.0  # < 2 bits: a 4x larger input overflows
 MAX_FINDINGS = 12
@@ -90,7 +90,7 @@ class Finding:
         return d
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "Finding":
+    def from_dict(cls, data: Mapping) -> Finding:
         d = dict(data)
         d["nodes"] = tuple(d.get("nodes", ()))
         d["evidence"] = {k: from_json_float(v) if v in ("inf", "-inf", "nan") else v

@@ -16,7 +16,14 @@ from precision_doctor.audit.layers import LayerInfo, parse_layer_info
 from precision_doctor.audit.precision import infer_precision, parse_format, tf32_tactic
 from precision_doctor.audit.profile import LayerTime, Profile, attach_profile, read_profile
 from precision_doctor.audit.records import (
-    AuditFinding, AuditReport, EngineLayer, Fp32Check, FusedRegion, SensitiveNode, TensorInfo)
+    AuditFinding,
+    AuditReport,
+    EngineLayer,
+    Fp32Check,
+    FusedRegion,
+    SensitiveNode,
+    TensorInfo,
+)
 from precision_doctor.audit.render import render_audit, render_build_diff
 
 __all__ = [

@@ -49,7 +49,7 @@ class LayerChange:
         return record_dict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "LayerChange":
+    def from_dict(cls, data: Mapping) -> LayerChange:
         """Inverse of ``to_dict``."""
         return cls(data.get("a_layer"), data.get("b_layer"), data.get("a_precision"),
                    data.get("b_precision"), opt_float(data.get("a_time_ms")),
@@ -96,7 +96,7 @@ class BuildDiff:
         return record_dict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "BuildDiff":
+    def from_dict(cls, data: Mapping) -> BuildDiff:
         """Inverse of ``to_dict``."""
         nested = lambda d: {str(k): dict(v) for k, v in dict(d or {}).items()}  # noqa: E731
         return cls(

@@ -10,8 +10,20 @@ from typing import Iterable, Sequence
 from precision_doctor.audit.onnx_map import OnnxIndex
 from precision_doctor.audit.precision import tf32_tactic
 from precision_doctor.audit.records import (
-    CONFIRMED, KIND_FP32_NOT_HONORED, KIND_REFORMAT, KIND_SENSITIVE, KIND_TF32, KIND_UNREADABLE,
-    LIKELY, POSSIBLE, REDUCED_PRECISIONS, AuditFinding, EngineLayer, Fp32Check, FusedRegion)
+    CONFIRMED,
+    KIND_FP32_NOT_HONORED,
+    KIND_REFORMAT,
+    KIND_SENSITIVE,
+    KIND_TF32,
+    KIND_UNREADABLE,
+    LIKELY,
+    POSSIBLE,
+    REDUCED_PRECISIONS,
+    AuditFinding,
+    EngineLayer,
+    Fp32Check,
+    FusedRegion,
+)
 from precision_doctor.audit.regions import find_sensitive
 
 KIND_ORDER = (KIND_FP32_NOT_HONORED, KIND_TF32, KIND_SENSITIVE, KIND_REFORMAT, KIND_UNREADABLE)

@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from precision_doctor.audit.names import (
-    has_profile_suffix, myelin_graph_id, parse_foreign_node, split_layer_name, split_metadata)
+    has_profile_suffix,
+    myelin_graph_id,
+    parse_foreign_node,
+    split_layer_name,
+    split_metadata,
+)
 from precision_doctor.audit.precision import infer_precision, parse_format
 from precision_doctor.audit.records import EngineLayer, TensorInfo
 from precision_doctor.errors import DataFormatError

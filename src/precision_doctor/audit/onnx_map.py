@@ -50,7 +50,7 @@ class OnnxIndex:
     positions: Mapping[str, int]
 
     @classmethod
-    def build(cls, model: onnx.ModelProto | str | os.PathLike) -> "OnnxIndex":
+    def build(cls, model: onnx.ModelProto | str | os.PathLike) -> OnnxIndex:
         """Index ``model`` (a proto or a path; external data is not loaded: not needed).
 
         Raises:

@@ -73,7 +73,7 @@ class TensorInfo:
         return record_dict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "TensorInfo":
+    def from_dict(cls, data: Mapping) -> TensorInfo:
         """Inverse of ``to_dict``."""
         return cls(str(data["name"]), str(data["dtype"]), str(data["format"]),
                    tuple(int(d) for d in data.get("shape", ())))
@@ -128,7 +128,7 @@ class EngineLayer:
         return record_dict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "EngineLayer":
+    def from_dict(cls, data: Mapping) -> EngineLayer:
         """Inverse of ``to_dict``."""
         return cls(
             index=int(data["index"]), name=str(data["name"]), type=str(data["type"]),
@@ -164,7 +164,7 @@ class SensitiveNode:
         return record_dict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "SensitiveNode":
+    def from_dict(cls, data: Mapping) -> SensitiveNode:
         """Inverse of ``to_dict``."""
         return cls(str(data["node"]), str(data["op"]), str(data["evidence"]))
 
@@ -203,7 +203,7 @@ class FusedRegion:
         return record_dict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "FusedRegion":
+    def from_dict(cls, data: Mapping) -> FusedRegion:
         """Inverse of ``to_dict``."""
         return cls(
             name=str(data["name"]), layers=_strs(data.get("layers")),
@@ -245,7 +245,7 @@ class AuditFinding:
         return record_dict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "AuditFinding":
+    def from_dict(cls, data: Mapping) -> AuditFinding:
         """Inverse of ``to_dict``."""
         return cls(str(data["kind"]), str(data["layer"]), _strs(data.get("nodes")),
                    str(data["evidence"]), str(data["remedy"]),
@@ -280,7 +280,7 @@ class Fp32Check:
         return record_dict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "Fp32Check":
+    def from_dict(cls, data: Mapping) -> Fp32Check:
         """Inverse of ``to_dict``."""
         return cls(str(data["node"]), str(data["source"]), str(data["pattern"]),
                    _strs(data.get("layers")), str(data["ran_in"]), str(data["status"]),
@@ -327,7 +327,7 @@ class AuditReport:
         return {"schema_version": AUDIT_SCHEMA_VERSION, **record_dict(self)}
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "AuditReport":
+    def from_dict(cls, data: Mapping) -> AuditReport:
         """Inverse of ``to_dict``."""
         return cls(
             source=str(data["source"]), trt_version_guess=str(data["trt_version_guess"]),

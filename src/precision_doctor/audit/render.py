@@ -15,7 +15,11 @@ from rich.text import Text
 from precision_doctor.audit.diff import BuildDiff
 from precision_doctor.audit.findings import KIND_ORDER
 from precision_doctor.audit.records import (
-    KIND_FP32_NOT_HONORED, AuditFinding, AuditReport, EngineLayer)
+    KIND_FP32_NOT_HONORED,
+    AuditFinding,
+    AuditReport,
+    EngineLayer,
+)
 
 COLORS = {"fp32": "green", "tf32": "yellow", "fp16": "cyan", "bf16": "blue", "fp8": "magenta",
           "int8": "magenta", "mixed": "yellow", "unknown": "red", "not-honored": "red",

@@ -57,7 +57,7 @@ class OutputMetrics:
         return {k: json_float(v) for k, v in asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "OutputMetrics":
+    def from_dict(cls, data: dict) -> OutputMetrics:
         return cls(**{k: (from_json_float(v) if isinstance(v, (str, float)) else v)
                       for k, v in data.items()})
 

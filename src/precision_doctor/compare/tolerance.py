@@ -64,11 +64,11 @@ class Tolerance:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "Tolerance":
+    def from_dict(cls, data: Mapping) -> Tolerance:
         return cls(**dict(data))
 
     @classmethod
-    def parse(cls, text: str, base: "Tolerance | None" = None) -> "Tolerance":
+    def parse(cls, text: str, base: Tolerance | None = None) -> Tolerance:
         """Parse ``rel_l2=1e-2,atol=1e-3,rtol=1e-3,statistic=p99`` (keys optional).
 
         Raises:

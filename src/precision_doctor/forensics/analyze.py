@@ -29,11 +29,26 @@ from typing import Any
 import numpy as np
 
 from precision_doctor.forensics.canonical import (
-    Canonical, canonicalize_pair, find_padding, reinterpret_memory, resample)
+    Canonical,
+    canonicalize_pair,
+    find_padding,
+    reinterpret_memory,
+    resample,
+)
 from precision_doctor.forensics.explain import (
-    channel_finding, chroma, dtype_finding, layout_findings, value_finding)
+    channel_finding,
+    chroma,
+    dtype_finding,
+    layout_findings,
+    value_finding,
+)
 from precision_doctor.forensics.fit import (
-    AffineFit, estimate_shift, fit_affine, overlap, pointwise_rel_std)
+    AffineFit,
+    estimate_shift,
+    fit_affine,
+    overlap,
+    pointwise_rel_std,
+)
 from precision_doctor.forensics.interpolation import interpolation_finding
 from precision_doctor.forensics.normalization import Recognition, recognize
 from precision_doctor.forensics.result import ForensicsResult, InputFinding, sort_findings

@@ -12,7 +12,12 @@ import numpy as np
 from precision_doctor.forensics.canonical import Canonical
 from precision_doctor.forensics.fit import AffineFit
 from precision_doctor.forensics.normalization import (
-    MIN_LEVEL_SPAN, Normalization, Recognition, describe_change, match_lattice)
+    MIN_LEVEL_SPAN,
+    Normalization,
+    Recognition,
+    describe_change,
+    match_lattice,
+)
 from precision_doctor.forensics.result import InputFinding
 
 # A B channel is "the same scale" as another within 2 %, and an offset is negligible below 2 %

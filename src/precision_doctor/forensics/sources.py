@@ -23,8 +23,16 @@ import numpy as np
 
 from precision_doctor.errors import DataFormatError, InputError, InputNameError
 from precision_doctor.inputs import (
-    IMAGE_SUFFIXES, PRESETS, PreprocessSpec, decode_image, image_to_tensor, parse_preprocess,
-    read_npy, read_npz, read_polygraphy_inputs)
+    IMAGE_SUFFIXES,
+    PRESETS,
+    PreprocessSpec,
+    decode_image,
+    image_to_tensor,
+    parse_preprocess,
+    read_npy,
+    read_npz,
+    read_polygraphy_inputs,
+)
 
 _SELECTOR = re.compile(r"^(?P<path>.+?\.(?:npz|json))(?::(?P<key>[^@]+))?(?:@(?P<it>\d+))?$",
                        re.IGNORECASE)

@@ -111,7 +111,7 @@ def opset_of(model: onnx.ModelProto) -> int:
     return 1
 
 
-def input_metadata(model: onnx.ModelProto) -> list["TensorMeta"]:  # noqa: F821
+def input_metadata(model: onnx.ModelProto) -> list[TensorMeta]:  # noqa: F821
     """Graph inputs that are not initializers, as ``TensorMeta`` (dims: int or symbol name).
 
     Returns:

@@ -64,13 +64,13 @@ class PrecisionPlan:
         decision = self.overrides.get(node_name)
         return decision.precision if decision else self.default
 
-    def with_overrides(self, decisions: Mapping[str, NodeDecision]) -> "PrecisionPlan":
+    def with_overrides(self, decisions: Mapping[str, NodeDecision]) -> PrecisionPlan:
         """A new plan with ``decisions`` added (replacing existing overrides of those nodes)."""
         merged = dict(self.overrides)
         merged.update(decisions)
         return PrecisionPlan(self.default, dict(sorted(merged.items())))
 
-    def keep_fp32(self, names: Iterable[str], reason: str, detail: str = "") -> "PrecisionPlan":
+    def keep_fp32(self, names: Iterable[str], reason: str, detail: str = "") -> PrecisionPlan:
         """A new plan with ``names`` forced to FP32 for ``reason``."""
         return self.with_overrides(
             {n: NodeDecision(Precision.FP32, reason, detail) for n in names})
@@ -110,7 +110,7 @@ class PrecisionPlan:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "PrecisionPlan":
+    def from_dict(cls, data: Mapping) -> PrecisionPlan:
         """Inverse of ``to_dict``.
 
         Raises:
@@ -130,7 +130,7 @@ class PrecisionPlan:
         return cls(default, dict(sorted(overrides.items())))
 
     @classmethod
-    def load(cls, path: str | Path) -> "PrecisionPlan":
+    def load(cls, path: str | Path) -> PrecisionPlan:
         """Read a plan written by ``to_dict`` from a JSON file.
 
         Raises:

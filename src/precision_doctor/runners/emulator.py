@@ -39,7 +39,7 @@ class EmulatorRunner:
         self.info: EmulationInfo | None = None
         self._ort: OrtRunner | None = None
 
-    def __enter__(self) -> "EmulatorRunner":
+    def __enter__(self) -> EmulatorRunner:
         emulated, self.info = emulate(self.model, self.plan)
         self._ort = OrtRunner(emulated, ("cpu",), name=self.name,
                               intra_op_threads=self.intra_op_threads).__enter__()

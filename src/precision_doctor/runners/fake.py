@@ -27,7 +27,7 @@ class FakeRunner:
         self.name = name
         self.calls = 0
 
-    def __enter__(self) -> "FakeRunner":
+    def __enter__(self) -> FakeRunner:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -87,7 +87,7 @@ class OrtRunner:
         self._session = None
         self._tmp: tempfile.TemporaryDirectory | None = None
 
-    def __enter__(self) -> "OrtRunner":
+    def __enter__(self) -> OrtRunner:
         ort = _import_ort()
         available = ort.get_available_providers()
         missing = [p for p in self.providers if p not in available]

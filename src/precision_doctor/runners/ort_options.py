@@ -151,7 +151,7 @@ class OrtSpec:
         return {"provider": self.provider, "options": dict(self.options), "spec": self.spec}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "OrtSpec":
+    def from_dict(cls, data: Mapping[str, Any]) -> OrtSpec:
         """Inverse of ``to_dict``."""
         return cls(str(data["provider"]),
                    tuple((str(k), str(v)) for k, v in dict(data["options"]).items()),

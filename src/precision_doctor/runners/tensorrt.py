@@ -38,12 +38,21 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnx
 
-from precision_doctor.errors import (BackendError, BackendUnavailable, InputNameError,
-                                     InputShapeError, UnsupportedModelError)
+from precision_doctor.errors import (
+    BackendError,
+    BackendUnavailable,
+    InputNameError,
+    InputShapeError,
+    UnsupportedModelError,
+)
 from precision_doctor.graph.load import ort_model_source
 from precision_doctor.runners.base import Feeds, TensorMeta
-from precision_doctor.runners.trt_cuda import (cuda_backend, make_debug_listener,
-                                                make_output_allocator, np_dtype)
+from precision_doctor.runners.trt_cuda import (
+    cuda_backend,
+    make_debug_listener,
+    make_output_allocator,
+    np_dtype,
+)
 
 INSTALL_HINT = ("TensorRT is not installed: pip install 'precision-doctor[tensorrt]' on a machine "
                 "with an NVIDIA GPU (TensorRT >= 10; TensorRT-RTX does not support Hopper GPUs and "
@@ -255,7 +264,7 @@ class TensorRTRunner:
         self.debug_via = ""
         self.layer_info: str | None = None
 
-    def __enter__(self) -> "TensorRTRunner":
+    def __enter__(self) -> TensorRTRunner:
         trt = import_tensorrt()
         cuda = cuda_backend()
         tmp = tempfile.TemporaryDirectory(prefix="precision-doctor-trt-")

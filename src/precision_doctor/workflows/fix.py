@@ -15,8 +15,12 @@ from precision_doctor.compare.tasks.registry import get_metric
 from precision_doctor.errors import InputError, MetricError
 from precision_doctor.graph.load import input_metadata, load_model
 from precision_doctor.inputs import load_samples
-from precision_doctor.report.files import check_writable, write_bytes_atomic, write_json, \
-    write_text_atomic
+from precision_doctor.report.files import (
+    check_writable,
+    write_bytes_atomic,
+    write_json,
+    write_text_atomic,
+)
 from precision_doctor.report.progress import progress_bar
 from precision_doctor.runners.ort import OrtRunner
 from precision_doctor.runners.ort_options import ort_providers

@@ -33,7 +33,7 @@ _INSTALL_HINT = ("the db-boxes metric runs the OCR client's own DB post-processi
                  "opencv-python and pyclipper)")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _client_filter() -> Any:
     """RapidOCR's ``TextDetector.filter_tag_det_res`` (order corners, clip, drop boxes <= 3 px),
     or None when the installed client has no such step. Its methods use no instance state, so
@@ -46,7 +46,7 @@ def _client_filter() -> Any:
     return None if method is None else functools.partial(method, TextDetector.__new__(TextDetector))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _db_postprocess(thresh: float, box_thresh: float, unclip_ratio: float, dilation: bool,
                     max_candidates: int) -> Any:
     try:
