@@ -1,0 +1,16 @@
+"""The public API: ``diagnose``, ``fix``, ``audit``, ``compare_inputs`` and their results.
+
+Re-exported at the package root (``precision_doctor.diagnose`` ...). The CLI and the workflows
+are thin layers over these functions.
+"""
+
+from precision_doctor.api.diagnose import diagnose
+from precision_doctor.api.fix import Fix, fix
+from precision_doctor.api.checks import audit, compare_inputs
+from precision_doctor.api.options import DataLike, ModelLike, Progress, ToleranceLike
+from precision_doctor.api.results import Audit, Diagnosis, InputComparison
+
+__all__ = [
+    "Audit", "DataLike", "Diagnosis", "Fix", "InputComparison", "ModelLike", "Progress",
+    "ToleranceLike", "audit", "compare_inputs", "diagnose", "fix",
+]
