@@ -4,9 +4,9 @@ Re-exported at the package root (``precision_doctor.diagnose`` ...). The CLI and
 are thin layers over these functions.
 """
 
-from precision_doctor.api.diagnose import diagnose
-from precision_doctor.api.fix import Fix, fix
 from precision_doctor.api.checks import audit, compare_inputs
+from precision_doctor.api.diagnosing import diagnose
+from precision_doctor.api.fixing import Fix, fix
 from precision_doctor.api.options import DataLike, ModelLike, Progress, ToleranceLike
 from precision_doctor.api.results import Audit, Diagnosis, InputComparison
 

@@ -91,7 +91,16 @@ def compare_inputs(a: str | os.PathLike | np.ndarray, b: str | os.PathLike | np.
     proto = None
     if model is not None and not isinstance(model, (str, os.PathLike)):
         proto = as_model(model)[0]
-    result = compare_tensors(a, b, preprocess_a=preprocess_a, preprocess_b=preprocess_b,
-                             model=proto if proto is not None else model,
+    result = compare_tensors(_side(a), _side(b), preprocess_a=preprocess_a,
+                             preprocess_b=preprocess_b,
+                             model=proto if proto is not None else _path(model),
                              target=parse_precision(target))
     return convert(InputComparison, result)
+
+
+def _side(value: str | os.PathLike | np.ndarray) -> str | np.ndarray:
+    return value if isinstance(value, np.ndarray) else os.fspath(value)
+
+
+def _path(value: Any) -> str | None:
+    return None if value is None else os.fspath(value)

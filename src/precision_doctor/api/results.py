@@ -3,7 +3,7 @@
 ``Diagnosis``, ``Audit`` and ``InputComparison`` are the frozen dataclasses the analysis returns
 (``DiagnosisReport``, ``AuditReport``, ``ForensicsResult``) with the same fields and JSON, plus
 ``to_json``, ``to_html`` and ``_repr_html_`` (Jupyter shows the report inline). They live here,
-above the report layer, because their HTML comes from it. ``Fix`` is in ``api.fix``.
+above the report layer, because their HTML comes from it. ``Fix`` is in ``api.fixing``.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ fix result. Every model-derived string is escaped.
 from __future__ import annotations
 
 import html
+import io
 from typing import Any, Callable, Mapping
 
 from rich.console import Console
@@ -29,7 +30,7 @@ def console_page(render: Callable[[Console], None], title: str, width: int = 120
         title: Page title (escaped).
         width: Console width in characters.
     """
-    console = Console(record=True, width=width, file=_Discard(), force_terminal=False,
+    console = Console(record=True, width=width, file=io.StringIO(), force_terminal=False,
                       color_system="truecolor")
     render(console)
     body = console.export_html(inline_styles=True, code_format="<pre style=\"font-family:"
@@ -67,13 +68,3 @@ def _num(value: Any) -> str:
 
 def _pct(value: Any) -> str:
     return f"{float(value):.1%}" if isinstance(value, (int, float)) else "?"
-
-
-class _Discard:
-    """A text sink: the recorded console prints nothing."""
-
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        return None

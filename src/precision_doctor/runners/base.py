@@ -13,7 +13,6 @@ import numpy as np
 
 from precision_doctor.graph.load import TensorMeta  # re-exported: runners describe I/O with it
 
-
 Feeds = Mapping[str, np.ndarray]
 
 

@@ -8,7 +8,7 @@ from typing import Sequence
 from rich.console import Console
 
 from precision_doctor.analysis.diagnosis import DiagnosisReport
-from precision_doctor.api.diagnose import diagnose
+from precision_doctor.api.diagnosing import diagnose
 from precision_doctor.api.options import (  # noqa: F401 - re-exported for the CLI and demo
     build_plan,
     invocation,

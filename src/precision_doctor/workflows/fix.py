@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from precision_doctor.analysis.fix import FixResult
-from precision_doctor.api.fix import fix, sidecar_paths
+from precision_doctor.api.fixing import fix, sidecar_paths
 from precision_doctor.api.options import build_objective, invocation  # noqa: F401 - re-exported
 from precision_doctor.errors import InputError
 from precision_doctor.report.files import check_writable
