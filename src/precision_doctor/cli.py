@@ -164,7 +164,8 @@ def audit(
 ) -> None:
     """Audit a built TensorRT engine: the precision each layer ran in, mapped to ONNX nodes."""
     from precision_doctor.api import audit as audit_engine_build
-    from precision_doctor.audit import audit_engine, compare_builds, render_audit, render_build_diff
+    from precision_doctor.audit import audit_engine, compare_builds
+    from precision_doctor.audit.render import render_audit, render_build_diff
     from precision_doctor.report.files import check_writable, write_json
 
     try:
@@ -205,7 +206,7 @@ def inputs_command(
 ) -> None:
     """Preprocessing forensics: what differs between two inputs meant to be the same sample."""
     from precision_doctor.api import compare_inputs
-    from precision_doctor.forensics import render_forensics
+    from precision_doctor.forensics.render import render_forensics
     from precision_doctor.report.files import check_writable, write_json
 
     try:

@@ -320,8 +320,7 @@ def _ort(fixed: str, orig: str, target: Precision, tf32: bool) -> tuple[dict, st
             options[1] = {**options[1], "use_tf32": str(int(tf32))}
         ort[key] = {"spec": spec, "model": model, "providers": providers,
                     "provider_options": options}
-        chain = "".join(f"    {(p, o) if o else p!r},\n"
-                        for p, o in zip(providers, options, strict=True))
+        chain = "".join(f"    {(p, o) if o else p!r},\n" for p, o in zip(providers, options))
         code += [f"# {_ORT_COMMENTS[key]}",
                  f"{key} = ort.InferenceSession({model!r}, providers=[\n{chain}])", ""]
     return ort, "\n".join(code).rstrip() + "\n"
