@@ -68,9 +68,11 @@ def __getattr__(name: str) -> Any:
     if name in _API:
         from precision_doctor import api
 
-        value = getattr(api, name)
-        globals()[name] = value
-        return value
+        # Bind every API name at once: importing the API loads the ``precision_doctor.audit``
+        # subpackage, which the import system binds as ``audit`` on this package; the public
+        # function must win (``api/__init__.py`` binds it again for direct API imports).
+        globals().update({n: getattr(api, n) for n in _API})
+        return globals()[name]
     raise AttributeError(f"module 'precision_doctor' has no attribute {name!r}")
 
 
