@@ -25,13 +25,14 @@ from precision_doctor.api.options import (
     progress_reporter,
 )
 from precision_doctor.api.results import Diagnosis, convert
-from precision_doctor.inputs import Sample
+from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import json_float
 from precision_doctor.precision.plan import PrecisionPlan
 
 
 def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
-             preprocess: Any = None, runner: str = "emulate", tolerance: ToleranceLike = None,
+             preprocess: PreprocessSpec | str | None = None, runner: str = "emulate",
+             tolerance: ToleranceLike = None,
              metric: str | None = None, threshold: float | None = None,
              layerwise: bool = True, noise: bool = True, keep: Sequence[str] = (),
              plan: PrecisionPlan | str | os.PathLike | None = None,

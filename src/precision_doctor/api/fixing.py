@@ -24,7 +24,7 @@ from precision_doctor.api.options import (
 )
 from precision_doctor.errors import InputError
 from precision_doctor.graph.load import input_metadata
-from precision_doctor.inputs import Sample
+from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import dumps
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.report.files import check_writable, write_bytes_atomic, write_text_atomic
@@ -214,7 +214,8 @@ def _fix_html(fixed: Fix, command: str | None) -> str:
     return render_html(after, fix=summary, command=command)
 
 
-def fix(model: ModelLike, data: DataLike, *, target: str = "fp16", preprocess: Any = None,
+def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
+        preprocess: PreprocessSpec | str | None = None,
         tolerance: ToleranceLike = None, metric: str | None = None,
         threshold: float | None = None, keep: Sequence[str] = (),
         force_low: Sequence[str] = (), rewrites: bool = True, keep_io_types: bool = True,

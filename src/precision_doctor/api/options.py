@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
 from precision_doctor.analysis.objective import Objective
 from precision_doctor.compare.tasks.registry import get_metric
@@ -23,17 +24,16 @@ from precision_doctor.compare.tolerance import Tolerance, default_tolerance
 from precision_doctor.errors import InputError, InputNameError, MetricError, ModelLoadError
 from precision_doctor.formats import Precision
 from precision_doctor.graph.load import input_metadata, load_model, name_nodes
-from precision_doctor.inputs import Sample, check_sample, load_samples
+from precision_doctor.inputs import PreprocessSpec, Sample, check_sample, load_samples
 from precision_doctor.precision.plan import PrecisionPlan, select_nodes
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: ``stage`` names the step (``reference``, ``candidate``,
 ``layerwise``, ``search``), ``done`` of ``total`` units (samples, chunks or evaluations)."""
 
-ModelLike = Union[str, "os.PathLike[str]", onnx.ModelProto, Any]
+ModelLike = Union[str, "os.PathLike[str]", onnx.ModelProto, ir.Model]
 """A model path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``."""
 
-Feed = Union[Mapping[str, Any], np.ndarray]
 DataLike = Union[str, "os.PathLike[str]", np.ndarray, Mapping[str, Any], Iterable[Any]]
 """``--data`` text or path, one feed dict, one array, or an iterable of feed dicts/arrays."""
 
@@ -73,12 +73,7 @@ def as_model(model: ModelLike) -> tuple[onnx.ModelProto, str | None]:
     if isinstance(model, onnx.ModelProto):
         proto = onnx.ModelProto()
         proto.CopyFrom(model)
-    elif type(model).__module__.startswith("onnx_ir"):
-        import onnx_ir as ir
-
-        if not isinstance(model, ir.Model):
-            raise ModelLoadError(f"an onnx_ir {type(model).__name__} is not a model: pass the "
-                                 "onnx_ir.Model")
+    elif isinstance(model, ir.Model):
         proto = ir.serde.serialize_model(model)
     else:
         raise ModelLoadError(f"model must be a path, an onnx.ModelProto or an onnx_ir.Model; got "
@@ -88,7 +83,8 @@ def as_model(model: ModelLike) -> tuple[onnx.ModelProto, str | None]:
     return name_nodes(proto), None
 
 
-def as_samples(data: DataLike | None, model: onnx.ModelProto, preprocess: Any = None,
+def as_samples(data: DataLike | None, model: onnx.ModelProto,
+               preprocess: PreprocessSpec | str | None = None,
                max_samples: int | None = None) -> list[Sample]:
     """Validated samples from a data source or from samples in memory.
 
