@@ -195,6 +195,10 @@ def test_fix_holds_the_model_until_saved(tmp_path: Path):
     again = pd.Fix.from_dict(report, model=f.model)
     assert again.plan == f.plan and again.passed
     assert "PASS" in f._repr_html_()
+    report = {**f.report, "plan": {"default": "fp16", "overrides": {
+        "<b>bn</b>": {"precision": "fp32", "reason": "<i>x</i>"}}}}
+    view = pd.Fix.from_dict(report)._repr_html_()
+    assert "<b>bn" not in view and "&lt;b&gt;bn" in view
     page = f.to_html(tmp_path / "fix.html")
     assert "FP32" in page and (tmp_path / "fix.html").is_file()
 
@@ -225,6 +229,10 @@ def test_audit_flags_an_fp32_request_not_honored(tmp_path: Path):
     assert pd.Audit.from_dict(json.loads(a.to_json())) == a
     page = a.to_html()
     assert "conv + bn" in page and "<script" not in page
+    hostile = _layer_info()
+    hostile["Layers"][0]["Name"] = "<img src=x onerror=alert(1)>"
+    page = pd.audit(hostile).to_html()
+    assert "<img src=x" not in page and "&lt;img src=x" in page
 
 
 def test_compare_inputs_names_the_channel_order():
