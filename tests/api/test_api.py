@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from precision_doctor.errors import (
 )
 
 RNG = np.random.default_rng(0)
+ENV = {**os.environ, "PYTHONPATH": str(Path(pd.__file__).parents[1])}  # this precision_doctor
 
 
 def feeds(count: int = 2, shape=(1, 8, 16)) -> list[dict[str, np.ndarray]]:
@@ -45,7 +47,7 @@ def test_import_is_light():
             "print(sorted(m for m in ('onnx', 'onnxruntime', 'onnx_ir', 'numpy', 'rich') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env={"PYTHONPATH": str(Path(pd.__file__).parents[1])})
+                         check=True, env=ENV)
     assert out.stdout.strip() == "[]"
 
 
@@ -56,7 +58,7 @@ def test_audit_is_the_function_even_after_the_audit_subpackage_loads():
             "import precision_doctor as pd2; pd2.__dict__.pop('audit'); b = pd2.audit; "
             "print(callable(a), callable(b))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env={"PYTHONPATH": str(Path(pd.__file__).parents[1])})
+                         check=True, env=ENV)
     assert out.stdout.split() == ["True", "True"]
     assert callable(pd.audit)
 
