@@ -69,7 +69,7 @@ def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12
                       f"[bold]{escape(lw.first_divergence or 'none')}[/]; NaN/Inf born at: "
                       f"[bold]{escape(lw.nan_birth or 'nowhere')}[/]")
         idx = {r.tensor: i for i, r in enumerate(lw.records)}
-        start = max(0, idx.get(lw.first_divergence, len(lw.records)) - layers // 2)
+        start = max(0, idx.get(lw.first_divergence or "", len(lw.records)) - layers // 2)
         rows = lw.records[start:start + layers] if lw.first_divergence else sorted(
             lw.records, key=lambda r: -r.rel_l2 if math.isfinite(r.rel_l2) else -1e300)[:layers]
         lt = Table(title="Layerwise (around the first divergence)" if lw.first_divergence
