@@ -64,6 +64,13 @@ def diagnose(
                                    "(repeatable)"),
     tolerance: List[str] = typer.Option([], "--tolerance", help="rel_l2=1e-2,atol=..,rtol=..,"
                                         "statistic=p99 ; prefix OUTPUT: for one output"),
+    candidate_results: Optional[str] = typer.Option(
+        None, "--candidate-results", help="Outputs recorded on the engine (e.g. a TensorRT "
+        "machine) as the candidate: Polygraphy --save-outputs JSON[:RUNNER], trtexec "
+        "--exportOutput JSON (file/folder), or .npz per sample; --data must be the same inputs"),
+    candidate_log: Optional[Path] = typer.Option(
+        None, "--candidate-log", help="The engine's build log (trtexec/Polygraphy --verbose): "
+        "TensorRT version and GPU for the recording"),
     max_samples: Optional[int] = typer.Option(None, "--max-samples", help="Use at most N "
                                               "samples"),
     layerwise: bool = typer.Option(True, "--layerwise/--no-layerwise", help="Compare every "
@@ -86,7 +93,8 @@ def diagnose(
             candidate_model=candidate_model, plan_path=plan, keep=keep, tolerances=tolerance,
             max_samples=max_samples, layerwise=layerwise, noise=noise,
             budget_bytes=budget_mb << 20, json_path=json_path, html_path=html_path,
-            force=force, console=console, quiet=quiet, verbose=verbose)
+            force=force, console=console, quiet=quiet, verbose=verbose,
+            candidate_results=candidate_results, candidate_log=candidate_log)
     except PrecisionDoctorError as exc:
         _fail(exc)
     raise typer.Exit(0 if report.passed else 1)

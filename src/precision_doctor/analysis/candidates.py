@@ -14,12 +14,15 @@ import onnx
 
 from precision_doctor.analysis.layerwise import RunnerFactory
 from precision_doctor.errors import BackendError
+from precision_doctor.graph.load import input_metadata
 from precision_doctor.graph.outputs import mark_outputs
+from precision_doctor.inputs.recording import Recording
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.base import Runner
 from precision_doctor.runners.emulator import EmulatorRunner
 from precision_doctor.runners.ort import OrtRunner, resolve_provider
 from precision_doctor.runners.ort_options import ort_providers
+from precision_doctor.runners.recorded import RecordedRunner
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,21 @@ class Candidate:
     factory: RunnerFactory
     plan: PrecisionPlan | None = None
     tf32: bool | None = None
+    recorded: RecordedSource | None = None
+
+
+@dataclass(frozen=True)
+class RecordedSource:
+    """A candidate whose outputs were recorded elsewhere (``Candidate.recorded``).
+
+    Attributes:
+        recording: The recording, one iteration per sample (``match_samples``).
+        cross_check: The plan the emulator runs for the emulated-vs-recorded side-by-side
+            (None: no cross-check).
+    """
+
+    recording: Recording
+    cross_check: PrecisionPlan | None = None
 
 
 def emulated(plan: PrecisionPlan) -> Candidate:
@@ -94,6 +112,23 @@ def reference_factory(model: onnx.ModelProto) -> OrtRunner:
     return OrtRunner(model, ("cpu",), name="ort-cpu")
 
 
+def recorded(recording: Recording, model: onnx.ModelProto,
+             cross_check: PrecisionPlan | None = None) -> Candidate:
+    """Outputs recorded on another machine (``inputs.recording``) as the candidate.
+
+    Args:
+        recording: Matched to the samples (``match_samples``): iteration i is sample i.
+        model: The diagnosed model (for input metadata).
+        cross_check: Emulator plan to compare against the recording, tensor by tensor.
+    """
+    name = f"recorded {recording.runner}"
+    inputs = input_metadata(model)
+
+    def factory(marked: onnx.ModelProto) -> RecordedRunner:
+        return RecordedRunner(recording.iterations, inputs,
+                              [o.name for o in marked.graph.output], name)
+
+    return Candidate(name, factory, recorded=RecordedSource(recording, cross_check))
 
 
 def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,

@@ -18,6 +18,7 @@ from precision_doctor.errors import InputError
 from precision_doctor.formats import Precision
 from precision_doctor.graph.load import input_metadata, load_model
 from precision_doctor.inputs import load_samples
+from precision_doctor.inputs.recording import Recording, load_recording
 from precision_doctor.precision.plan import PrecisionPlan, select_nodes
 from precision_doctor.report.files import check_writable, write_json, write_text_atomic
 from precision_doctor.report.progress import progress_bar
@@ -73,12 +74,27 @@ def build_plan(model: onnx.ModelProto, target: Precision, plan_path: Path | None
     return plan
 
 
+def load_recorded(spec: str, log: Path | None) -> Recording:
+    """The recording at ``spec``, with the TensorRT version read from the build ``log``.
+
+    Raises:
+        InputError / DataFormatError: Unreadable recording or log.
+    """
+    version = None
+    if log is not None:
+        from precision_doctor.audit.buildlog import read_build_log
+
+        version = read_build_log(log).tensorrt_version
+    return load_recording(spec, tensorrt_version=version)
+
+
 def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, target: str,
                  runner: str, candidate_model: Path | None, plan_path: Path | None,
                  keep: Sequence[str], tolerances: Sequence[str], max_samples: int | None,
                  layerwise: bool, noise: bool, budget_bytes: int, json_path: Path | None,
                  html_path: Path | None, force: bool, console: Console, quiet: bool = False,
-                 verbose: bool = False) -> DiagnosisReport:
+                 verbose: bool = False, candidate_results: str | None = None,
+                 candidate_log: Path | None = None) -> DiagnosisReport:
     """Load everything, diagnose, render, and write the requested reports.
 
     Raises:
@@ -94,11 +110,12 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
     plan = build_plan(model, precision, plan_path, keep)
     cand_model = load_model(candidate_model) if candidate_model else None
     candidate = candidate_from_spec(runner, plan, model, cand_model)
+    recorded = load_recorded(candidate_results, candidate_log) if candidate_results else None
     with progress_bar(console, enabled=not quiet and console.is_terminal) as progress:
         report = diagnose(model, samples, precision, candidate,
                           parse_tolerances(tolerances, precision), layerwise=layerwise,
                           noise=noise, budget_bytes=budget_bytes, model_path=str(model_path),
-                          progress=progress)
+                          progress=progress, candidate_results=recorded)
     if quiet:
         console.print(f"{report.verdict.upper()}: {model_path} in {report.target.upper()}",
                       markup=False)
