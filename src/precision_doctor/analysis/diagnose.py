@@ -54,7 +54,8 @@ class SampleLike(Protocol):
 
 
 def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Precision,
-             candidate: Candidate, tolerances: Tolerance | Mapping[str, Tolerance] | None = None,
+             candidate: Candidate | None,
+             tolerances: Tolerance | Mapping[str, Tolerance] | None = None,
              layerwise: bool = True, noise: bool = True, measure_impact: bool = True,
              budget_bytes: int = 1 << 30, model_path: str | None = None,
              progress: Progress | None = None,
@@ -65,7 +66,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         model: FP32 model (nodes named, e.g. by ``load_model``).
         samples: Inputs (``.name``, ``.feeds``); every evaluation uses all of them.
         target: Precision whose range/rounding is checked (FP16 max 65504 etc.).
-        candidate: The runner under test (``emulated(plan)`` or ``onnxruntime(...)``).
+        candidate: The runner under test (``emulated(plan)`` or ``onnxruntime(...)``); may be
+            None when ``candidate_results`` is given.
         tolerances: One tolerance, or per output name; default ``default_tolerance(target)``.
         layerwise: Compare every intermediate tensor.
         noise: Measure the FP32 noise floor.
@@ -92,6 +94,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
     if candidate_results is not None:
         candidate = recorded_candidate(candidate_results, model, [s.name for s in samples],
                                        target, candidate.plan if candidate else None)
+    if candidate is None:
+        raise ValueError("diagnose needs a candidate or candidate_results")
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     out_names = [o.name for o in model.graph.output]
