@@ -154,7 +154,10 @@ def fix_command(
 @app.command()
 def audit(
     layer_info: Path = typer.Argument(..., help="TensorRT layer information JSON "
-                                      "(trtexec --exportLayerInfo / IEngineInspector)"),
+                                      "(trtexec --exportLayerInfo / IEngineInspector), or a "
+                                      "trtexec/Polygraphy --verbose build log"),
+    log: Optional[Path] = typer.Option(None, "--log", help="The engine's trtexec/Polygraphy "
+                                       "--verbose build log, read beside the layer info"),
     profile: Optional[Path] = typer.Option(None, "--profile", help="trtexec --exportProfile "
                                            "JSON for time shares"),
     onnx_model: Optional[Path] = typer.Option(None, "--onnx", help="The ONNX model the engine "
@@ -174,6 +177,10 @@ def audit(
     from precision_doctor.audit import audit_engine, compare_builds, render_audit, render_build_diff
     from precision_doctor.report.files import check_writable, write_json
 
+    from precision_doctor.audit.buildlog import is_build_log
+
+    if layer_info.is_file() and is_build_log(layer_info):
+        _audit_log(layer_info, onnx_model, json_path, force)
     try:
         check_writable([json_path], force)
         model = load_model(onnx_model) if onnx_model else None
@@ -186,12 +193,38 @@ def audit(
             diff = compare_builds(report, other)
             render_build_diff(diff, console)
             data["compare"] = diff.to_dict()
+        if log:
+            from precision_doctor.audit.buildlog import link_to_audit, read_build_log
+            from precision_doctor.audit.logrender import render_build_log
+
+            build = read_build_log(log, model)
+            links = link_to_audit(build, report)
+            render_build_log(build, console, links)
+            data["build_log"] = {**build.to_dict(), "links": links}
         if json_path:
             write_json(json_path, data, force)
     except PrecisionDoctorError as exc:
         _fail(exc)
     flagged = any(f.kind == "fp32-not-honored" for f in report.findings)
     raise typer.Exit(1 if flagged else 0)
+
+
+def _audit_log(path: Path, onnx_model: Optional[Path], json_path: Optional[Path],
+               force: bool) -> None:
+    """``audit BUILD.log``: the log's precision lines; exit 1 when some are flagged."""
+    from precision_doctor.audit.buildlog import read_build_log
+    from precision_doctor.audit.logrender import render_build_log
+    from precision_doctor.report.files import check_writable, write_json
+
+    try:
+        check_writable([json_path], force)
+        build = read_build_log(path, load_model(onnx_model) if onnx_model else None)
+        render_build_log(build, console)
+        if json_path:
+            write_json(json_path, {"build_log": build.to_dict()}, force)
+    except PrecisionDoctorError as exc:
+        _fail(exc)
+    raise typer.Exit(1 if build.flagged() else 0)
 
 
 @app.command("inputs")
