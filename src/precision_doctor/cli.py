@@ -54,7 +54,8 @@ def diagnose(
                                "compare two FP32 engines)"),
     runner: str = typer.Option("emulate", "--runner", "-r", help="emulate, emulate-fused (BN "
                                "folded, LayerNorm fused, as engines run it), or an ONNX Runtime "
-                               "spec: ort:cuda,tf32=0 | ort:tensorrt,fp16=1 | ort:cpu"),
+                               "spec: ort:cuda,tf32=0 | ort:tensorrt,fp16=1 | ort:cpu, or "
+                               "TensorRT via Polygraphy: trt:tf32=0 (untested here)"),
     candidate_model: Optional[Path] = typer.Option(None, "--candidate-model", help="For ort "
                                                    "runners: run this model (e.g. the output "
                                                    "of fix) instead of MODEL"),
@@ -175,9 +176,8 @@ def audit(
 ) -> None:
     """Audit a built TensorRT engine: the precision each layer ran in, mapped to ONNX nodes."""
     from precision_doctor.audit import audit_engine, compare_builds, render_audit, render_build_diff
-    from precision_doctor.report.files import check_writable, write_json
-
     from precision_doctor.audit.buildlog import is_build_log
+    from precision_doctor.report.files import check_writable, write_json
 
     if layer_info.is_file() and is_build_log(layer_info):
         _audit_log(layer_info, onnx_model, json_path, force)

@@ -23,6 +23,7 @@ from precision_doctor.runners.emulator import EmulatorRunner
 from precision_doctor.runners.ort import OrtRunner, resolve_provider
 from precision_doctor.runners.ort_options import ort_providers
 from precision_doctor.runners.recorded import RecordedRunner
+from precision_doctor.runners.tensorrt import TensorRTRunner, trt_options
 
 
 @dataclass(frozen=True)
@@ -138,10 +139,11 @@ def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,
     Args:
         spec: ``emulate``, ``emulate-fused`` (the model after BatchNorm folding and LayerNorm
             fusion, as engines run it) or an ONNX Runtime spec such as ``ort:cuda,tf32=0``
-            (see ``precision_doctor.runners.ort_options``).
+            (see ``precision_doctor.runners.ort_options``), or ``trt[:tf32=1,...]``
+            (TensorRT via Polygraphy, ``runners.tensorrt``; untested with real TensorRT).
         plan: The precision plan (used by the emulators).
         model: The diagnosed model.
-        candidate_model: For ``ort`` runners, run this model (e.g. the FP16 model written by
+        candidate_model: For ``ort``/``trt`` runners, run this model (e.g. the FP16 model written by
             ``fix``) instead of the diagnosed one.
 
     Raises:
@@ -156,9 +158,29 @@ def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,
     if text.startswith("ort"):
         providers, options = ort_providers(text)
         return onnxruntime(providers, options, candidate_model, name=text.replace(",", " "))
-    raise BackendError(f"unknown runner {spec!r}: use 'emulate', 'emulate-fused' or "
-                       "'ort:<provider>[,options]' "
-                       "(e.g. ort:cuda,tf32=0)", runner=spec)
+    if text == "trt" or text.startswith("trt:"):
+        return tensorrt(trt_options(text), candidate_model, name=text.replace(",", " "))
+    raise BackendError(f"unknown runner {spec!r}: use 'emulate', 'emulate-fused', "
+                       "'ort:<provider>[,options]' (e.g. ort:cuda,tf32=0) or "
+                       "'trt[:tf32=0,fp16=0,strongly_typed=1]'", runner=spec)
+
+
+def tensorrt(options: Mapping[str, bool], model: onnx.ModelProto | None = None,
+             name: str = "trt") -> Candidate:
+    """TensorRT built by Polygraphy (``runners.tensorrt``; UNTESTED with real TensorRT).
+
+    Args:
+        options: ``TensorRTRunner`` keywords (``tf32``, ``fp16``, ``strongly_typed``).
+        model: Run this model (e.g. an FP16 model from ``fix``) with the diagnosed model's
+            marked tensors; default the diagnosed model.
+        name: Label in reports.
+    """
+    def factory(marked: onnx.ModelProto) -> TensorRTRunner:
+        target = marked if model is None else mark_outputs(
+            model, [o.name for o in marked.graph.output])
+        return TensorRTRunner(target, name=name, **options)
+
+    return Candidate(name, factory, tf32=bool(options.get("tf32", False)))
 
 
 def float32_outputs(result: Mapping[str, np.ndarray], names: Sequence[str]
