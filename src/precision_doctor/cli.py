@@ -280,6 +280,35 @@ def demo(
     raise typer.Exit(rc)
 
 
+recipe_app = typer.Typer(no_args_is_help=True, help="Ready-to-run command recipes.")
+app.add_typer(recipe_app, name="recipe")
+
+
+@recipe_app.command("collect")
+def recipe_collect(
+    model: Path = typer.Argument(..., help="The original FP32 ONNX model."),
+    data: str = typer.Option(..., "--data", "-d", help="The real inputs (as for diagnose); "
+                             "saved as Polygraphy inputs JSON unless they already are"),
+    preprocess: Optional[str] = typer.Option(None, "--preprocess", "-p",
+                                             help="Image preprocessing (as for diagnose)"),
+    fixed: Optional[Path] = typer.Option(None, "--fixed", help="The fixed model from fix "
+                                         "(recorded strongly typed too)"),
+    out: Path = typer.Option(Path("trt-collect"), "--out", "-o", help="Folder for inputs.json,"
+                             " collect.sh and COLLECT.md; results go to OUT/results"),
+    target: str = typer.Option("fp16", "--target", "-t", help="fp16 or bf16"),
+    max_samples: Optional[int] = typer.Option(None, "--max-samples"),
+    force: bool = typer.Option(False, "--force", help="Overwrite files of a previous run"),
+) -> None:
+    """Commands to record engine results on a TensorRT machine, and to analyse them here."""
+    from precision_doctor.workflows.collect import run_collect
+
+    try:
+        run_collect(model, data=data, preprocess=preprocess, fixed=fixed, out=out,
+                    target=target, max_samples=max_samples, force=force, console=console)
+    except PrecisionDoctorError as exc:
+        _fail(exc)
+
+
 def run() -> None:  # pragma: no cover - console entry point helper
     """Entry point that never prints a bare traceback for user errors."""
     try:

@@ -110,6 +110,11 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
     plan = build_plan(model, precision, plan_path, keep)
     cand_model = load_model(candidate_model) if candidate_model else None
     candidate = candidate_from_spec(runner, plan, model, cand_model)
+    if candidate_results and (runner != "emulate" or candidate_model):
+        raise InputError("--candidate-results is the candidate: drop --runner/--candidate-"
+                         "model (the emulator of --target/--plan/--keep is the cross-check)")
+    if candidate_log and not candidate_results:
+        raise InputError("--candidate-log goes with --candidate-results")
     recorded = load_recorded(candidate_results, candidate_log) if candidate_results else None
     with progress_bar(console, enabled=not quiet and console.is_terminal) as progress:
         report = diagnose(model, samples, precision, candidate,

@@ -24,6 +24,7 @@ from precision_doctor.report.files import (
 from precision_doctor.report.progress import progress_bar
 from precision_doctor.runners.ort import OrtRunner
 from precision_doctor.runners.ort_options import ort_providers
+from precision_doctor.workflows.collect import collect_section
 from precision_doctor.workflows.diagnose import invocation, parse_precision, parse_tolerances
 
 
@@ -90,6 +91,8 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
     report = result.to_dict()
     report["model"] = {"input": str(model_path), "output": str(output)}
     recipes_md = _recipes(result, side, output, samples, report, model)
+    recipes_md += collect_section(Path(model_path), output, data, preprocess, samples,
+                                  precision, max_samples)
     write_bytes_atomic(output, result.model.SerializeToString(), force)
     write_bytes_atomic(side["rewritten"], result.rewritten.SerializeToString(), force)
     write_json(side["plan"], result.plan.to_dict(), force)
