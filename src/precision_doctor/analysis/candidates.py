@@ -7,7 +7,7 @@ different marked outputs. ``candidate_from_spec`` maps the CLI's ``--runner`` te
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -23,7 +23,7 @@ from precision_doctor.runners.emulator import EmulatorRunner
 from precision_doctor.runners.ort import OrtRunner, resolve_provider
 from precision_doctor.runners.ort_options import ort_providers
 from precision_doctor.runners.recorded import RecordedRunner
-from precision_doctor.runners.tensorrt import TensorRTRunner, trt_options
+from precision_doctor.runners.tensorrt import TensorRTRunner
 
 
 @dataclass(frozen=True)
@@ -181,6 +181,24 @@ def tensorrt(options: Mapping[str, bool], model: onnx.ModelProto | None = None,
         return TensorRTRunner(target, name=name, **options)
 
     return Candidate(name, factory, tf32=bool(options.get("tf32", False)))
+
+
+def trt_options(spec: str) -> dict[str, Any]:
+    """``trt[:tf32=1,fp16=1,strongly_typed=0]`` -> ``TensorRTRunner`` keyword arguments.
+
+    Raises:
+        BackendError: Unknown key or a value that is not 0/1/true/false.
+    """
+    _, _, rest = spec.partition(":")
+    out: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, _, value = item.partition("=")
+        if key not in ("tf32", "fp16", "strongly_typed") or value.lower() not in (
+                "0", "1", "true", "false"):
+            raise BackendError(f"bad TensorRT option {item!r} in {spec!r}: use tf32=0|1, "
+                               "fp16=0|1, strongly_typed=0|1", runner=spec)
+        out[key] = value.lower() in ("1", "true")
+    return out
 
 
 def float32_outputs(result: Mapping[str, np.ndarray], names: Sequence[str]

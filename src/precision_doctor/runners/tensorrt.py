@@ -1,21 +1,18 @@
 """TensorRT through Polygraphy's maintained backend (extra ``precision-doctor[tensorrt]``).
 
-UNTESTED with real TensorRT: TensorRT cannot be installed where this project is built and
-tested (``shared/docs/GPU.md``). The argument mapping below is tested with Polygraphy installed
-and a fake ``tensorrt`` module; the engine build and the run loop are Polygraphy's own
-(``polygraphy.backend.trt``: ``NetworkFromOnnxPath``, ``CreateConfig``, ``Profile``,
-``EngineFromNetwork``, ``SaveEngine``, ``TrtRunner``). The tested way to bring TensorRT results
-into an analysis is to record them on the TensorRT machine (``precision-doctor recipe
-collect``) and analyse the recording (``diagnose --candidate-results``).
+UNTESTED with real TensorRT (it cannot be installed where this project is built: see
+``shared/docs/GPU.md``); the argument mapping is tested with Polygraphy and a fake ``tensorrt``.
+Building and running are Polygraphy's (``polygraphy.backend.trt``: ``NetworkFromOnnxPath``,
+``CreateConfig``, ``Profile``, ``EngineFromNetwork``, ``SaveEngine``, ``TrtRunner``). The tested
+way to analyse TensorRT results is to record them there (``recipe collect``) and analyse the
+recording here (``diagnose --candidate-results``).
 
-What is ours: the choice of settings (strongly typed when the TensorRT version has
-``NetworkDefinitionCreationFlag.STRONGLY_TYPED``, so precision comes from the model's dtypes and
-Casts; TF32 off unless asked, since TensorRT enables it by default and Polygraphy does not;
-profiling verbosity DETAILED so the layer information names precisions), optimization profiles
-from the real feed shapes (rebuilt when a feed falls outside), and the layer information JSON
-from the engine's inspector (``IEngineInspector``, as ``polygraphy inspect model`` does), which
-``precision-doctor audit`` reads. Intermediate tensors are compared by marking them as ONNX
-outputs before the build (``graph.outputs.mark_outputs``), as for every other runner.
+Ours: the settings (strongly typed when ``NetworkDefinitionCreationFlag.STRONGLY_TYPED`` exists,
+so the model's dtypes and Casts decide precision; TF32 off unless asked, as TensorRT enables it
+by default and Polygraphy does not; DETAILED profiling verbosity), profiles from the real feed
+shapes (rebuilt when a feed falls outside), and the layer information from the engine inspector
+(as ``polygraphy inspect model`` reads it) for ``audit``. Intermediate tensors are read by
+marking them as ONNX outputs first (``graph.outputs.mark_outputs``), as for every runner.
 """
 
 from __future__ import annotations
@@ -77,14 +74,11 @@ def engine_loader(trt: Any, backend: Any, onnx_path: str, profile: Profile, *, t
 
     Args:
         trt / backend: ``tensorrt`` and ``polygraphy.backend.trt``.
-        onnx_path: The model file (external data beside it).
-        profile: Input name -> (min, opt, max), for the dynamic inputs.
-        tf32: Allow TF32 for FP32 MatMul/Conv (``CreateConfig(tf32=...)``).
-        strongly_typed: Strongly typed network; None = when the TensorRT version supports it.
-        fp16: Builder FP16 flag (weakly typed networks only: TensorRT refuses precision flags
-            on strongly typed networks, and TensorRT 11 has none).
-        workspace_bytes: Workspace memory pool limit.
-        engine_path: Also save the serialized engine here.
+        onnx_path: The model file; profile: input -> (min, opt, max) for the dynamic inputs.
+        tf32: Allow TF32 for FP32 MatMul/Conv. strongly_typed: None = when supported.
+        fp16: Builder FP16 flag, weakly typed networks only (TensorRT refuses precision flags
+            on strongly typed networks; TensorRT 11 has none).
+        workspace_bytes: Workspace pool limit. engine_path: Also save the engine here.
 
     Raises:
         BackendError: ``fp16`` asked for a strongly typed network.
@@ -112,13 +106,9 @@ class TensorRTRunner:
 
     Args:
         model: The ONNX model (mark intermediate tensors as outputs beforehand to read them).
-        tf32: Allow TF32 (TensorRT's own default is on; ours is off).
-        strongly_typed: See ``engine_loader`` (default: when supported).
-        fp16: Builder FP16 flag, weakly typed networks only.
+        tf32 / strongly_typed / fp16 / workspace_bytes / engine_path: See ``engine_loader``.
         name: Label for reports (default ``trt-fp32`` / ``trt-tf32``).
-        workspace_bytes: Workspace pool limit.
         layer_info_path: Write the engine's layer information JSON here after each build.
-        engine_path: Save the serialized engine here.
 
     Raises:
         BackendUnavailable: (on ``__enter__``) TensorRT or Polygraphy is missing.
@@ -203,23 +193,4 @@ class TensorRTRunner:
             trt.LayerInformationFormat.JSON)), encoding="utf-8")
 
 
-def trt_options(spec: str) -> dict[str, Any]:
-    """``trt[:tf32=1,fp16=1,strongly_typed=0]`` -> ``TensorRTRunner`` keyword arguments.
-
-    Raises:
-        BackendError: Unknown key or a value that is not 0/1/true/false.
-    """
-    _, _, rest = spec.partition(":")
-    out: dict[str, Any] = {}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
-        key, _, value = item.partition("=")
-        if key not in ("tf32", "fp16", "strongly_typed") or value.lower() not in (
-                "0", "1", "true", "false"):
-            raise BackendError(f"bad TensorRT option {item!r} in {spec!r}: use tf32=0|1, "
-                               "fp16=0|1, strongly_typed=0|1", runner=spec)
-        out[key] = value.lower() in ("1", "true")
-    return out
-
-
-__all__ = ["INSTALL_HINT", "TensorRTRunner", "engine_loader", "load_backend", "trt_options",
-           "widen_profile"]
+__all__ = ["INSTALL_HINT", "TensorRTRunner", "engine_loader", "load_backend", "widen_profile"]
