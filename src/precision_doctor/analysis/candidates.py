@@ -165,7 +165,7 @@ def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,
                        "'trt[:tf32=0,fp16=0,strongly_typed=1]'", runner=spec)
 
 
-def tensorrt(options: Mapping[str, bool], model: onnx.ModelProto | None = None,
+def tensorrt(options: Mapping[str, Any], model: onnx.ModelProto | None = None,
              name: str = "trt") -> Candidate:
     """TensorRT built by Polygraphy (``runners.tensorrt``; UNTESTED with real TensorRT).
 

@@ -196,7 +196,8 @@ def cross_check_table(result: RecordedLayerwise, output_errors: Mapping[str, flo
 
     outputs = [{"name": n, **row(e, emu[n].rel_l2 if n in emu else None)}
                for n, e in output_errors.items()]
-    layers, worse = [], []
+    layers: list[dict] = []
+    worse: list[str] = []
     for r in result.recorded.records:
         e = emu.get(r.tensor)
         entry = {"tensor": r.tensor, "node": r.node, "op_type": r.op_type,

@@ -58,7 +58,7 @@ def recorded_candidate(results: str | os.PathLike | Recording, model: onnx.Model
 
 
 def check_recorded_outputs(ref: Mapping[str, list[np.ndarray]],
-                           cand: Mapping[str, list[np.ndarray]], sample_names: Sequence[str],
+                           cand: dict[str, list[np.ndarray]], sample_names: Sequence[str],
                            source: str) -> None:
     """Every recorded output has the reference's shape on every sample.
 
@@ -74,7 +74,7 @@ def check_recorded_outputs(ref: Mapping[str, list[np.ndarray]],
                     "the recording was not made on these inputs, or not in this order. Record "
                     "with --load-inputs on the file given to --data.", file=source, tensor=name)
             if r.shape != c.shape:
-                cand[name][i] = c.reshape(r.shape)  # type: ignore[index]
+                cand[name][i] = c.reshape(r.shape)
 
 
 def recorded_layerwise(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]],

@@ -121,9 +121,10 @@ class TensorRTRunner:
                  engine_path: str | Path | None = None) -> None:
         self.model = model
         self.name = name or ("trt-tf32" if tf32 else "trt-fp32")
-        self.options = {"tf32": tf32, "strongly_typed": strongly_typed, "fp16": fp16,
-                        "workspace_bytes": workspace_bytes,
-                        "engine_path": str(engine_path) if engine_path else None}
+        self.options: dict[str, Any] = {
+            "tf32": tf32, "strongly_typed": strongly_typed, "fp16": fp16,
+            "workspace_bytes": workspace_bytes,
+            "engine_path": str(engine_path) if engine_path else None}
         self.layer_info_path = Path(layer_info_path) if layer_info_path else None
         self._inputs = input_metadata(model)
         self._profile: Profile = {}
