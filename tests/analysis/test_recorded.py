@@ -198,3 +198,35 @@ def test_real_polygraphy_trt_output_loads_as_a_recording(shared_dir):
     info = rec.describe()
     assert info["tensors"] == {"A-V-12-Add": {"dtype": "float32", "shape": [4, 10]},
                                "A-V-14-ArgMax": {"dtype": "int32", "shape": [4]}}
+
+
+def test_trtexec_load_inputs_binaries_are_samples_matched_to_export_output(tmp_path):
+    from tiny_models import transformer_block
+
+    from precision_doctor.graph.load import input_metadata
+    from precision_doctor.inputs import load_samples
+
+    model, samples = conv_bn(), random_samples((1, 3, 8, 8))
+    its = emulated_tensors(model, samples, ["y"])
+    specs = []
+    for i, (s, it) in enumerate(zip(samples, its)):
+        (tmp_path / f"in{i}.bin").write_bytes(s.feeds["x"].tobytes())  # what trtexec reads
+        y = it["y"].astype(np.float32)
+        (tmp_path / f"in{i}.json").write_text(json.dumps(  # trtexec --exportOutput
+            [{"name": "y", "dimensions": "1x4x8x8", "values": y.ravel().tolist()}]))
+        specs.append(f"x:{tmp_path / f'in{i}.bin'}")
+    loaded = load_samples("trtexec:" + ";".join(specs[::-1]), input_metadata(model))
+    assert [s.name for s in loaded] == ["in1.bin", "in0.bin"]
+    np.testing.assert_array_equal(loaded[1].feeds["x"], samples[0].feeds["x"])
+    report = diagnose(model, loaded, FP16, None, noise=False, layerwise=False,
+                      candidate_results=tmp_path / "*.json")
+    assert report.recording["notes"] == ["iterations matched to samples by file name"]
+    (out,) = report.recording["cross_check"]["outputs"]  # right pairs: recorded == emulated
+    assert out["recorded_rel_l2"] == pytest.approx(out["emulated_rel_l2"], rel=1e-3)
+    dynamic = transformer_block()  # x: [batch, 8, 16]: batch solved from the file size
+    (tmp_path / "t.bin").write_bytes(np.zeros((3, 8, 16), np.float32).tobytes())
+    (got,) = load_samples(f"trtexec:x:{tmp_path / 't.bin'}", input_metadata(dynamic))
+    assert got.feeds["x"].shape == (3, 8, 16)
+    with pytest.raises(DataFormatError, match="needs 768"):
+        load_samples(f"trtexec:x:{tmp_path / 't.bin'};shapes=x:1x3x8x8",
+                     input_metadata(model))

@@ -19,7 +19,12 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 1
                     "ref_max_abs", "cand_max_abs", "max_abs_err", "mean_abs_err", "rel_l2",
                     "cand_nan", "cand_inf", "ref_nonfinite", "overflow", "flush_to_zero",
                     "subnormal", "lost_to_zero", "headroom_bits"}]} | null,
-      "emulation": {...} | null, "timings_s": {stage: seconds}, "warnings": [str]
+      "emulation": {...} | null, "timings_s": {stage: seconds}, "warnings": [str],
+      "recording": null | {"statement", "source", "format", "runner", "engine",
+                  "tensorrt_version", "iterations", "tensors", "notes", "recorded_tensors",
+                  "matched_tensors", "missing": {tensor: reason}, "missing_by_reason",
+                  "unmatched", "cross_check": {"emulator", "fp32_nodes", "outputs", "layers",
+                  "worse_than_emulated"} | null}   (``analysis.recorded.recording_section``)
     }
 
 Non-finite floats are written as the strings "inf", "-inf", "nan" (JSON has no such numbers).
