@@ -110,8 +110,8 @@ def _render_recording(rec: dict, console: Console) -> None:
         worse = cc.get("worse_than_emulated") or []
         if worse:
             console.print(f"  {len(worse)} tensor(s) > 4x worse than the emulation, first "
-                          f"[bold]{escape(worse[0])}[/]: the engine did not compute what the "
-                          "plan asks there")
+                          f"[bold]{escape(worse[0])}[/]: not what the plan computes there "
+                          "(a fused region in lower precision, or weights changed)")
     if rec.get("missing"):
         kinds = ", ".join(f"{c} {escape(k)}" for k, c in rec["missing_by_reason"].items())
         console.print(f"  {len(rec['missing'])} ONNX tensor(s) not in the recording ({kinds})")
