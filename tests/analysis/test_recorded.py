@@ -230,3 +230,31 @@ def test_trtexec_load_inputs_binaries_are_samples_matched_to_export_output(tmp_p
     with pytest.raises(DataFormatError, match="needs 768"):
         load_samples(f"trtexec:x:{tmp_path / 't.bin'};shapes=x:1x3x8x8",
                      input_metadata(model))
+
+
+def test_candidate_log_gives_version_gpu_and_tf32_to_the_recording(tmp_path):
+    model, samples = conv_bn(), random_samples((1, 3, 8, 8), count=1)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    np.savez(tmp_path / "in.npz", x=samples[0].feeds["x"])
+    rec = write_run_results(tmp_path / "out.json",
+                            [("trt-runner-N0", emulated_tensors(model, samples, ["y"]))])
+    (tmp_path / "build.log").write_text(
+        "&&&& RUNNING TensorRT.trtexec [TensorRT v100300] # trtexec --onnx=m.onnx --fp16\n"
+        "[I] Selected Device: NVIDIA H200\n"
+        "[W] [TRT] Detected layernorm nodes in FP16: conv\n")
+    res = CliRunner().invoke(app, [
+        "diagnose", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "in.npz"),
+        "--candidate-results", str(rec), "--candidate-log", str(tmp_path / "build.log"),
+        "--json", str(tmp_path / "r.json"), "--no-noise", "--no-layerwise"])
+    assert res.exit_code == 1, res.output
+    recording = json.loads((tmp_path / "r.json").read_text())["recording"]
+    assert recording["tensorrt_version"] == "10.3.0" and recording["engine"] == "TensorRT"
+    assert recording["settings"]["gpu"] == "NVIDIA H200"
+    assert recording["settings"]["tf32"] is True  # trtexec without --noTF32
+    assert "GPU NVIDIA H200, FP16 on, TF32 on" in recording["statement"]
+    assert recording["settings"]["flagged"] == [
+        "line 3: Detected layernorm nodes in FP16: conv"]
+    res = CliRunner().invoke(app, ["diagnose", str(tmp_path / "m.onnx"), "--data",
+                                   str(tmp_path / "in.npz"), "--candidate-results", str(rec),
+                                   "--runner", "ort:cpu"])
+    assert res.exit_code == 2 and "drop --runner" in res.output

@@ -129,7 +129,9 @@ def recorded(recording: Recording, model: onnx.ModelProto,
         return RecordedRunner(recording.iterations, inputs,
                               [o.name for o in marked.graph.output], name)
 
-    return Candidate(name, factory, recorded=RecordedSource(recording, cross_check))
+    tf32 = recording.settings.get("tf32")  # from the build log: enables the TF32 root cause
+    return Candidate(name, factory, tf32=tf32 if isinstance(tf32, bool) else None,
+                     recorded=RecordedSource(recording, cross_check))
 
 
 def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,

@@ -111,6 +111,13 @@ def recording_section(candidate: Candidate, result: RecordedLayerwise,
     statement = (f"The candidate is a recording: outputs computed elsewhere by runner "
                  f"{rec.runner!r} ({version}), read from {rec.source}; the FP32 reference was "
                  "computed here on the same inputs.")
+    built = rec.settings
+    if built:
+        on = {True: "on", False: "off", None: "not stated"}
+        statement += (f" Build log: GPU {built.get('gpu') or 'not stated'}, FP16 "
+                      f"{on[built.get('fp16')]}, TF32 {on[built.get('tf32')]}, strongly typed "
+                      f"{on[built.get('strongly_typed')]}; {len(built.get('flagged', []))} "
+                      "flagged line(s).")
     kinds: dict[str, int] = {}
     for reason in result.missing.values():
         kind = reason.split(" (")[0]

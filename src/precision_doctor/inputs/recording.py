@@ -52,6 +52,8 @@ class Recording:
         iteration_names: File name of each iteration (trtexec/npz), for matching; else empty.
         runners_in_file: Every runner the file holds (Polygraphy).
         tensorrt_version: TensorRT version when known (from a build log), else None.
+        settings: Build settings from the engine's log (``gpu``, ``fp16``, ``tf32``,
+            ``strongly_typed``; ``audit.buildlog``), empty when no log was given.
         notes: What the loader decided (runner chosen, iterations dropped), for the report.
     """
 
@@ -63,6 +65,7 @@ class Recording:
     runners_in_file: tuple[str, ...] = ()
     tensorrt_version: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def engine(self) -> str:
@@ -87,7 +90,8 @@ class Recording:
         first = self.iterations[0] if self.iterations else {}
         return {"source": self.source, "format": self.format, "runner": self.runner,
                 "engine": self.engine, "runners_in_file": list(self.runners_in_file),
-                "tensorrt_version": self.tensorrt_version, "iterations": len(self.iterations),
+                "tensorrt_version": self.tensorrt_version, "settings": dict(self.settings),
+                "iterations": len(self.iterations),
                 "tensors": {k: {"dtype": str(v.dtype), "shape": list(v.shape)}
                             for k, v in first.items()},
                 "notes": list(self.notes)}
@@ -106,12 +110,14 @@ def split_runner(spec: str | os.PathLike) -> tuple[str, str | None]:
     return text, None
 
 
-def load_recording(spec: str | os.PathLike, tensorrt_version: str | None = None) -> Recording:
+def load_recording(spec: str | os.PathLike, tensorrt_version: str | None = None,
+                   settings: Mapping[str, Any] | None = None) -> Recording:
     """Load recorded engine results (see the module docstring for the formats).
 
     Args:
         spec: A file, folder or glob; ``file.json:RUNNER`` picks a Polygraphy runner.
         tensorrt_version: Version to record (e.g. from the build log).
+        settings: Build settings to record (from the build log).
 
     Returns:
         The ``Recording``.
@@ -145,8 +151,8 @@ def load_recording(spec: str | os.PathLike, tensorrt_version: str | None = None)
                               file=path_text)
     if not rec.iterations:
         raise DataFormatError(f"{path_text}: the recording holds no iterations", file=path_text)
-    if tensorrt_version:
-        rec = replace(rec, tensorrt_version=tensorrt_version)
+    if tensorrt_version or settings:
+        rec = replace(rec, tensorrt_version=tensorrt_version, settings=dict(settings or {}))
     return rec
 
 

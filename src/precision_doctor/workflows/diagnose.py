@@ -75,17 +75,21 @@ def build_plan(model: onnx.ModelProto, target: Precision, plan_path: Path | None
 
 
 def load_recorded(spec: str, log: Path | None) -> Recording:
-    """The recording at ``spec``, with the TensorRT version read from the build ``log``.
+    """The recording at ``spec``, with the TensorRT version and build settings (GPU, FP16,
+    TF32, strongly typed, flagged warnings) read from the build ``log``.
 
     Raises:
         InputError / DataFormatError: Unreadable recording or log.
     """
-    version = None
-    if log is not None:
-        from precision_doctor.audit.buildlog import read_build_log
+    if log is None:
+        return load_recording(spec)
+    from precision_doctor.audit.buildlog import read_build_log
 
-        version = read_build_log(log).tensorrt_version
-    return load_recording(spec, tensorrt_version=version)
+    build = read_build_log(log)
+    settings = {"log": str(log), "gpu": build.gpu, "fp16": build.fp16, "tf32": build.tf32,
+                "tf32_evidence": build.tf32_evidence, "strongly_typed": build.strongly_typed,
+                "flagged": [f"line {e.line}: {e.text[:200]}" for e in build.flagged()]}
+    return load_recording(spec, tensorrt_version=build.tensorrt_version, settings=settings)
 
 
 def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, target: str,
