@@ -54,7 +54,7 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((k, re.compile(p, re.I))
     ("precision-request", r"^LayerPrecisions:\s*(?P<names>\S.*)$"),
     ("layer-precision", r"Layer\((?P<type>\w+)\):\s*(?P<name>.+?),\s*Tactic:\s*[^,]+,"
                         r"\s*(?P<ins>.*?)\s*->\s*(?P<outs>.*)$"),
-    ("myelin-region", r"\{ForeignNode\[|Myelin"),
+    ("myelin-region", r"\{ForeignNode\[|\bMyelin\b"),
     ("io-dtype", r"(Input tensor:\s*(?P<in>\S+)\s*\(dtype=DataType\.(?P<indt>\w+)|^\{?\s*"
                  r"(?P<out>[^\s\[{]+) \[dtype=(?P<outdt>\w+), shape=)"),
     ("fp32-forced", r"\b(forc\w*|fall\w* back|keep\w*)\b.*\b(fp32|float32|DataType\.FLOAT)\b"),
@@ -272,7 +272,8 @@ def _entry(kind: str, hit: re.Match[str], number: int, sev: str | None, body: st
     elif kind == "myelin-region":
         region = re.search(r"\{ForeignNode\[[^\]]*\]\}", body)
         if region is None:
-            return None if "Myelin" not in body else LogEntry(number, kind, sev, body)
+            # only warnings about Myelin: verbose logs name it in many routine lines
+            return LogEntry(number, kind, sev, body) if sev == "W" else None
         parsed = parse_foreign_node(region.group(0))
         names = tuple(dict.fromkeys((*parsed[0], *parsed[1]))) if parsed else ()
         body = region.group(0)
