@@ -198,6 +198,9 @@ def test_real_polygraphy_trt_output_loads_as_a_recording(shared_dir):
     info = rec.describe()
     assert info["tensors"] == {"A-V-12-Add": {"dtype": "float32", "shape": [4, 10]},
                                "A-V-14-ArgMax": {"dtype": "int32", "shape": [4]}}
+    older = load_recording(path.parents[1] / "inspectExample_2022" / "model-output.log")
+    assert older.runner == "trt-runner-N0-08/17/22-06:39:35"  # a .log name: sniffed as JSON
+    assert older.describe()["tensors"] == {"tensor-15": {"dtype": "int32", "shape": [4]}}
 
 
 def test_trtexec_load_inputs_binaries_are_samples_matched_to_export_output(tmp_path):

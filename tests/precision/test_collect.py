@@ -52,7 +52,8 @@ def test_script_runs_the_exact_quoted_commands(tmp_path):
     assert deployed == ["polygraphy", "run", MODEL, "--trt", "--fp16",
                         "--trt-min-shapes", "x y:[1,3,32,32]", "--trt-opt-shapes",
                         "x y:[1,3,32,32]", "--trt-max-shapes", "x y:[2,3,64,48]",
-                        "--load-inputs", INPUTS, "--save-outputs",
+                        "--load-inputs", INPUTS, "--save-inputs",
+                        "res ults/original_fp16_notf32.inputs.json", "--save-outputs",
                         "res ults/original_fp16_notf32.json", "--verbose"]
     marked = next(v for v in got.values() if "mark" in v and FIXED in v and "--tf32" in v)
     assert marked[:5] == ["polygraphy", "run", FIXED, "--trt", "--strongly-typed"]

@@ -129,6 +129,8 @@ def load_recording(spec: str | os.PathLike, tensorrt_version: str | None = None,
     path_text, runner = split_runner(spec)
     files = _files(path_text)
     suffixes = {f.suffix.lower() for f in files}
+    if len(files) == 1 and suffixes - {".npz"}:
+        suffixes = {".json"}  # any name (e.g. Polygraphy's own samples save to *.log): sniffed
     if suffixes == {".npz"}:
         rec = _from_npz(path_text, files)
     elif suffixes == {".json"}:

@@ -5,8 +5,9 @@ deployments build it) and, when given, the fixed model (strongly typed: its Cast
 precision), each with TF32 off and on (TensorRT enables TF32 by default, Polygraphy does not:
 NVIDIA/TensorRT #4052, #4492):
 
-1. ``polygraphy run --trt --load-inputs INPUTS --save-outputs`` on the engine as deployed, with
-   ``--verbose`` into a build log (settings, version, LayerNorm warnings: ``audit``);
+1. ``polygraphy run --trt --load-inputs INPUTS --save-inputs --save-outputs`` on the engine as
+   deployed (the inputs it saw are saved beside its outputs), with ``--verbose`` into a build
+   log (settings, version, LayerNorm warnings: ``audit``);
 2. the same with ``--trt-outputs mark all`` for the layerwise comparison. Marking every tensor
    blocks fusions, so that engine is not quite the deployed one (NVIDIA/TensorRT #2571,
    #4647): both recordings are kept and both can be analysed;
@@ -148,7 +149,8 @@ def _run(path: str, original: str, tag: str, typed: str, tf32: bool, inputs: str
                    for k in ("min", "opt", "max")] if ranges else []
     base = [["polygraphy", "run", path, "--trt"], poly_typed, ["--tf32"] if tf32 else [],
             *poly_shapes, ["--load-inputs", inputs]]
-    deployed = _shell([*base, ["--save-outputs", out(".json"), "--verbose"]]) + \
+    deployed = _shell([*base, ["--save-inputs", out(".inputs.json")],
+                       ["--save-outputs", out(".json"), "--verbose"]]) + \
         f" > {shlex.quote(out('.log'))} 2>&1"
     marked = _shell([*base, ["--trt-outputs", "mark", "all"],
                      ["--save-outputs", out(".marked.json")]])
