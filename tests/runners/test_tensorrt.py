@@ -54,6 +54,10 @@ def test_missing_tensorrt_names_the_extra(monkeypatch):
         runner.__enter__()
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt())
     monkeypatch.setitem(sys.modules, "polygraphy.backend.trt", None)
+    if importlib.util.find_spec("polygraphy") is not None:  # an earlier import set the attr
+        import polygraphy.backend
+
+        monkeypatch.delattr(polygraphy.backend, "trt", raising=False)
     with pytest.raises(BackendUnavailable, match="Polygraphy is not installed"):
         adapter.load_backend()
 
