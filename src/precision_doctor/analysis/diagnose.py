@@ -59,7 +59,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
              layerwise: bool = True, noise: bool = True, measure_impact: bool = True,
              budget_bytes: int = 1 << 30, model_path: str | None = None,
              progress: Progress | None = None,
-             candidate_results: str | Path | Recording | None = None) -> DiagnosisReport:
+             candidate_results: str | Path | Recording | None = None,
+             candidate_log: str | Path | None = None) -> DiagnosisReport:
     """Diagnose ``model`` in ``target`` precision on ``samples``.
 
     Args:
@@ -80,6 +81,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
             ``--save-outputs`` JSON ``[:RUNNER]``, trtexec ``--exportOutput`` JSON, ``.npz``), or
             a ``Recording``: they replace ``candidate``, matched to ``samples`` in order (the
             emulator of ``candidate.plan``, else of ``target``, is the cross-check).
+        candidate_log: The recorded engine's trtexec/Polygraphy ``--verbose`` build log:
+            TensorRT version, GPU, FP16/TF32/strongly typed settings for the report.
 
     Returns:
         ``DiagnosisReport``.
@@ -93,7 +96,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         raise ValueError("diagnose needs at least one sample")
     if candidate_results is not None:
         candidate = recorded_candidate(candidate_results, model, [s.name for s in samples],
-                                       target, candidate.plan if candidate else None)
+                                       target, candidate.plan if candidate else None,
+                                       candidate_log)
     if candidate is None:
         raise ValueError("diagnose needs a candidate or candidate_results")
     timings: dict[str, float] = {}

@@ -21,15 +21,33 @@ from precision_doctor.analysis.layerwise_recorded import (
     compare_recorded,
     cross_check_table,
 )
+from precision_doctor.audit.buildlog import read_build_log
 from precision_doctor.errors import InputError
 from precision_doctor.formats import Precision
 from precision_doctor.inputs.recording import Recording, load_recording, match_samples
 from precision_doctor.precision.plan import PrecisionPlan
 
 
+def load_recorded(spec: str | os.PathLike, log: str | os.PathLike | None = None) -> Recording:
+    """The recording at ``spec``, with the TensorRT version and build settings (GPU, FP16,
+    TF32, strongly typed, flagged warnings) read from the engine's build ``log``.
+
+    Raises:
+        InputError / DataFormatError: Unreadable recording or log.
+    """
+    if log is None:
+        return load_recording(spec)
+    build = read_build_log(log)
+    settings = {"log": str(log), "gpu": build.gpu, "fp16": build.fp16, "tf32": build.tf32,
+                "tf32_evidence": build.tf32_evidence, "strongly_typed": build.strongly_typed,
+                "flagged": [f"line {e.line}: {e.text[:200]}" for e in build.flagged()]}
+    return load_recording(spec, tensorrt_version=build.tensorrt_version, settings=settings)
+
+
 def recorded_candidate(results: str | os.PathLike | Recording, model: onnx.ModelProto,
                        sample_names: Sequence[str], target: Precision,
-                       cross_check: PrecisionPlan | None = None) -> Candidate:
+                       cross_check: PrecisionPlan | None = None,
+                       log: str | os.PathLike | None = None) -> Candidate:
     """The candidate replaying ``results``, matched to the samples.
 
     Args:
@@ -38,12 +56,13 @@ def recorded_candidate(results: str | os.PathLike | Recording, model: onnx.Model
         sample_names: Names of the ``--data`` samples, in order.
         target: Precision of the cross-check emulation (default plan: all nodes in it).
         cross_check: Emulator plan for the cross-check (default ``PrecisionPlan(target)``).
+        log: The engine's build log (``audit.buildlog``): version and settings.
 
     Raises:
         InputError: Too few iterations, or a graph output is not in the recording.
         DataFormatError: Unreadable recording.
     """
-    rec = results if isinstance(results, Recording) else load_recording(results)
+    rec = results if isinstance(results, Recording) else load_recorded(results, log)
     rec = match_samples(rec, sample_names)
     have = set(rec.tensor_names())
     absent = [o.name for o in model.graph.output if o.name not in have]

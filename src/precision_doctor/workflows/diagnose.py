@@ -18,7 +18,6 @@ from precision_doctor.errors import InputError
 from precision_doctor.formats import Precision
 from precision_doctor.graph.load import input_metadata, load_model
 from precision_doctor.inputs import load_samples
-from precision_doctor.inputs.recording import Recording, load_recording
 from precision_doctor.precision.plan import PrecisionPlan, select_nodes
 from precision_doctor.report.files import check_writable, write_json, write_text_atomic
 from precision_doctor.report.progress import progress_bar
@@ -74,24 +73,6 @@ def build_plan(model: onnx.ModelProto, target: Precision, plan_path: Path | None
     return plan
 
 
-def load_recorded(spec: str, log: Path | None) -> Recording:
-    """The recording at ``spec``, with the TensorRT version and build settings (GPU, FP16,
-    TF32, strongly typed, flagged warnings) read from the build ``log``.
-
-    Raises:
-        InputError / DataFormatError: Unreadable recording or log.
-    """
-    if log is None:
-        return load_recording(spec)
-    from precision_doctor.audit.buildlog import read_build_log
-
-    build = read_build_log(log)
-    settings = {"log": str(log), "gpu": build.gpu, "fp16": build.fp16, "tf32": build.tf32,
-                "tf32_evidence": build.tf32_evidence, "strongly_typed": build.strongly_typed,
-                "flagged": [f"line {e.line}: {e.text[:200]}" for e in build.flagged()]}
-    return load_recording(spec, tensorrt_version=build.tensorrt_version, settings=settings)
-
-
 def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, target: str,
                  runner: str, candidate_model: Path | None, plan_path: Path | None,
                  keep: Sequence[str], tolerances: Sequence[str], max_samples: int | None,
@@ -119,12 +100,12 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
                          "model (the emulator of --target/--plan/--keep is the cross-check)")
     if candidate_log and not candidate_results:
         raise InputError("--candidate-log goes with --candidate-results")
-    recorded = load_recorded(candidate_results, candidate_log) if candidate_results else None
     with progress_bar(console, enabled=not quiet and console.is_terminal) as progress:
         report = diagnose(model, samples, precision, candidate,
                           parse_tolerances(tolerances, precision), layerwise=layerwise,
                           noise=noise, budget_bytes=budget_bytes, model_path=str(model_path),
-                          progress=progress, candidate_results=recorded)
+                          progress=progress, candidate_results=candidate_results,
+                          candidate_log=candidate_log)
     if quiet:
         console.print(f"{report.verdict.upper()}: {model_path} in {report.target.upper()}",
                       markup=False)
