@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from precision_doctor.cli import app
 from precision_doctor.errors import PlanError
 from precision_doctor.inputs.polygraphy import read_polygraphy_inputs
-from precision_doctor.precision.collect import CollectRecipe, build_collect
+from precision_doctor.report.collect import CollectRecipe, build_collect
 
 BASH = shutil.which("bash")
 MODEL, FIXED, INPUTS = "my models/det v1.onnx", "fixed;rm -rf x.onnx", "in puts.json"

@@ -1,5 +1,5 @@
 """The ``recipe collect`` workflow: save the real inputs, write the commands for the TensorRT
-machine (``precision.collect``) as a script and a Markdown page, and print them."""
+machine (``report.collect``) as a script and a Markdown page, and print them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from precision_doctor.formats import Precision
 from precision_doctor.graph.load import input_metadata, load_model
 from precision_doctor.inputs import load_samples
 from precision_doctor.inputs.polygraphy import read_polygraphy_inputs, save_polygraphy_inputs
-from precision_doctor.precision.collect import CollectRecipe, build_collect
+from precision_doctor.report.collect import CollectRecipe, build_collect
 from precision_doctor.report.files import check_writable, write_text_atomic
 
 
