@@ -54,7 +54,8 @@ def diagnose(
                                "compare two FP32 engines)"),
     runner: str = typer.Option("emulate", "--runner", "-r", help="emulate, emulate-fused (BN "
                                "folded, LayerNorm fused, as engines run it), or an ONNX Runtime "
-                               "spec: ort:cuda,tf32=0 | ort:tensorrt,fp16=1 | ort:cpu"),
+                               "spec: ort:cuda,tf32=0 | ort:tensorrt,fp16=1 | ort:cpu, or "
+                               "TensorRT via Polygraphy: trt:tf32=0 (untested here)"),
     candidate_model: Optional[Path] = typer.Option(None, "--candidate-model", help="For ort "
                                                    "runners: run this model (e.g. the output "
                                                    "of fix) instead of MODEL"),
@@ -64,6 +65,13 @@ def diagnose(
                                    "(repeatable)"),
     tolerance: List[str] = typer.Option([], "--tolerance", help="rel_l2=1e-2,atol=..,rtol=..,"
                                         "statistic=p99 ; prefix OUTPUT: for one output"),
+    candidate_results: Optional[str] = typer.Option(
+        None, "--candidate-results", help="Outputs recorded on the engine (e.g. a TensorRT "
+        "machine) as the candidate: Polygraphy --save-outputs JSON[:RUNNER], trtexec "
+        "--exportOutput JSON (file/folder), or .npz per sample; --data must be the same inputs"),
+    candidate_log: Optional[Path] = typer.Option(
+        None, "--candidate-log", help="The engine's build log (trtexec/Polygraphy --verbose): "
+        "TensorRT version and GPU for the recording"),
     max_samples: Optional[int] = typer.Option(None, "--max-samples", help="Use at most N "
                                               "samples"),
     layerwise: bool = typer.Option(True, "--layerwise/--no-layerwise", help="Compare every "
@@ -86,7 +94,8 @@ def diagnose(
             candidate_model=candidate_model, plan_path=plan, keep=keep, tolerances=tolerance,
             max_samples=max_samples, layerwise=layerwise, noise=noise,
             budget_bytes=budget_mb << 20, json_path=json_path, html_path=html_path,
-            force=force, console=console, quiet=quiet, verbose=verbose)
+            force=force, console=console, quiet=quiet, verbose=verbose,
+            candidate_results=candidate_results, candidate_log=candidate_log)
     except PrecisionDoctorError as exc:
         _fail(exc)
     raise typer.Exit(0 if report.passed else 1)
@@ -146,7 +155,10 @@ def fix_command(
 @app.command()
 def audit(
     layer_info: Path = typer.Argument(..., help="TensorRT layer information JSON "
-                                      "(trtexec --exportLayerInfo / IEngineInspector)"),
+                                      "(trtexec --exportLayerInfo / IEngineInspector), or a "
+                                      "trtexec/Polygraphy --verbose build log"),
+    log: Optional[Path] = typer.Option(None, "--log", help="The engine's trtexec/Polygraphy "
+                                       "--verbose build log, read beside the layer info"),
     profile: Optional[Path] = typer.Option(None, "--profile", help="trtexec --exportProfile "
                                            "JSON for time shares"),
     onnx_model: Optional[Path] = typer.Option(None, "--onnx", help="The ONNX model the engine "
@@ -165,9 +177,12 @@ def audit(
     """Audit a built TensorRT engine: the precision each layer ran in, mapped to ONNX nodes."""
     from precision_doctor.api import audit as audit_engine_build
     from precision_doctor.audit import audit_engine, compare_builds
+    from precision_doctor.audit.buildlog import is_build_log
     from precision_doctor.audit.render import render_audit, render_build_diff
     from precision_doctor.report.files import check_writable, write_json
 
+    if layer_info.is_file() and is_build_log(layer_info):
+        _audit_log(layer_info, onnx_model, json_path, force)
     try:
         check_writable([json_path], force)
         model = load_model(onnx_model) if onnx_model else None
@@ -180,12 +195,38 @@ def audit(
             diff = compare_builds(report, other)
             render_build_diff(diff, console)
             data["compare"] = diff.to_dict()
+        if log:
+            from precision_doctor.audit.buildlog import link_to_audit, read_build_log
+            from precision_doctor.audit.logrender import render_build_log
+
+            build = read_build_log(log, model)
+            links = link_to_audit(build, report)
+            render_build_log(build, console, links)
+            data["build_log"] = {**build.to_dict(), "links": links}
         if json_path:
             write_json(json_path, data, force)
     except PrecisionDoctorError as exc:
         _fail(exc)
     flagged = any(f.kind == "fp32-not-honored" for f in report.findings)
     raise typer.Exit(1 if flagged else 0)
+
+
+def _audit_log(path: Path, onnx_model: Optional[Path], json_path: Optional[Path],
+               force: bool) -> None:
+    """``audit BUILD.log``: the log's precision lines; exit 1 when some are flagged."""
+    from precision_doctor.audit.buildlog import read_build_log
+    from precision_doctor.audit.logrender import render_build_log
+    from precision_doctor.report.files import check_writable, write_json
+
+    try:
+        check_writable([json_path], force)
+        build = read_build_log(path, load_model(onnx_model) if onnx_model else None)
+        render_build_log(build, console)
+        if json_path:
+            write_json(json_path, {"build_log": build.to_dict()}, force)
+    except PrecisionDoctorError as exc:
+        _fail(exc)
+    raise typer.Exit(1 if build.flagged() else 0)
 
 
 @app.command("inputs")
@@ -239,6 +280,35 @@ def demo(
     except PrecisionDoctorError as exc:
         _fail(exc)
     raise typer.Exit(rc)
+
+
+recipe_app = typer.Typer(no_args_is_help=True, help="Ready-to-run command recipes.")
+app.add_typer(recipe_app, name="recipe")
+
+
+@recipe_app.command("collect")
+def recipe_collect(
+    model: Path = typer.Argument(..., help="The original FP32 ONNX model."),
+    data: str = typer.Option(..., "--data", "-d", help="The real inputs (as for diagnose); "
+                             "saved as Polygraphy inputs JSON unless they already are"),
+    preprocess: Optional[str] = typer.Option(None, "--preprocess", "-p",
+                                             help="Image preprocessing (as for diagnose)"),
+    fixed: Optional[Path] = typer.Option(None, "--fixed", help="The fixed model from fix "
+                                         "(recorded strongly typed too)"),
+    out: Path = typer.Option(Path("trt-collect"), "--out", "-o", help="Folder for inputs.json,"
+                             " collect.sh and COLLECT.md; results go to OUT/results"),
+    target: str = typer.Option("fp16", "--target", "-t", help="fp16 or bf16"),
+    max_samples: Optional[int] = typer.Option(None, "--max-samples"),
+    force: bool = typer.Option(False, "--force", help="Overwrite files of a previous run"),
+) -> None:
+    """Commands to record engine results on a TensorRT machine, and to analyse them here."""
+    from precision_doctor.workflows.collect import run_collect
+
+    try:
+        run_collect(model, data=data, preprocess=preprocess, fixed=fixed, out=out,
+                    target=target, max_samples=max_samples, force=force, console=console)
+    except PrecisionDoctorError as exc:
+        _fail(exc)
 
 
 def run() -> None:  # pragma: no cover - console entry point helper

@@ -7,19 +7,23 @@ different marked outputs. ``candidate_from_spec`` maps the CLI's ``--runner`` te
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
 
 from precision_doctor.analysis.layerwise import RunnerFactory
 from precision_doctor.errors import BackendError
+from precision_doctor.graph.load import input_metadata
 from precision_doctor.graph.outputs import mark_outputs
+from precision_doctor.inputs.recording import Recording
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.base import Runner
 from precision_doctor.runners.emulator import EmulatorRunner
 from precision_doctor.runners.ort import OrtRunner, resolve_provider
 from precision_doctor.runners.ort_options import ort_providers
+from precision_doctor.runners.recorded import RecordedRunner
+from precision_doctor.runners.tensorrt import TensorRTRunner
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,21 @@ class Candidate:
     factory: RunnerFactory
     plan: PrecisionPlan | None = None
     tf32: bool | None = None
+    recorded: RecordedSource | None = None
+
+
+@dataclass(frozen=True)
+class RecordedSource:
+    """A candidate whose outputs were recorded elsewhere (``Candidate.recorded``).
+
+    Attributes:
+        recording: The recording, one iteration per sample (``match_samples``).
+        cross_check: The plan the emulator runs for the emulated-vs-recorded side-by-side
+            (None: no cross-check).
+    """
+
+    recording: Recording
+    cross_check: PrecisionPlan | None = None
 
 
 def emulated(plan: PrecisionPlan) -> Candidate:
@@ -94,6 +113,25 @@ def reference_factory(model: onnx.ModelProto) -> OrtRunner:
     return OrtRunner(model, ("cpu",), name="ort-cpu")
 
 
+def recorded(recording: Recording, model: onnx.ModelProto,
+             cross_check: PrecisionPlan | None = None) -> Candidate:
+    """Outputs recorded on another machine (``inputs.recording``) as the candidate.
+
+    Args:
+        recording: Matched to the samples (``match_samples``): iteration i is sample i.
+        model: The diagnosed model (for input metadata).
+        cross_check: Emulator plan to compare against the recording, tensor by tensor.
+    """
+    name = f"recorded {recording.runner}"
+    inputs = input_metadata(model)
+
+    def factory(marked: onnx.ModelProto) -> RecordedRunner:
+        return RecordedRunner(recording.iterations, inputs,
+                              [o.name for o in marked.graph.output], name)
+
+    tf32 = recording.settings.get("tf32")  # from the build log: enables the TF32 root cause
+    return Candidate(name, factory, tf32=tf32 if isinstance(tf32, bool) else None,
+                     recorded=RecordedSource(recording, cross_check))
 
 
 def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,
@@ -103,10 +141,11 @@ def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,
     Args:
         spec: ``emulate``, ``emulate-fused`` (the model after BatchNorm folding and LayerNorm
             fusion, as engines run it) or an ONNX Runtime spec such as ``ort:cuda,tf32=0``
-            (see ``precision_doctor.runners.ort_options``).
+            (see ``precision_doctor.runners.ort_options``), or ``trt[:tf32=1,...]``
+            (TensorRT via Polygraphy, ``runners.tensorrt``; untested with real TensorRT).
         plan: The precision plan (used by the emulators).
         model: The diagnosed model.
-        candidate_model: For ``ort`` runners, run this model (e.g. the FP16 model written by
+        candidate_model: For ``ort``/``trt`` runners, run this model (e.g. the FP16 model written by
             ``fix``) instead of the diagnosed one.
 
     Raises:
@@ -121,9 +160,47 @@ def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,
     if text.startswith("ort"):
         providers, options = ort_providers(text)
         return onnxruntime(providers, options, candidate_model, name=text.replace(",", " "))
-    raise BackendError(f"unknown runner {spec!r}: use 'emulate', 'emulate-fused' or "
-                       "'ort:<provider>[,options]' "
-                       "(e.g. ort:cuda,tf32=0)", runner=spec)
+    if text == "trt" or text.startswith("trt:"):
+        return tensorrt(trt_options(text), candidate_model, name=text.replace(",", " "))
+    raise BackendError(f"unknown runner {spec!r}: use 'emulate', 'emulate-fused', "
+                       "'ort:<provider>[,options]' (e.g. ort:cuda,tf32=0) or "
+                       "'trt[:tf32=0,fp16=0,strongly_typed=1]'", runner=spec)
+
+
+def tensorrt(options: Mapping[str, Any], model: onnx.ModelProto | None = None,
+             name: str = "trt") -> Candidate:
+    """TensorRT built by Polygraphy (``runners.tensorrt``; UNTESTED with real TensorRT).
+
+    Args:
+        options: ``TensorRTRunner`` keywords (``tf32``, ``fp16``, ``strongly_typed``).
+        model: Run this model (e.g. an FP16 model from ``fix``) with the diagnosed model's
+            marked tensors; default the diagnosed model.
+        name: Label in reports.
+    """
+    def factory(marked: onnx.ModelProto) -> TensorRTRunner:
+        target = marked if model is None else mark_outputs(
+            model, [o.name for o in marked.graph.output])
+        return TensorRTRunner(target, name=name, **options)
+
+    return Candidate(name, factory, tf32=bool(options.get("tf32", False)))
+
+
+def trt_options(spec: str) -> dict[str, Any]:
+    """``trt[:tf32=1,fp16=1,strongly_typed=0]`` -> ``TensorRTRunner`` keyword arguments.
+
+    Raises:
+        BackendError: Unknown key or a value that is not 0/1/true/false.
+    """
+    _, _, rest = spec.partition(":")
+    out: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, _, value = item.partition("=")
+        if key not in ("tf32", "fp16", "strongly_typed") or value.lower() not in (
+                "0", "1", "true", "false"):
+            raise BackendError(f"bad TensorRT option {item!r} in {spec!r}: use tf32=0|1, "
+                               "fp16=0|1, strongly_typed=0|1", runner=spec)
+        out[key] = value.lower() in ("1", "true")
+    return out
 
 
 def float32_outputs(result: Mapping[str, np.ndarray], names: Sequence[str]

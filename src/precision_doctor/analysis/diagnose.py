@@ -24,6 +24,12 @@ from precision_doctor.analysis.diagnosis import DiagnosisReport, OutputResult
 from precision_doctor.analysis.hazards import scan_hazards
 from precision_doctor.analysis.layerwise import compare_layerwise
 from precision_doctor.analysis.noise import measure_noise_floor
+from precision_doctor.analysis.recorded import (
+    check_recorded_outputs,
+    recorded_candidate,
+    recorded_layerwise,
+    recording_section,
+)
 from precision_doctor.analysis.rootcause import build_findings, rank_findings
 from precision_doctor.compare.metrics import compute_metrics, relative_l2
 from precision_doctor.compare.tolerance import (
@@ -36,6 +42,7 @@ from precision_doctor.errors import ReferenceError_
 from precision_doctor.formats import Precision
 from precision_doctor.graph.load import opset_of
 from precision_doctor.graph.outputs import producer_inputs
+from precision_doctor.inputs.recording import Recording
 
 Progress = Callable[[str, int, int], None]
 NOISE_MULTIPLE_OK = 2.0  # an error within 2x the FP32 noise floor is not a precision finding
@@ -50,17 +57,21 @@ class SampleLike(Protocol):
 
 
 def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Precision,
-             candidate: Candidate, tolerances: Tolerance | Mapping[str, Tolerance] | None = None,
+             candidate: Candidate | None,
+             tolerances: Tolerance | Mapping[str, Tolerance] | None = None,
              layerwise: bool = True, noise: bool = True, measure_impact: bool = True,
              budget_bytes: int = 1 << 30, model_path: str | None = None,
-             progress: Progress | None = None) -> DiagnosisReport:
+             progress: Progress | None = None,
+             candidate_results: str | Path | Recording | None = None,
+             candidate_log: str | Path | None = None) -> DiagnosisReport:
     """Diagnose ``model`` in ``target`` precision on ``samples``.
 
     Args:
         model: FP32 model (nodes named, e.g. by ``load_model``).
         samples: Inputs (``.name``, ``.feeds``); every evaluation uses all of them.
         target: Precision whose range/rounding is checked (FP16 max 65504 etc.).
-        candidate: The runner under test (``emulated(plan)`` or ``onnxruntime(...)``).
+        candidate: The runner under test (``emulated(plan)`` or ``onnxruntime(...)``); may be
+            None when ``candidate_results`` is given.
         tolerances: One tolerance, or per output name; default ``default_tolerance(target)``.
         layerwise: Compare every intermediate tensor.
         noise: Measure the FP32 noise floor.
@@ -69,6 +80,12 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         budget_bytes: Memory budget of one layerwise chunk.
         model_path: Recorded in the report.
         progress: ``progress(stage, done, total)``.
+        candidate_results: Outputs recorded elsewhere (``inputs.recording``: Polygraphy
+            ``--save-outputs`` JSON ``[:RUNNER]``, trtexec ``--exportOutput`` JSON, ``.npz``), or
+            a ``Recording``: they replace ``candidate``, matched to ``samples`` in order (the
+            emulator of ``candidate.plan``, else of ``target``, is the cross-check).
+        candidate_log: The recorded engine's trtexec/Polygraphy ``--verbose`` build log:
+            TensorRT version, GPU, FP16/TF32/strongly typed settings for the report.
 
     Returns:
         ``DiagnosisReport``.
@@ -80,6 +97,12 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
     """
     if not samples:
         raise ValueError("diagnose needs at least one sample")
+    if candidate_results is not None:
+        candidate = recorded_candidate(candidate_results, model, [s.name for s in samples],
+                                       target, candidate.plan if candidate else None,
+                                       candidate_log)
+    if candidate is None:
+        raise ValueError("diagnose needs a candidate or candidate_results")
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     out_names = [o.name for o in model.graph.output]
@@ -96,6 +119,9 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
     t0 = time.perf_counter()
     cand = run_samples(candidate.factory(model), samples, out_names, "candidate", progress)
     timings["candidate"] = time.perf_counter() - t0
+    if candidate.recorded is not None:
+        check_recorded_outputs(ref, cand, [s.name for s in samples],
+                               candidate.recorded.recording.source)
 
     t0 = time.perf_counter()
     floor = measure_noise_floor(model, [s.feeds for s in samples], ref) if noise else None
@@ -121,7 +147,17 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
 
     default_tol = _tolerance_for(out_names[0], tolerances, target)
     lw = None
-    if layerwise:
+    recording = None
+    if candidate.recorded is not None:
+        t0 = time.perf_counter()
+        rl = recorded_layerwise(
+            model, [s.feeds for s in samples], candidate, target,
+            _layer_threshold(default_tol, target), budget_bytes, layerwise,
+            progress=(lambda d, t: progress("layerwise", d, t)) if progress else None)
+        lw = rl.recorded if layerwise else None
+        recording = recording_section(candidate, rl, {o.name: o.metrics.rel_l2 for o in outputs})
+        timings["layerwise"] = time.perf_counter() - t0
+    elif layerwise:
         t0 = time.perf_counter()
         lw = compare_layerwise(
             model, [dict(s.feeds) for s in samples], reference_factory, candidate.factory,
@@ -152,7 +188,12 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
                       for s in samples),
         outputs=tuple(outputs), findings=tuple(findings), hazards=tuple(hazards), layerwise=lw,
         noise=floor, emulation=_emulation_info(candidate, model),
-        timings_s={k: round(v, 3) for k, v in timings.items()})
+        timings_s={k: round(v, 3) for k, v in timings.items()}, recording=recording)
+
+
+def _layer_threshold(tol: Tolerance, target: Precision) -> float:
+    """rel L2 above which a tensor counts as diverged: the output tolerance, or the default."""
+    return float(tol.rel_l2 or default_tolerance(target).rel_l2 or 1e-2)
 
 
 def _tolerance_for(name: str, tolerances, target: Precision) -> Tolerance:

@@ -19,7 +19,12 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 1
                     "ref_max_abs", "cand_max_abs", "max_abs_err", "mean_abs_err", "rel_l2",
                     "cand_nan", "cand_inf", "ref_nonfinite", "overflow", "flush_to_zero",
                     "subnormal", "lost_to_zero", "headroom_bits"}]} | null,
-      "emulation": {...} | null, "timings_s": {stage: seconds}, "warnings": [str]
+      "emulation": {...} | null, "timings_s": {stage: seconds}, "warnings": [str],
+      "recording": null | {"statement", "source", "format", "runner", "engine",
+                  "tensorrt_version", "iterations", "tensors", "notes", "recorded_tensors",
+                  "matched_tensors", "missing": {tensor: reason}, "missing_by_reason",
+                  "unmatched", "cross_check": {"emulator", "fp32_nodes", "outputs", "layers",
+                  "worse_than_emulated"} | null}   (``analysis.recorded.recording_section``)
     }
 
 Non-finite floats are written as the strings "inf", "-inf", "nan" (JSON has no such numbers).
@@ -101,6 +106,7 @@ class DiagnosisReport:
     timings_s: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     tool_version: str = __version__
+    recording: dict | None = None  # recorded candidate: runner, version, cross-check
 
     @property
     def passed(self) -> bool:
@@ -119,6 +125,7 @@ class DiagnosisReport:
             "layerwise": self.layerwise.to_dict() if self.layerwise else None,
             "emulation": self.emulation, "timings_s": dict(self.timings_s),
             "warnings": list(self.warnings),
+            "recording": self.recording,
         }
 
     @classmethod
@@ -141,4 +148,4 @@ class DiagnosisReport:
             LayerwiseResult.from_dict(d["layerwise"]) if d.get("layerwise") else None,
             NoiseFloor.from_dict(d["noise"]) if d.get("noise") else None,
             d.get("emulation"), dict(d.get("timings_s", {})), tuple(d.get("warnings", ())),
-            d.get("tool_version", __version__))
+            d.get("tool_version", __version__), recording=d.get("recording"))

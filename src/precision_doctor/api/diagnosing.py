@@ -25,6 +25,7 @@ from precision_doctor.api.options import (
     progress_reporter,
 )
 from precision_doctor.api.results import Diagnosis, convert
+from precision_doctor.errors import InputError
 from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import json_float
 from precision_doctor.precision.plan import PrecisionPlan
@@ -38,7 +39,8 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
              plan: PrecisionPlan | str | os.PathLike | None = None,
              candidate_model: ModelLike | None = None, max_samples: int | None = None,
              budget_mb: int = 2048, progress: Progress | None = None,
-             quiet: bool = False) -> Diagnosis:
+             quiet: bool = False, candidate_results: str | os.PathLike | None = None,
+             candidate_log: str | os.PathLike | None = None) -> Diagnosis:
     """Run ``model`` in reduced precision next to its FP32 reference and explain the difference.
 
     The reference is ONNX Runtime CPU in FP32. The candidate is, by default, a CPU emulation
@@ -82,6 +84,12 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         progress: ``progress(stage, done, total)`` callback; default: a rich bar on stderr
             when it is a terminal, nothing otherwise.
         quiet: No progress output at all (the library never prints results).
+        candidate_results: Outputs recorded on the deployed engine instead of a live
+            candidate: Polygraphy ``--save-outputs`` JSON (``"out.json:RUNNER"`` picks a
+            runner), trtexec ``--exportOutput`` JSON, or ``.npz`` per sample; iteration i is
+            sample i. The emulator of ``target``/``plan``/``keep`` becomes the cross-check.
+        candidate_log: That engine's trtexec/Polygraphy ``--verbose`` build log (TensorRT
+            version, GPU, FP16/TF32/strongly typed settings), with ``candidate_results``.
 
     Returns:
         :class:`Diagnosis`: ``verdict`` (``"pass"``/``"fail"``), ``outputs`` (metrics per
@@ -108,12 +116,24 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
     emulated_plan = build_plan(proto, precision, plan, keep)
     other = as_model(candidate_model)[0] if candidate_model is not None else None
     candidate = candidate_from_spec(runner, emulated_plan, proto, other)
+    if candidate_results is not None and (runner != "emulate" or candidate_model is not None):
+        raise InputError("candidate_results is the candidate: drop runner/candidate_model (the "
+                         "emulator of target/plan/keep is the cross-check)")
+    if candidate_log is not None and candidate_results is None:
+        raise InputError("candidate_log goes with candidate_results")
+    if candidate_results is not None and metric:
+        raise InputError("a task metric on recorded results is not supported yet: score the "
+                         "recording with `diagnose` alone, or run the metric live")
     objective = build_objective(None, metric, threshold, precision) if metric else None
     with progress_reporter(progress, quiet) as callback:
         report = diagnose_model(proto, samples, precision, candidate,
                                 parse_tolerances(tolerance, precision), layerwise=layerwise,
                                 noise=noise, budget_bytes=budget_mb << 20, model_path=path,
-                                progress=callback)
+                                progress=callback,
+                                candidate_results=(str(candidate_results)
+                                                   if candidate_results is not None else None),
+                                candidate_log=(str(candidate_log)
+                                               if candidate_log is not None else None))
         task = (task_score(proto, samples, candidate, objective, callback)
                 if objective is not None else None)
     return convert(Diagnosis, report, task=task)

@@ -113,7 +113,8 @@ class Fix:
             write_text_atomic(path, text, force)
         return text
 
-    def save(self, path: str | os.PathLike, *, force: bool = False) -> dict[str, Path]:
+    def save(self, path: str | os.PathLike, *, force: bool = False,
+             extra_recipes: str = "") -> dict[str, Path]:
         """Write the fixed model to ``path`` and, next to it, ``*.plan.json``,
         ``*.recipes.md`` (trtexec, Polygraphy and ONNX Runtime commands), ``*.report.json``
         and ``*.rewritten-fp32.onnx``. Every file is written atomically; all are checked
@@ -122,6 +123,8 @@ class Fix:
         Args:
             path: The ``.onnx`` file to write.
             force: Overwrite existing files.
+            extra_recipes: Markdown appended to ``*.recipes.md`` (the CLI adds the TensorRT
+                collect section, which needs the ``--data`` text).
 
         Returns:
             What was written: ``{"model", "plan", "recipes", "report", "rewritten"}`` -> path.
@@ -141,7 +144,7 @@ class Fix:
         check_writable([output, *side.values()], force)
         report = dict(self.report)
         report["model"] = {"input": source, "output": str(output)}
-        recipes_md = self._recipes(report, output, side)
+        recipes_md = self._recipes(report, output, side) + extra_recipes
         write_bytes_atomic(output, self.model.SerializeToString(), force)
         write_bytes_atomic(side["rewritten"], self.rewritten.SerializeToString(), force)
         write_text_atomic(side["plan"], dumps(self.plan.to_dict()), force)

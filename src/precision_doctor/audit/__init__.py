@@ -8,8 +8,10 @@ precision-converting reformats, and compare two builds of the same model.
                           expect_fp32=["*LayerNorm*"])
     render_audit(report, rich.console.Console())   # from precision_doctor.audit.render
     diff = compare_builds(report_fp32, report_fp16)
+    log = read_build_log("build.log", onnx_model="model.onnx")  # trtexec/Polygraphy --verbose
 """
 
+from precision_doctor.audit.buildlog import BuildLog, LogEntry, link_to_audit, read_build_log
 from precision_doctor.audit.diff import BuildDiff, LayerChange, compare_builds
 from precision_doctor.audit.engine_audit import audit_engine, precision_summary
 from precision_doctor.audit.layers import LayerInfo, parse_layer_info
@@ -26,7 +28,8 @@ from precision_doctor.audit.records import (
 )
 
 __all__ = [
-    "AuditFinding", "AuditReport", "BuildDiff", "EngineLayer", "Fp32Check", "FusedRegion",
+    "AuditFinding", "AuditReport", "BuildDiff", "BuildLog", "LogEntry", "link_to_audit",
+    "read_build_log", "EngineLayer", "Fp32Check", "FusedRegion",
     "LayerChange", "LayerInfo", "LayerTime", "Profile", "SensitiveNode", "TensorInfo",
     "attach_profile", "audit_engine", "compare_builds", "infer_precision", "parse_format",
     "parse_layer_info", "precision_summary", "read_profile", "tf32_tactic",

@@ -6,7 +6,9 @@ Source kinds, decided from the text and the file system:
 - an image file, a folder of images, or a glob (``imgs/*.png``) -> one sample per image
   (a ``preprocess`` spec is required: preprocessing is never guessed);
 - a ``.npy`` / ``.npz`` file, or a folder of them -> arrays (``arrays.load_array_file``);
-- a ``.json`` file or a folder of them -> Polygraphy ``--save-inputs`` data.
+- a ``.json`` file or a folder of them -> Polygraphy ``--save-inputs`` data;
+- ``trtexec:x:in0.bin[;x:in1.bin]`` -> the raw files given to ``trtexec --loadInputs``
+  (``inputs.trtexec``).
 
 Folders are read non-recursively; files are taken in sorted name order; hidden files and
 files of other types (README, labels) are ignored; a folder that mixes kinds is refused.
@@ -26,6 +28,8 @@ from precision_doctor.inputs.images import IMAGE_SUFFIXES, load_images
 from precision_doctor.inputs.polygraphy import load_polygraphy_inputs
 from precision_doctor.inputs.preprocess import PRESETS, PreprocessSpec, parse_preprocess
 from precision_doctor.inputs.synthetic import is_random_source, random_samples
+from precision_doctor.inputs.trtexec import PREFIX as TRTEXEC_PREFIX
+from precision_doctor.inputs.trtexec import load_trtexec_inputs
 from precision_doctor.runners.base import TensorMeta
 
 _GLOB_CHARS = set("*?[")
@@ -108,6 +112,9 @@ def load_samples(source: str | os.PathLike[str], inputs: Sequence[TensorMeta],
     if is_random_source(source):
         _no_preprocess(preprocess, str(source))
         return random_samples(str(source), inputs)[limit]
+    if str(source).startswith(TRTEXEC_PREFIX):
+        _no_preprocess(preprocess, str(source))
+        return load_trtexec_inputs(str(source), inputs)[limit]
     paths, kind = _list_files(source)
     if kind == "image":
         if preprocess is None:

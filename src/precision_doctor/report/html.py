@@ -139,6 +139,17 @@ def outputs_section(report: DiagnosisReport) -> Section:
     return Section("outputs", "Outputs", _render("outputs.j2", outputs=report.outputs))
 
 
+def recording_html_section(report: DiagnosisReport) -> Section | None:
+    """The recorded candidate: who recorded it, what is missing, emulated vs recorded error."""
+    rec = report.recording
+    if not rec:
+        return None
+    cc = rec.get("cross_check")
+    return Section("recording", "Recording", _render(
+        "recording.j2", rec=rec, cc=cc, worse=set(cc.get("worse_than_emulated", ())) if cc
+        else set()))
+
+
 def findings_section(report: DiagnosisReport) -> Section:
     """Findings ranked by measured impact: evidence, impact, remedy."""
     ids = _row_ids(report.layerwise)
@@ -241,6 +252,7 @@ def report_sections(report: DiagnosisReport, fix: Mapping[str, Any] | None = Non
                     command: str | None = None) -> list[Section]:
     """The page's sections in order (verdict first); sections without data are left out."""
     sections = [verdict_section(report), outputs_section(report),
+                recording_html_section(report),
                 render_fix_section(fix) if fix is not None else None,
                 findings_section(report), plots_section(report), hazards_section(report),
                 layerwise_section(report), reproduce_section(report, command),

@@ -48,6 +48,8 @@ def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12
     console.print(t)
     for o in report.outputs:
         console.print(f"  {escape(o.name)}: {escape(o.reason)}")
+    if report.recording:
+        _render_recording(report.recording, console)
 
     if report.findings:
         ft = Table(title="Findings (ranked by measured impact)", title_justify="left")
@@ -94,3 +96,26 @@ def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12
         console.print(f"FP32 noise floor (rel L2): {floor} (probes: {probes})")
     for w in report.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}")
+
+
+def _render_recording(rec: dict, console: Console) -> None:
+    """The recorded candidate: the plain statement, the cross-check per output, the gaps."""
+    console.print(f"[bold]Recording:[/] {escape(rec['statement'])}")
+    cc = rec.get("cross_check")
+    if cc:
+        for o in cc["outputs"]:
+            console.print(f"  {escape(o['name'])}: recorded rel L2 {_g(_f(o['recorded_rel_l2']))}"
+                          f" vs emulated ({escape(cc['emulator'])}) "
+                          f"{_g(_f(o['emulated_rel_l2']))}")
+        worse = cc.get("worse_than_emulated") or []
+        if worse:
+            console.print(f"  {len(worse)} tensor(s) > 4x worse than the emulation, first "
+                          f"[bold]{escape(worse[0])}[/]: not what the plan computes there "
+                          "(a fused region in lower precision, or weights changed)")
+    if rec.get("missing"):
+        kinds = ", ".join(f"{c} {escape(k)}" for k, c in rec["missing_by_reason"].items())
+        console.print(f"  {len(rec['missing'])} ONNX tensor(s) not in the recording ({kinds})")
+
+
+def _f(x: object) -> float | None:
+    return None if x is None else float(x)  # type: ignore[arg-type]

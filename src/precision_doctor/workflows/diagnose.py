@@ -26,7 +26,8 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
                  keep: Sequence[str], tolerances: Sequence[str], max_samples: int | None,
                  layerwise: bool, noise: bool, budget_bytes: int, json_path: Path | None,
                  html_path: Path | None, force: bool, console: Console, quiet: bool = False,
-                 verbose: bool = False) -> DiagnosisReport:
+                 verbose: bool = False, candidate_results: str | None = None,
+                 candidate_log: Path | None = None) -> DiagnosisReport:
     """Load everything, diagnose, render, and write the requested reports.
 
     Raises:
@@ -36,12 +37,19 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
     if data is None:
         raise InputError("--data is required: an image folder (with --preprocess), .npy/.npz, "
                          "Polygraphy inputs JSON, or random:... for seeded random inputs")
+    if candidate_results and (runner != "emulate" or candidate_model):
+        raise InputError("--candidate-results is the candidate: drop --runner/--candidate-"
+                         "model (the emulator of --target/--plan/--keep is the cross-check)")
+    if candidate_log and not candidate_results:
+        raise InputError("--candidate-log goes with --candidate-results")
     with progress_bar(console, enabled=not quiet and console.is_terminal) as progress:
         report = diagnose(model_path, data, target=target, preprocess=preprocess, runner=runner,
                           tolerance=list(tolerances), layerwise=layerwise, noise=noise,
                           keep=keep, plan=plan_path, candidate_model=candidate_model,
                           max_samples=max_samples, budget_mb=budget_bytes >> 20,
-                          progress=progress, quiet=progress is None)
+                          progress=progress, quiet=progress is None,
+                          candidate_results=candidate_results,
+                          candidate_log=candidate_log)
     if quiet:
         console.print(f"{report.verdict.upper()}: {model_path} in {report.target.upper()}",
                       markup=False)

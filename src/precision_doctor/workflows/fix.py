@@ -15,6 +15,7 @@ from precision_doctor.api.options import build_objective, invocation  # noqa: F4
 from precision_doctor.errors import InputError
 from precision_doctor.report.files import check_writable
 from precision_doctor.report.progress import progress_bar
+from precision_doctor.workflows.collect import collect_section
 
 
 def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None, target: str,
@@ -40,7 +41,11 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
                     force_low=force_low, rewrites=not no_rewrites, keep_io_types=keep_io_types,
                     runner=runner, max_samples=max_samples, max_evals=max_evals,
                     progress=progress, quiet=progress is None)
-    fixed.save(output, force=force)
+    from precision_doctor.formats import Precision
+
+    extra = collect_section(Path(model_path), output, data, preprocess, fixed.samples,
+                            Precision.parse(target), max_samples)
+    fixed.save(output, force=force, extra_recipes=extra)
     if html_path:
         fixed.to_html(html_path, force=force, command=invocation())
     result = fixed.result
