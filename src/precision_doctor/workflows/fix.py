@@ -6,8 +6,6 @@ from pathlib import Path
 from typing import Sequence
 
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from precision_doctor.analysis.fix import FixResult, fix
 from precision_doctor.analysis.objective import Objective
@@ -21,6 +19,7 @@ from precision_doctor.report.files import (
     write_json,
     write_text_atomic,
 )
+from precision_doctor.report.fix_terminal import render_fix
 from precision_doctor.report.progress import progress_bar
 from precision_doctor.runners.ort import OrtRunner
 from precision_doctor.runners.ort_options import ort_providers
@@ -108,25 +107,45 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
 
 
 def _fix_html(model, result: FixResult, samples, precision, report: dict) -> str:
-    """HTML report: a diagnosis of the written model (run by ONNX Runtime CPU) against the
-    FP32 reference, plus the fix section (before/after, plan, recipes)."""
+    """HTML report headlined by the fix's objective (the user's task metric and threshold, or
+    tolerance): the original model's naive score vs the fixed model's. Below it, the diagnosis
+    of the written model (run by ONNX Runtime CPU) against the default tolerance, as secondary
+    information, without the causes the fix removed (``analysis.fix_review``)."""
     from precision_doctor.analysis.candidates import onnxruntime
     from precision_doctor.analysis.diagnose import diagnose
+    from precision_doctor.analysis.fix_review import review_fixed_diagnosis
     from precision_doctor.report.html import render_html
 
     after = diagnose(model, samples, precision,
                      onnxruntime(["cpu"], model=result.model, name="ort-cpu-fixed"),
                      noise=False, measure_impact=False, model_path=report["model"]["input"])
+    after, resolved = review_fixed_diagnosis(after, result.model, result.plan, result.rewrites,
+                                             result.writer)
+    return render_html(after, fix=fix_summary(result, report, resolved), command=invocation())
+
+
+def fix_summary(result: FixResult, report: dict, resolved=()) -> dict:
+    """The ``fix`` argument of ``report.html.render_html`` (see ``render_fix_section``)."""
     plan_rows = [{"node": n, "op_type": next((x.op_type for x in result.model.graph.node
                                              if x.name == n), ""),
                   "precision": d.precision.value, "reason": d.reason, "detail": d.detail}
                  for n, d in result.plan.overrides.items()]
-    summary = {"before": result.before, "after": result.after, "plan": plan_rows,
-               "fp32_share_nodes": result.share["nodes"],
-               "fp32_share_flops": result.share["flops"],
-               "recipes": {k: v for k, v in report.get("recipes", {}).items()
-                           if isinstance(v, str)}}
-    return render_html(after, fix=summary, command=invocation())
+    threshold, higher = result.pass_mark
+    return {"before": result.before, "after": result.after, "plan": plan_rows,
+            "fp32_share_nodes": result.share["nodes"],
+            "fp32_share_flops": result.share["flops"],
+            "recipes": {k: v for k, v in report.get("recipes", {}).items()
+                        if isinstance(v, str)},
+            "verdict": "pass" if result.passed else "fail",
+            "model": report.get("model", {}).get("output"),
+            "objective": {"text": result.objective, "target": result.target,
+                          "score_label": result.score_label, "threshold": threshold,
+                          "higher_is_better": higher,
+                          "before": {"value": result.score_before.value,
+                                     "passed": result.score_before.passed},
+                          "after": {"value": result.score_after.value,
+                                    "passed": result.score_after.passed}},
+            "resolved": [c.to_dict() for c in resolved]}
 
 
 def _recipes(result: FixResult, side: dict[str, Path], output: Path, samples, report: dict,
@@ -145,41 +164,3 @@ def _recipes(result: FixResult, side: dict[str, Path], output: Path, samples, re
                             plan_json=str(side["plan"]))
     report["recipes"] = recipes.to_dict()
     return recipes.render_markdown()
-
-
-def render_fix(result: FixResult, console: Console) -> None:
-    """Before/after table, FP32 share and the nodes kept in FP32."""
-    ok = result.passed
-    console.print(f"[bold {'green' if ok else 'red'}]{'PASS' if ok else 'FAIL'}[/] "
-                  f"{result.target.upper()} target: {escape(result.objective)}")
-    t = Table(title="Before / after (relative L2 vs FP32 reference)", title_justify="left")
-    for col in ("output", "naive (emulated)", "fixed (ORT CPU)", "fixed (emulated)"):
-        t.add_column(col)
-    for name in result.before:
-        t.add_row(escape(name), f"{result.before[name]['rel_l2']:.3g}",
-                  f"{result.after[name]['rel_l2']:.3g}",
-                  f"{result.after_emulated[name]['rel_l2']:.3g}")
-    console.print(t)
-    console.print(f"objective score: before {result.score_before.value:.4g} -> after "
-                  f"{result.score_after.value:.4g}")
-    s = result.share
-    console.print(f"FP32: {s['fp32_nodes']} of {s['compute_nodes']} compute nodes "
-                  f"({s['nodes']:.1%}), {s['flops']:.1%} of FLOPs, {s['params']:.1%} of "
-                  f"parameters; {result.search.evaluations} evaluations")
-    applied = [r for r in result.rewrites.get("records", []) if r.get("applied")]
-    if applied:
-        counts: dict[str, int] = {}
-        for r in applied:
-            counts[r["rule"]] = counts.get(r["rule"], 0) + 1
-        console.print("rewrites: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))
-    for name, d in result.plan.overrides.items():
-        console.print(f"  FP32 {escape(name)}: {d.reason} {escape(d.detail)}")
-    for t in result.near_ties:
-        console.print(f"near-tie (left out of the target): {escape(t.sample)}: FP32 top-1 vs "
-                      f"top-2 margin {t.margin:.3g} < 2 x FP32 noise {t.noise:.3g}")
-    for note in result.notes:
-        console.print(f"note: {escape(note)}")
-    for w in result.warnings:
-        console.print(f"[yellow]warning:[/] {escape(w)}")
-
-
