@@ -263,7 +263,8 @@ def fix_verdict_section(report: DiagnosisReport, fix_summary: Mapping[str, Any])
     before, after = o.get("before") or {}, o.get("after") or {}
     fx = {"passed": bool(after.get("passed")), "before_passed": bool(before.get("passed")),
           "target": o.get("target") or report.target, "objective": o.get("text", ""),
-          "score_label": o.get("score_label", "score"), "threshold": threshold,
+          "score_label": o.get("score_label", "score"),
+          "threshold": "–" if threshold is None else f"{float(threshold):g}",
           "op": "≥" if higher else "≤",
           "before_text": fmt_vs(_number(before.get("value")), threshold, higher),
           "after_text": fmt_vs(_number(after.get("value")), threshold, higher)}

@@ -118,8 +118,8 @@ class MetricTable:
 
     # ------------------------------------------------------------------ layouts
     def as_table(self) -> Table:
-        """The wide layout."""
-        table = Table(title=self.title, title_justify="left", box=box.SIMPLE_HEAD,
+        """The wide layout (without the title, which ``__rich_console__`` prints above)."""
+        table = Table(box=box.SIMPLE_HEAD,
                       show_edge=False, padding=(0, 0, 0, _GAP - 1), pad_edge=False,
                       header_style="bold")
         for col, width in zip(self.columns, self.min_widths()):
@@ -163,6 +163,8 @@ class MetricTable:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         if self.fits(options.max_width):
+            if self.title:  # not Table.title: rich wraps that to the table's own width
+                yield Text(self.title, style="italic")
             yield self.as_table()
             if self.caption:
                 yield Text(self.caption, style="dim")
