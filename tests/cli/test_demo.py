@@ -1,4 +1,4 @@
-"""``precision-doctor demo``: the real PP-OCRv4 detector from the ``demo`` extra on bundled photos."""
+"""``precision-doctor demo``: the real PP-OCRv4 detector (``demo`` extra) on bundled photos."""
 
 import importlib.util
 import io
