@@ -104,3 +104,15 @@ def test_cli_diagnose_real_models_at_80_columns(monkeypatch, tmp_path, shared_di
     _assert_readable(res.output, 80, report)
     for header in ("tensor", "op", "rel L2", "max|x|", "bits", "NaN/Inf"):
         assert header in res.output
+
+
+def test_terminal_and_html_write_the_same_numbers(hot_report):
+    from precision_doctor.report.html import render_html
+
+    page = render_html(hot_report)
+    text = _text(hot_report, 80)
+    for o in hot_report.outputs:
+        m = o.metrics
+        for value in (m.rel_l2, m.max_abs, m.p99_abs, 1.0 - m.cosine, o.noise_multiple):
+            if value is not None:
+                assert fmt3(value) in text and f">{fmt3(value)}<" in page, value

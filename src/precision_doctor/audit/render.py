@@ -21,7 +21,7 @@ from precision_doctor.audit.records import (
     AuditReport,
     EngineLayer,
 )
-from precision_doctor.report.tables import Col, MetricTable, metric_table
+from precision_doctor.report.tables import Cell, Col, MetricTable, metric_table
 
 COLORS = {"fp32": "green", "tf32": "yellow", "fp16": "cyan", "bf16": "blue", "fp8": "magenta",
           "int8": "magenta", "mixed": "yellow", "unknown": "red", "not-honored": "red",
@@ -68,7 +68,7 @@ def layer_precision_label(layer: EngineLayer) -> str:
 
 def _summary_table(summary: Mapping[str, Mapping[str, Any]], title: str) -> MetricTable:
     cols = (Col("precision", "key"), Col("layers"), Col("ms/inference"), Col("time share"))
-    rows = [[_p(precision), str(row.get("layers", 0)), _ms(row.get("time_ms")),
+    rows: list[list[Cell]] = [[_p(precision), str(row.get("layers", 0)), _ms(row.get("time_ms")),
              _pct(row.get("time_share"))] for precision, row in summary.items()]
     return metric_table(title, cols, rows)
 
@@ -95,7 +95,7 @@ def _findings(console: Console, kind: str, items: Sequence[AuditFinding], top: i
 def _regions(console: Console, report: AuditReport) -> None:
     cols = (Col("region", "key"), Col("precision", "tag"), Col("ms"), Col("share"),
             Col("ONNX nodes", "text"), Col("sensitive ops", "text"))
-    rows = []
+    rows: list[list[Cell]] = []
     for r in report.regions:
         first = [n for n in r.first if not n.startswith("(Unnamed Layer")] or list(r.first)
         last = [n for n in r.last if not n.startswith("(Unnamed Layer")] or list(r.last)
@@ -185,7 +185,7 @@ def render_build_diff(diff: BuildDiff, console: Console, top: int = 20) -> None:
                            f"{diff.b_total_ms:.3f} ms (B/A = {ratio:.2f})"))
     cols = (Col("precision", "key"), Col("A layers"), Col("A ms"), Col("A share"),
             Col("B layers"), Col("B ms"), Col("B share"))
-    rows = []
+    rows: list[list[Cell]] = []
     for p in dict.fromkeys((*diff.a_summary, *diff.b_summary)):
         ra, rb = diff.a_summary.get(p, {}), diff.b_summary.get(p, {})
         rows.append([_p(p), str(ra.get("layers", 0)), _ms(ra.get("time_ms")),

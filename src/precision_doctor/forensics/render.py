@@ -17,7 +17,7 @@ from rich.text import Text
 from precision_doctor.forensics.analyze import EXPLAINED_REL_STD
 from precision_doctor.forensics.result import ForensicsResult, InputFinding
 from precision_doctor.report.numbers import fmt3
-from precision_doctor.report.tables import Col, MetricTable, metric_table
+from precision_doctor.report.tables import Cell, Col, MetricTable, metric_table
 
 KIND_COLORS = {"layout": "red", "channel-order": "red", "scale": "red", "normalization": "red",
                "resize": "yellow", "padding": "yellow", "crop-offset": "yellow",
@@ -88,7 +88,7 @@ def _effect_table(effect: Mapping[str, Any]) -> MetricTable:
             Col(f"{target} on A", label=f"{target} on A rel L2"),
             Col("argmax B", label="argmax agree B"),
             Col(f"argmax {target}", label=f"argmax agree {target}"))
-    rows = []
+    rows: list[list[Cell]] = []
     for name, stats in dict(effect.get("outputs", {})).items():
         pre, prec = stats.get("preprocessing") or {}, stats.get("precision") or {}
         rows.append([Text(name), _rel(pre.get("rel_l2")), _rel(prec.get("rel_l2")),

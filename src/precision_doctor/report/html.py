@@ -280,6 +280,7 @@ def report_sections(report: DiagnosisReport, fix: Mapping[str, Any] | None = Non
     A fix report (``fix`` with an ``objective``) opens with the result against that objective
     and the fix section; the diagnosis of the fixed model follows as secondary information.
     """
+    head: list[Section | None]
     if fix is not None and fix.get("objective"):
         head = [fix_verdict_section(report, fix), render_fix_section(fix),
                 verdict_section(report, secondary=True), outputs_section(report)]

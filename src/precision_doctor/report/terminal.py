@@ -17,7 +17,7 @@ from rich.text import Text
 from precision_doctor.analysis.diagnosis import DiagnosisReport, OutputResult
 from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
 from precision_doctor.report.numbers import fmt3, fmt_count, fmt_share
-from precision_doctor.report.tables import Col, MetricTable, metric_table
+from precision_doctor.report.tables import Cell, Col, MetricTable, metric_table
 
 OUTPUT_COLUMNS = (Col("output", "key"), Col("verdict", "tag"), Col("rel L2"), Col("max abs"),
                   Col("p99 abs"), Col("1-cos"), Col("SNR dB"), Col("NaN/Inf"),
@@ -41,7 +41,7 @@ def verdict_tag(passed: bool) -> Text:
 def outputs_table(outputs: tuple[OutputResult, ...] | list[OutputResult],
                   title: str | None = "Outputs") -> MetricTable:
     """Per-output metrics (``OutputResult``) as a width-adaptive table."""
-    rows = []
+    rows: list[list[Cell]] = []
     for o in outputs:
         m = o.metrics
         one_minus_cos = None if m.cosine is None else 1.0 - m.cosine
@@ -53,7 +53,7 @@ def outputs_table(outputs: tuple[OutputResult, ...] | list[OutputResult],
 
 def findings_table(report: DiagnosisReport) -> MetricTable:
     """Findings ranked by measured impact."""
-    rows = []
+    rows: list[list[Cell]] = []
     for i, f in enumerate(report.findings, 1):
         color = {"error": "red", "warning": "yellow"}.get(f.severity, "")
         rows.append([f"#{i}", Text(f.kind, style=color), f.node, fmt_share(f.impact), f.summary,
