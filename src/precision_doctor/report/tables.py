@@ -25,7 +25,7 @@ from typing import Literal
 
 from rich import box
 from rich.columns import Columns
-from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
@@ -98,7 +98,7 @@ class MetricTable:
             cells = [r[i] for r in self.rows]
             header = _words(col.header)
             if col.kind in ("num", "tag"):  # no_wrap: the header stays on one line too
-                widths.append(max([len(col.header), *(c.cell_len for c in cells)]))
+                widths.append(max([Text(col.header).cell_len, *(c.cell_len for c in cells)]))
             elif col.kind in ("key", "name"):
                 longest = max((c.cell_len for c in cells), default=0)
                 widths.append(max(header, min(KEY_MIN if col.kind == "key" else NAME_MIN,
@@ -133,7 +133,7 @@ class MetricTable:
     def as_blocks(self) -> Group:
         """The narrow layout: one block per row."""
         key = next((i for i, c in enumerate(self.columns) if c.kind == "key"), None)
-        parts: list = []
+        parts: list[RenderableType] = []
         if self.title:
             parts.append(Text(self.title, style="italic"))
         for row, style in zip(self.rows, self.row_styles):
