@@ -137,7 +137,7 @@ def fix_command(
                          console=console, quiet=quiet)
     except TargetNotMetError as exc:
         err_console.print(f"target not met: {exc}", style="red", markup=False)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     except PrecisionDoctorError as exc:
         _fail(exc)
     raise typer.Exit(0 if result.passed else 1)
@@ -163,14 +163,16 @@ def audit(
     max_layers: Optional[int] = typer.Option(40, "--max-layers", help="Layers shown (0 = all)"),
 ) -> None:
     """Audit a built TensorRT engine: the precision each layer ran in, mapped to ONNX nodes."""
-    from precision_doctor.audit import audit_engine, compare_builds, render_audit, render_build_diff
+    from precision_doctor.api import audit as audit_engine_build
+    from precision_doctor.audit import audit_engine, compare_builds
+    from precision_doctor.audit.render import render_audit, render_build_diff
     from precision_doctor.report.files import check_writable, write_json
 
     try:
         check_writable([json_path], force)
         model = load_model(onnx_model) if onnx_model else None
-        report = audit_engine(layer_info, profile, model, str(plan) if plan else None,
-                              tuple(expect_fp32))
+        report = audit_engine_build(layer_info, onnx=model, profile=profile,
+                                    plan=str(plan) if plan else None, expect_fp32=expect_fp32)
         render_audit(report, console, max_layers=max_layers or None)
         data = {"audit": report.to_dict()}
         if compare:
@@ -203,14 +205,14 @@ def inputs_command(
     force: bool = typer.Option(False, "--force"),
 ) -> None:
     """Preprocessing forensics: what differs between two inputs meant to be the same sample."""
-    from precision_doctor.forensics import compare_inputs, render_forensics
+    from precision_doctor.api import compare_inputs
+    from precision_doctor.forensics.render import render_forensics
     from precision_doctor.report.files import check_writable, write_json
-    from precision_doctor.workflows.diagnose import parse_precision
 
     try:
         check_writable([json_path], force)
         result = compare_inputs(a, b, preprocess_a=preprocess_a, preprocess_b=preprocess_b,
-                                model=model, target=parse_precision(target))
+                                model=model, target=target)
         render_forensics(result, console)
         if json_path:
             write_json(json_path, result.to_dict(), force)

@@ -18,8 +18,8 @@ from precision_doctor.forensics import (
     load_side,
     output_effect,
     parse_source,
-    render_forensics,
 )
+from precision_doctor.forensics.render import render_forensics
 from precision_doctor.inputs import (
     Sample,
     image_to_tensor,

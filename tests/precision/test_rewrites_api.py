@@ -23,7 +23,8 @@ TEXT = """
  doc_string: "model doc", metadata_props: ["character": "abc", "author": "me"]>
 g (float[1, 2, 3, 3] x) => (float[1, 2, 3, 3] y, float[1, 2, 3, 3] z)
 <float[2, 2, 1, 1] W = {1.0, 0.5, -0.5, 2.0}, int64[4] shp = {1, 2, 1, 1},
- float[2] s = {1.0, 2.0}, float[2] b = {0.0, 0.5}, float[2] m = {0.1, 0.2}, float[2] v = {4.0, 9.0}> {
+ float[2] s = {1.0, 2.0}, float[2] b = {0.0, 0.5}, float[2] m = {0.1, 0.2},
+ float[2] v = {4.0, 9.0}> {
     scale = Constant<value = float[2] {3.0, 4.0}>()
     two = Constant<value = float {2.0}>()
     halved = Div(scale, two)

@@ -121,7 +121,8 @@ def test_standalone_bn_reason_names_its_source() -> None:
     model = _model([_bn("b", "x", "y")], _bn_params("b", 3), [1, 3, 2, 2], [1, 3, 2, 2])
     _, report = apply_rewrites(model, ["fold-batchnorm"])
     [record] = report.skipped()
-    assert "graph input 'x'" in record.reason and "not from Conv/ConvTranspose/Gemm" in record.reason
+    assert "graph input 'x'" in record.reason
+    assert "not from Conv/ConvTranspose/Gemm" in record.reason
 
 
 def test_non_constant_bn_parameter_not_folded() -> None:
@@ -189,7 +190,8 @@ def test_bias_add_then_batchnorm_fold_like_ppocr_det() -> None:
 
 
 def test_bias_add_not_per_channel_is_reported() -> None:
-    inits = [_init("W", RNG.normal(size=(4, 6, 2, 2))), _init("bias", RNG.normal(size=(1, 6, 6, 6)))]
+    inits = [_init("W", RNG.normal(size=(4, 6, 2, 2))),
+             _init("bias", RNG.normal(size=(1, 6, 6, 6)))]
     model = _model([helper.make_node("ConvTranspose", ["x", "W"], ["c"], name="deconv",
                                      strides=[2, 2]),
                     helper.make_node("Add", ["c", "bias"], ["y"], name="bias_add")],

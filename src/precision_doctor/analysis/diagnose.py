@@ -42,8 +42,11 @@ NOISE_MULTIPLE_OK = 2.0  # an error within 2x the FP32 noise floor is not a prec
 
 
 class SampleLike(Protocol):
-    name: str
-    feeds: Mapping[str, np.ndarray]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def feeds(self) -> Mapping[str, np.ndarray]: ...
 
 
 def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Precision,
@@ -121,8 +124,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
     if layerwise:
         t0 = time.perf_counter()
         lw = compare_layerwise(
-            model, [s.feeds for s in samples], reference_factory, candidate.factory, target,
-            default_tol.rel_l2 or default_tolerance(target).rel_l2, budget_bytes,
+            model, [dict(s.feeds) for s in samples], reference_factory, candidate.factory,
+            target, default_tol.rel_l2 or default_tolerance(target).rel_l2 or 1e-2, budget_bytes,
             progress=(lambda d, t: progress("layerwise", d, t)) if progress else None)
         timings["layerwise"] = time.perf_counter() - t0
 

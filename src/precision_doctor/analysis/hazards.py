@@ -154,7 +154,8 @@ def _scan_attributes(model, fmt: FloatFormat, consts) -> list[Hazard]:
                     {"epsilon": float(attr.f)}))
         if node.op_type == "Clip":
             bounds = [consts.get(n) for n in node.input[1:3] if n]
-            bounds += [np.array(a.f, np.float32) for a in node.attribute if a.name in ("min", "max")]
+            bounds += [np.array(a.f, np.float32) for a in node.attribute
+                       if a.name in ("min", "max")]
             for b in (b for b in bounds if b is not None and b.dtype.kind == "f"):
                 v = float(np.asarray(b, np.float64).ravel()[0])
                 r = float(round_to(np.array([v], np.float32), _prec(fmt))[0])
@@ -212,7 +213,7 @@ def find_decomposed_layernorms(model: onnx.ModelProto) -> list[dict]:
         r2 = only(consumers[sq.output[0]], "ReduceMean")
         add = only(consumers[r2.output[0]], "Add") if r2 else None
         sqrt = only(consumers[add.output[0]], "Sqrt") if add else None
-        if sqrt is None:
+        if add is None or sqrt is None:
             continue
         div = next((n for n in consumers[sqrt.output[0]] if n.op_type == "Div"), None)
         tail = [div] if div else []

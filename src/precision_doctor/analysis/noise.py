@@ -90,7 +90,8 @@ def measure_noise_floor(model: onnx.ModelProto, samples: Sequence[Mapping[str, n
     skipped: dict[str, str] = {}
     variants = {
         "fp64": lambda: OrtRunner(to_float64(model), name="ort-cpu-fp64"),
-        "no-graph-opt": lambda: OrtRunner(model, name="ort-cpu-noopt", graph_optimization="disable"),
+        "no-graph-opt": lambda: OrtRunner(model, name="ort-cpu-noopt",
+                                          graph_optimization="disable"),
     }
     for probe, make in variants.items():
         try:

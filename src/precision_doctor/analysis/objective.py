@@ -87,7 +87,7 @@ class Objective:
             Sample indices.
         """
         values = score.detail.get("per_sample") if self.metric is not None else None
-        if not values or len(values) != total:
+        if self.metric is None or not values or len(values) != total:
             return list(range(min(count, total)))
         sign = 1.0 if self.metric.higher_is_better else -1.0
         order = sorted(range(total), key=lambda i: (i in self.exclude, sign * values[i], i))
@@ -146,11 +146,14 @@ class Objective:
     def meets(self, value: float) -> bool:
         """Whether one sample's metric value meets the threshold (metric objectives)."""
         threshold = self._threshold()
+        assert self.metric is not None  # _threshold raises without a metric
         return value >= threshold if self.metric.higher_is_better else value <= threshold
 
     def metric_score(self, values: Sequence[float]) -> Score:
         """Score from every sample's metric value (near-ties in ``exclude`` not counted)."""
         counted = [v for i, v in enumerate(values) if i not in self.exclude] or list(values)
+        if self.metric is None:
+            raise ValueError("metric_score needs a task-metric objective")
         worst = min(counted) if self.metric.higher_is_better else max(counted)
         return Score(self.meets(worst), float(worst), {"per_sample": list(values),
                                                        "excluded": sorted(self.exclude)})

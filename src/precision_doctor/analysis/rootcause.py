@@ -157,8 +157,9 @@ def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
         Findings in detection order.
     """
     fmt = FORMATS[target]
-    b = _Builder(target, outputs_fail, {n: h.nodes for h in hazards if h.kind == "decomposed-layernorm"
-                          for n in h.nodes})
+    layernorms = {n: h.nodes for h in hazards if h.kind == "decomposed-layernorm"
+                  for n in h.nodes}
+    b = _Builder(target, outputs_fail, layernorms)
     recs = {r.tensor: r for r in layerwise.records} if layerwise else {}
     for h in hazards:
         if h.kind == "parameter-out-of-range":

@@ -149,7 +149,9 @@ class _Evaluator:
                     return Score(False, float(value), {"per_sample": values,
                                                        "excluded": sorted(self.objective.exclude),
                                                        "stopped_at_sample": i})
-        return self.objective.metric_score([float(v) for v in values])
+        filled = [float(v) for v in values if v is not None]
+        assert len(filled) == len(values)  # self.order holds every sample index
+        return self.objective.metric_score(filled)
 
     @property
     def budget_left(self) -> bool:

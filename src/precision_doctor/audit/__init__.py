@@ -6,7 +6,7 @@ precision-converting reformats, and compare two builds of the same model.
 
     report = audit_engine("layers.json", profile_path="profile.json", onnx_model="model.onnx",
                           expect_fp32=["*LayerNorm*"])
-    render_audit(report, rich.console.Console())
+    render_audit(report, rich.console.Console())   # from precision_doctor.audit.render
     diff = compare_builds(report_fp32, report_fp16)
 """
 
@@ -24,12 +24,10 @@ from precision_doctor.audit.records import (
     SensitiveNode,
     TensorInfo,
 )
-from precision_doctor.audit.render import render_audit, render_build_diff
 
 __all__ = [
     "AuditFinding", "AuditReport", "BuildDiff", "EngineLayer", "Fp32Check", "FusedRegion",
     "LayerChange", "LayerInfo", "LayerTime", "Profile", "SensitiveNode", "TensorInfo",
     "attach_profile", "audit_engine", "compare_builds", "infer_precision", "parse_format",
-    "parse_layer_info", "precision_summary", "read_profile", "render_audit",
-    "render_build_diff", "tf32_tactic",
+    "parse_layer_info", "precision_summary", "read_profile", "tf32_tactic",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,26 @@ from google.protobuf.message import DecodeError
 from onnx import helper
 
 from precision_doctor.errors import ModelLoadError
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Name, dtype and shape of a model input or output.
+
+    Attributes:
+        name: Tensor name in the ONNX graph.
+        dtype: numpy dtype (e.g. ``float32``).
+        shape: Dims; ``int`` for fixed, ``str`` for symbolic/dynamic (e.g. ``"batch"`` or ``"?"``).
+    """
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int | str, ...]
+
+    def is_dynamic(self) -> bool:
+        """True when at least one dim is symbolic."""
+        return any(not isinstance(d, int) for d in self.shape)
+
 
 # Protobuf cannot serialize a message of 2 GiB or more (hard limit of the format).
 PROTOBUF_LIMIT = 2**31 - 1
@@ -111,14 +132,12 @@ def opset_of(model: onnx.ModelProto) -> int:
     return 1
 
 
-def input_metadata(model: onnx.ModelProto) -> list[TensorMeta]:  # noqa: F821
+def input_metadata(model: onnx.ModelProto) -> list[TensorMeta]:
     """Graph inputs that are not initializers, as ``TensorMeta`` (dims: int or symbol name).
 
     Returns:
         ``list[TensorMeta]`` in model order; unknown dims are ``"?"``.
     """
-    from precision_doctor.runners.base import TensorMeta  # runners import graph: avoid a cycle
-
     inits = {t.name for t in model.graph.initializer}
     metas = []
     for vi in model.graph.input:

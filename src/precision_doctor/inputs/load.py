@@ -42,7 +42,7 @@ def _kind(path: Path) -> str | None:
     return None
 
 
-def _list_files(source: str | Path) -> tuple[list[Path], str]:
+def _list_files(source: str | os.PathLike[str]) -> tuple[list[Path], str]:
     """Files of one kind the source names, sorted by name, and that kind."""
     text = os.fspath(source)
     path = Path(text)
@@ -79,7 +79,7 @@ def _list_files(source: str | Path) -> tuple[list[Path], str]:
     return sorted(paths, key=lambda p: p.name), kind
 
 
-def load_samples(source: str | Path, inputs: Sequence[TensorMeta],
+def load_samples(source: str | os.PathLike[str], inputs: Sequence[TensorMeta],
                  preprocess: PreprocessSpec | str | None = None,
                  max_samples: int | None = None, *, split_batch: bool = False,
                  skip_bad: bool = False) -> list[Sample]:

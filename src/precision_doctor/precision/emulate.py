@@ -175,7 +175,7 @@ class _Emulator:
                         and not _depthwise(node):
                     for i in (0, 1):
                         v = node.inputs[i] if i < len(node.inputs) else None
-                        if self.is_float(v):
+                        if v is not None and self.is_float(v):
                             node.replace_input_with(i, self.rounded_input(v, p, node))
                 continue
             self._low_precision_node(node, p)
@@ -189,7 +189,7 @@ class _Emulator:
 
     def _low_precision_node(self, node: ir.Node, p: Precision) -> None:
         for i, v in enumerate(node.inputs):
-            if self.is_float(v) and id(v) not in self.rounded[p]:
+            if v is not None and self.is_float(v) and id(v) not in self.rounded[p]:
                 node.replace_input_with(i, self.rounded_input(v, p, node))
         for out in node.outputs:
             if self.is_float(out):

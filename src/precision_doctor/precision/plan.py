@@ -8,6 +8,7 @@ a clear ``PlanError`` instead of a silent no-op.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -119,8 +120,8 @@ class PrecisionPlan:
         try:
             default = Precision.parse(data["default"])
             overrides = {
-                str(name): NodeDecision(Precision.parse(d["precision"]), str(d.get("reason", "user")),
-                                        str(d.get("detail", "")))
+                str(name): NodeDecision(Precision.parse(d["precision"]),
+                                        str(d.get("reason", "user")), str(d.get("detail", "")))
                 for name, d in dict(data.get("overrides", {})).items()
             }
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -130,7 +131,7 @@ class PrecisionPlan:
         return cls(default, dict(sorted(overrides.items())))
 
     @classmethod
-    def load(cls, path: str | Path) -> PrecisionPlan:
+    def load(cls, path: str | os.PathLike[str]) -> PrecisionPlan:
         """Read a plan written by ``to_dict`` from a JSON file.
 
         Raises:

@@ -112,7 +112,8 @@ class Recipes:
                "### TensorRT >= 10, strongly typed (recommended)", _fence(self.trtexec, "bash"),
                "### TensorRT 8.6-10.x, weakly typed, original model"]
         out += ([_fence(self.trtexec_weak, "bash"), _fence(self.polygraphy_weak, "bash")]
-                if self.trtexec_weak else ["Withheld (see the notes): use the strongly typed model."])
+                if self.trtexec_weak
+                else ["Withheld (see the notes): use the strongly typed model."])
         if self.skipped:
             out += ["FP32 nodes whose TensorRT layer cannot be named exactly:",
                     _fence("\n".join(f"{n}  # {r}" for n, r in self.skipped), "text")]
@@ -319,7 +320,7 @@ def _ort(fixed: str, orig: str, target: Precision, tf32: bool) -> tuple[dict, st
             options[1] = {**options[1], "use_tf32": str(int(tf32))}
         ort[key] = {"spec": spec, "model": model, "providers": providers,
                     "provider_options": options}
-        chain = "".join(f"    {(p, o) if o else p!r},\n" for p, o in zip(providers, options, strict=True))
+        chain = "".join(f"    {(p, o) if o else p!r},\n" for p, o in zip(providers, options))
         code += [f"# {_ORT_COMMENTS[key]}",
                  f"{key} = ort.InferenceSession({model!r}, providers=[\n{chain}])", ""]
     return ort, "\n".join(code).rstrip() + "\n"

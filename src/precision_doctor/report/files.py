@@ -16,7 +16,7 @@ from precision_doctor.errors import OutputExistsError
 from precision_doctor.jsonable import dumps
 
 
-def check_writable(paths: Iterable[str | Path | None], force: bool) -> None:
+def check_writable(paths: Iterable[str | os.PathLike[str] | None], force: bool) -> None:
     """Raise before any work starts if an output exists and ``force`` is False.
 
     Raises:
@@ -27,7 +27,7 @@ def check_writable(paths: Iterable[str | Path | None], force: bool) -> None:
             raise OutputExistsError(f"{p} exists; pass --force to overwrite it", file=str(p))
 
 
-def write_bytes_atomic(path: str | Path, data: bytes, force: bool = False) -> Path:
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, force: bool = False) -> Path:
     """Write ``data`` to ``path`` atomically.
 
     Raises:
@@ -52,11 +52,11 @@ def write_bytes_atomic(path: str | Path, data: bytes, force: bool = False) -> Pa
     return target
 
 
-def write_text_atomic(path: str | Path, text: str, force: bool = False) -> Path:
+def write_text_atomic(path: str | os.PathLike[str], text: str, force: bool = False) -> Path:
     """UTF-8 text version of ``write_bytes_atomic``."""
     return write_bytes_atomic(path, text.encode("utf-8"), force)
 
 
-def write_json(path: str | Path, data: object, force: bool = False) -> Path:
+def write_json(path: str | os.PathLike[str], data: object, force: bool = False) -> Path:
     """Write ``data`` as stable, indented JSON (sorted keys) atomically."""
     return write_text_atomic(path, dumps(data), force)

@@ -6,7 +6,14 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 
 @contextmanager
@@ -19,7 +26,7 @@ def progress_bar(console: Console, enabled: bool = True
     if not enabled:
         yield None
         return
-    bars: dict[str, int] = {}
+    bars: dict[str, TaskID] = {}
     with Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as prog:
         def update(stage: str, done: int, total: int) -> None:

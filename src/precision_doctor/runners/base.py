@@ -7,30 +7,11 @@ the named outputs as numpy arrays (float outputs as float32 unless the model say
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class TensorMeta:
-    """Name, dtype and shape of a model input or output.
-
-    Attributes:
-        name: Tensor name in the ONNX graph.
-        dtype: numpy dtype (e.g. ``float32``).
-        shape: Dims; ``int`` for fixed, ``str`` for symbolic/dynamic (e.g. ``"batch"`` or ``"?"``).
-    """
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int | str, ...]
-
-    def is_dynamic(self) -> bool:
-        """True when at least one dim is symbolic."""
-        return any(not isinstance(d, int) for d in self.shape)
-
+from precision_doctor.graph.load import TensorMeta  # re-exported: runners describe I/O with it
 
 Feeds = Mapping[str, np.ndarray]
 

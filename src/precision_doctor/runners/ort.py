@@ -108,14 +108,14 @@ class OrtRunner:
         self._tmp = tempfile.TemporaryDirectory(prefix="precision-doctor-ort-")
         source = ort_model_source(self.model, self._tmp.name)
         try:
-            self._session = ort.InferenceSession(
+            session = self._session = ort.InferenceSession(
                 source, sess_options=options, providers=self.providers,
                 provider_options=self.provider_options)
         except Exception as exc:
             self._tmp.cleanup()
             raise BackendError(f"{self.name}: ONNX Runtime cannot create a session: {exc}",
                                runner=self.name) from exc
-        used = self._session.get_providers()
+        used = session.get_providers()
         if self.strict_providers and self.providers[0] not in used:
             raise BackendUnavailable(
                 f"{self.name}: ONNX Runtime fell back to {used} instead of {self.providers[0]}",

@@ -147,10 +147,11 @@ def cuda_backend() -> CudaRuntime | TorchCuda:
         pass
     try:
         import torch
+
+        if torch.cuda.is_available():
+            return TorchCuda(torch)
     except ImportError:
-        torch = None
-    if torch is not None and torch.cuda.is_available():
-        return TorchCuda(torch)
+        pass
     raise BackendUnavailable("TensorRTRunner needs GPU buffers from cuda-python (pip install "
                              "cuda-python) or PyTorch with CUDA; neither is usable here",
                              backend="tensorrt")
@@ -172,7 +173,7 @@ def make_output_allocator(trt: Any, cuda: Any) -> Any:
     implemented; ``notify_shape`` gives the real shape, also for data-dependent outputs.
     """
 
-    class OutputAllocator(trt.IOutputAllocator):  # type: ignore[misc, name-defined]
+    class OutputAllocator(trt.IOutputAllocator):
         def __init__(self) -> None:
             trt.IOutputAllocator.__init__(self)
             self.buffers: dict[str, tuple[int, int]] = {}
@@ -210,7 +211,7 @@ def make_debug_listener(trt: Any, cuda: Any) -> Any:
     on the callback's stream and synchronized there, as Polygraphy's ``DebugTensorWriter`` does.
     Exceptions cannot cross into TensorRT; they are kept in ``errors`` for the runner to raise.
     """
-    class DebugListener(trt.IDebugListener):  # type: ignore[misc, name-defined]
+    class DebugListener(trt.IDebugListener):
         def __init__(self) -> None:
             trt.IDebugListener.__init__(self)
             self.tensors: dict[str, np.ndarray] = {}

@@ -103,7 +103,7 @@ def db_boxes_from_map(prob_map: np.ndarray, *, threshold: float = 0.3, box_thres
     pred = np.where(np.isnan(pred), np.float32(0.0), pred)  # NaN is no text, not a crash
     bitmap = (pred > threshold).astype(np.uint8)
     if dilation:
-        bitmap = cv2.dilate(bitmap, np.array([[1, 1], [1, 1]], dtype=np.uint8))
+        bitmap = np.asarray(cv2.dilate(bitmap, np.ones((2, 2), dtype=np.uint8)), np.uint8)
     contours = cv2.findContours(bitmap * 255, cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)[-2]
     boxes = []
     for contour in contours[:max_candidates]:
@@ -209,12 +209,14 @@ def db_boxes(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.nda
     ref, cand = select_pair(reference, candidate, output, role="probability map")
     if ref.ndim == 2:
         ref, cand = ref[None], cand[None]
-    options = {"threshold": threshold, "box_thresh": box_thresh, "unclip_ratio": unclip_ratio,
-               "dilation": dilation, "max_candidates": max_candidates}
+    def boxes(prob_map: np.ndarray) -> np.ndarray:
+        return db_boxes_from_map(prob_map, threshold=threshold, box_thresh=box_thresh,
+                                 unclip_ratio=unclip_ratio, dilation=dilation,
+                                 max_candidates=max_candidates)
+
     shares = []
     for ref_map, cand_map in zip(ref, cand):
-        a = db_boxes_from_map(ref_map, **options)
-        b = db_boxes_from_map(cand_map, **options)
+        a, b = boxes(ref_map), boxes(cand_map)
         if source_size is not None:
             map_size = tuple(np.shape(ref_map)[-2:])
             a, b = boxes_to_source(a, map_size, source_size), boxes_to_source(b, map_size,

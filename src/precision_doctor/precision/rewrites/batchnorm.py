@@ -126,7 +126,8 @@ def weight_range_details(weight: np.ndarray, folded: np.ndarray, var: np.ndarray
     with np.errstate(over="ignore"):
         w16 = w32.astype(np.float16).astype(np.float64)
     norm = float(np.linalg.norm(w32.astype(np.float64)))
-    err = float(np.linalg.norm(w16 - w32)) / norm if norm and np.isfinite(w16).all() else float("inf")
+    finite = norm and np.isfinite(w16).all()
+    err = float(np.linalg.norm(w16 - w32)) / norm if finite else float("inf")
     return {
         "bn_var_max": float(np.max(var)),
         "bn_var_over_fp16_max": int(np.sum(np.abs(var) > fp16.max)),

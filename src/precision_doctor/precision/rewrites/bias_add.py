@@ -108,7 +108,8 @@ class FoldBiasAdd(ir.passes.InPlacePass):
         if vector is None:
             return RewriteRecord(self.rule, False, names, (),
                                  f"constant of shape {list(constant.shape)} is not per-channel "
-                                 f"for {channels} output channels (expected [1, {channels}, 1, ...])")
+                                 f"for {channels} output channels "
+                                 f"(expected [1, {channels}, 1, ...])")
         if constant.dtype != weight.dtype:
             return RewriteRecord(self.rule, False, names, (), f"constant dtype {constant.dtype} "
                                  f"differs from the weight dtype {weight.dtype}")
@@ -116,7 +117,8 @@ class FoldBiasAdd(ir.passes.InPlacePass):
         bias = constant_array(bias_value)
         if bias_value is not None and bias is None:
             return RewriteRecord(self.rule, False, names, (),
-                                 f"{conv.op_type} bias is not a constant ({describe_source(bias_value)})")
+                                 f"{conv.op_type} bias is not a constant "
+                                 f"({describe_source(bias_value)})")
         # float64 sum then one rounding == the correctly rounded float32 sum b + c.
         total = (vector.astype(np.float64) if bias is None
                  else bias.astype(np.float64) + vector).astype(weight.dtype)

@@ -224,7 +224,7 @@ class DecomposedLayerNorm(pattern.RewriteRuleClassBase):
         eps = constant_array(epsilon)
         if eps is None or eps.size != 1 or not np.issubdtype(eps.dtype, np.floating):
             return f"epsilon is not a float scalar constant ({describe_source(epsilon)})"
-        k = int(counts[0])  # type: ignore[arg-type]
+        k = int(counts[0])
         normalized: Dims = tuple(dims[-k:]) if dims is not None else (None,) * k
         np_dtype = ir.DataType(dtype).numpy() if dtype is not None else eps.dtype
         scale = _affine(gamma if self.with_scale else None, "gamma", normalized, 1.0, np_dtype)

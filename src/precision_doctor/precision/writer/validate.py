@@ -18,8 +18,7 @@ import onnx
 import onnx_ir as ir
 
 from precision_doctor.errors import BackendError, UnsupportedModelError
-from precision_doctor.graph.load import PROTOBUF_LIMIT
-from precision_doctor.runners.ort import OrtRunner
+from precision_doctor.graph.load import PROTOBUF_LIMIT, ort_model_source
 
 
 def _first_line(exc: Exception) -> str:
@@ -118,16 +117,36 @@ def check_written(written: onnx.ModelProto, original: onnx.ModelProto,
         warnings.append(f"{len(wrong)} tensor(s) have another element type than the writer "
                         f"meant (the report's node precisions may be off there): "
                         f"{', '.join(wrong[:5])}")
-    try:
-        with OrtRunner(written, providers=("cpu",), name="ort-cpu"):
-            pass
-    except BackendError as exc:
-        if has_bf16 and "NOT_IMPLEMENTED" in str(exc):
-            warnings.append("ONNX Runtime CPU has no BF16 kernel for some op "
-                            f"({_first_line(exc).split('NOT_IMPLEMENTED : ')[-1]}); the model "
-                            "passed onnx.checker but was not run here: run it with the CUDA "
-                            "execution provider or TensorRT")
-            return False, warnings
-        raise BackendError(f"ONNX Runtime CPU cannot load the written model: {exc.message}",
-                           runner="ort-cpu") from exc
-    return True, warnings
+    error = ort_cpu_session_error(written)
+    if error is None:
+        return True, warnings
+    if has_bf16 and "NOT_IMPLEMENTED" in error:
+        warnings.append("ONNX Runtime CPU has no BF16 kernel for some op "
+                        f"({error.splitlines()[0].split('NOT_IMPLEMENTED : ')[-1]}); the model "
+                        "passed onnx.checker but was not run here: run it with the CUDA "
+                        "execution provider or TensorRT")
+        return False, warnings
+    raise BackendError(f"ONNX Runtime CPU cannot load the written model: ort-cpu: ONNX Runtime "
+                       f"cannot create a session: {error}", runner="ort-cpu")
+
+
+def ort_cpu_session_error(model: onnx.ModelProto) -> str | None:
+    """Create an ONNX Runtime CPU session for ``model`` (and drop it).
+
+    Uses ``onnxruntime`` directly rather than a runner: the writer sits below the runners layer.
+
+    Returns:
+        None when the session builds, else ONNX Runtime's message.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.enable_cpu_mem_arena = False
+    with tempfile.TemporaryDirectory(prefix="precision-doctor-ort-") as tmp:
+        try:
+            ort.InferenceSession(ort_model_source(model, tmp), sess_options=options,
+                                 providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated types
+            return str(exc).strip() or type(exc).__name__
+    return None

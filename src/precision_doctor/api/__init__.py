@@ -1,0 +1,21 @@
+"""The public API: ``diagnose``, ``fix``, ``audit``, ``compare_inputs`` and their results.
+
+Re-exported at the package root (``precision_doctor.diagnose`` ...). The CLI and the workflows
+are thin layers over these functions.
+"""
+
+import precision_doctor
+from precision_doctor.api.checks import audit, compare_inputs
+from precision_doctor.api.diagnosing import diagnose
+from precision_doctor.api.fixing import Fix, fix
+from precision_doctor.api.options import DataLike, ModelLike, Progress, ToleranceLike
+from precision_doctor.api.results import Audit, Diagnosis, InputComparison
+
+# ``precision_doctor.audit`` is a subpackage and the public function: loading the subpackage
+# binds the module as ``precision_doctor.audit``; the root's public name is the function.
+precision_doctor.audit = audit
+
+__all__ = [
+    "Audit", "DataLike", "Diagnosis", "Fix", "InputComparison", "ModelLike", "Progress",
+    "ToleranceLike", "audit", "compare_inputs", "diagnose", "fix",
+]

@@ -1,0 +1,140 @@
+"""``diagnose``: does a model survive FP16/BF16/TF32, and where and why does it break."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import onnx
+
+from precision_doctor.analysis.candidates import Candidate, candidate_from_spec, reference_factory
+from precision_doctor.analysis.candidates import run_samples as run_all
+from precision_doctor.analysis.diagnose import diagnose as diagnose_model
+from precision_doctor.analysis.objective import Objective
+from precision_doctor.api.options import (
+    DataLike,
+    ModelLike,
+    Progress,
+    ToleranceLike,
+    as_model,
+    as_samples,
+    build_objective,
+    build_plan,
+    parse_precision,
+    parse_tolerances,
+    progress_reporter,
+)
+from precision_doctor.api.results import Diagnosis, convert
+from precision_doctor.inputs import PreprocessSpec, Sample
+from precision_doctor.jsonable import json_float
+from precision_doctor.precision.plan import PrecisionPlan
+
+
+def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
+             preprocess: PreprocessSpec | str | None = None, runner: str = "emulate",
+             tolerance: ToleranceLike = None,
+             metric: str | None = None, threshold: float | None = None,
+             layerwise: bool = True, noise: bool = True, keep: Sequence[str] = (),
+             plan: PrecisionPlan | str | os.PathLike | None = None,
+             candidate_model: ModelLike | None = None, max_samples: int | None = None,
+             budget_mb: int = 2048, progress: Progress | None = None,
+             quiet: bool = False) -> Diagnosis:
+    """Run ``model`` in reduced precision next to its FP32 reference and explain the difference.
+
+    The reference is ONNX Runtime CPU in FP32. The candidate is, by default, a CPU emulation
+    that rounds every tensor to ``target`` (round-to-nearest-even, overflow to inf above the
+    format's max, e.g. 65504 for FP16, flush below the smallest subnormal; TF32 rounds the
+    inputs of MatMul/Gemm/Conv to 10 mantissa bits), or a real engine.
+
+    Args:
+        model: The FP32 model: a ``.onnx`` path, an ``onnx.ModelProto`` (not modified) or an
+            ``onnx_ir.Model``.
+        data: Inputs. What ``--data`` takes: an image file, folder or glob (with
+            ``preprocess``), ``.npy``/``.npz`` or a folder of them, Polygraphy inputs JSON,
+            or ``"random:seed=0,count=4,shape=x:1x3x224x224"``. Or in memory: a feed dict
+            ``{input name: np.ndarray}``, one array (single-input models), or an iterable of
+            either, one sample each. Arrays are cast to the input dtypes when values are kept
+            (float64 -> float32); dynamic dims are taken from the data.
+        target: ``"fp16"``, ``"bf16"``, ``"tf32"``, or ``"fp32"`` (compare two FP32 engines).
+        preprocess: Image preprocessing: a preset (``imagenet``, ``ppocr-det``, ``ppocr-rec``,
+            ``ppocr-cls``, ``paddleocr-det``, ``none``), ``key=value`` overrides
+            (``"ppocr-det:resize=max-side,side=960"``) or a ``PreprocessSpec``. Images only.
+        runner: ``"emulate"``, ``"emulate-fused"`` (BatchNorm folded and LayerNorm fused as
+            engines run it), or ONNX Runtime: ``"ort:cuda,tf32=0"``, ``"ort:tensorrt,fp16=1"``.
+        tolerance: Pass bound per output. Default relative L2 error <= 1e-2 for FP16/TF32,
+            8e-2 for BF16, 1e-4 for FP32 (20x the format's unit roundoff, 2^-11 for FP16, as
+            ``compare.tolerance`` documents). A number (relative L2), text
+            ``"rel_l2=1e-2,atol=1e-3,rtol=1e-3,statistic=p99"`` (``"OUT:..."`` for one
+            output), a list of texts, a ``Tolerance`` or ``{output: Tolerance | text}``.
+        metric: Also score a task metric of the candidate's outputs against the reference's
+            (``top1``, ``mask-iou:threshold=0.3``, ``ctc-string``, ``db-boxes``, ``psnr``,
+            ``module:function`` ...), reported in ``Diagnosis.task``; two extra runs.
+        threshold: Pass mark of ``metric`` on every sample (default: the metric's own).
+        layerwise: Compare every intermediate floating tensor (first divergence, overflow,
+            flush-to-zero, NaN birth, headroom in bits).
+        noise: Measure the FP32 noise floor (float64 and unoptimized FP32 probes).
+        keep: Node names or op types kept in FP32 by the emulator.
+        plan: A ``PrecisionPlan`` (or its JSON file) for the emulator instead of all-``target``.
+        candidate_model: For ``ort:`` runners, run this model (e.g. a fixed one) as the
+            candidate instead of ``model``.
+        max_samples: Use the first N samples.
+        budget_mb: Memory budget of one layerwise chunk, in MiB.
+        progress: ``progress(stage, done, total)`` callback; default: a rich bar on stderr
+            when it is a terminal, nothing otherwise.
+        quiet: No progress output at all (the library never prints results).
+
+    Returns:
+        :class:`Diagnosis`: ``verdict`` (``"pass"``/``"fail"``), ``outputs`` (metrics per
+        output: max/mean/median/p99 abs error, relative L2, cosine, SNR in dB, NaN/Inf
+        counts), ``findings`` (root cause, node, evidence, remedy, measured impact),
+        ``hazards``, ``layerwise``, ``noise``; ``to_json()``, ``to_html(path)``.
+
+    Raises:
+        ModelLoadError: The model cannot be read (missing, corrupt, external data missing).
+        InputError: No data, a source not found, images without ``preprocess``, an unknown
+            ``target`` or a bad ``tolerance``.
+        InputNameError, InputShapeError: The data does not fit the model's inputs (the
+            message names the input, the dim, expected and got).
+        DataFormatError: A data file does not decode.
+        PlanError: ``keep`` or ``plan`` names nodes the model does not have.
+        BackendError, BackendUnavailable: A runner cannot be built (e.g. no CUDA provider:
+            the message lists the available ones).
+        ReferenceError_: The FP32 reference itself produces NaN/Inf.
+        MetricError: Unknown ``metric``, or the metric fails.
+    """
+    precision = parse_precision(target)
+    proto, path = as_model(model)
+    samples = as_samples(data, proto, preprocess, max_samples)
+    emulated_plan = build_plan(proto, precision, plan, keep)
+    other = as_model(candidate_model)[0] if candidate_model is not None else None
+    candidate = candidate_from_spec(runner, emulated_plan, proto, other)
+    objective = build_objective(None, metric, threshold, precision) if metric else None
+    with progress_reporter(progress, quiet) as callback:
+        report = diagnose_model(proto, samples, precision, candidate,
+                                parse_tolerances(tolerance, precision), layerwise=layerwise,
+                                noise=noise, budget_bytes=budget_mb << 20, model_path=path,
+                                progress=callback)
+        task = (task_score(proto, samples, candidate, objective, callback)
+                if objective is not None else None)
+    return convert(Diagnosis, report, task=task)
+
+
+def task_score(model: onnx.ModelProto, samples: Sequence[Sample], candidate: Candidate,
+               objective: Objective, progress: Progress | None = None) -> dict[str, Any]:
+    """The task metric of the candidate's outputs against the FP32 reference's.
+
+    Returns:
+        ``{"metric": description, "passed", "value" (worst sample), "per_sample"}``.
+
+    Raises:
+        MetricError: The metric raised or returned NaN.
+    """
+    names = [o.name for o in model.graph.output]
+    reference = run_all(reference_factory(model), samples, names, "task-reference", progress)
+    outputs = run_all(candidate.factory(model), samples, names, "task-candidate", progress)
+    objective = objective.with_samples(samples)
+    score = objective.score(reference, outputs)
+    return {"metric": objective.describe(), "passed": score.passed,
+            "value": json_float(score.value),
+            "per_sample": {s.name: json_float(float(v)) for s, v in
+                           zip(samples, score.detail.get("per_sample", []))}}

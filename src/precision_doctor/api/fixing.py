@@ -1,0 +1,306 @@
+"""``fix``: a verified, strongly typed mixed-precision model, held in memory until saved."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import onnx
+
+from precision_doctor.analysis.fix import FixResult
+from precision_doctor.analysis.fix import fix as fix_model
+from precision_doctor.api.options import (
+    DataLike,
+    ModelLike,
+    Progress,
+    ToleranceLike,
+    as_model,
+    as_samples,
+    build_objective,
+    parse_precision,
+    progress_reporter,
+)
+from precision_doctor.errors import InputError
+from precision_doctor.graph.load import input_metadata
+from precision_doctor.inputs import PreprocessSpec, Sample
+from precision_doctor.jsonable import dumps
+from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.report.files import check_writable, write_bytes_atomic, write_text_atomic
+from precision_doctor.report.notebook import fix_summary
+from precision_doctor.runners.ort import OrtRunner
+from precision_doctor.runners.ort_options import ort_providers
+
+
+def sidecar_paths(output: str | os.PathLike) -> dict[str, Path]:
+    """Files written next to the fixed model: plan, recipes, JSON report, and the rewritten
+    FP32 model (the base of the weakly typed TensorRT route: its node names are the plan's)."""
+    stem = Path(output).with_suffix("")
+    return {"plan": Path(f"{stem}.plan.json"), "recipes": Path(f"{stem}.recipes.md"),
+            "report": Path(f"{stem}.report.json"),
+            "rewritten": Path(f"{stem}.rewritten-fp32.onnx")}
+
+
+@dataclass(frozen=True)
+class Fix:
+    """What ``fix`` produced; nothing is on disk until :meth:`save`.
+
+    Attributes:
+        model: The strongly typed mixed-precision model (explicit Casts at precision
+            boundaries); None for a ``Fix`` rebuilt from JSON without it.
+        plan: Every node kept in FP32, with the reason (``user``, ``hazard``, ``search``).
+        report: The JSON report: verdict, objective, ``before``/``after`` errors per output
+            (relative L2 vs the FP32 reference; ``after`` = the written model on ONNX Runtime
+            CPU), ``fp32_share`` (nodes, FLOPs, parameters), search trials, rewrites, writer
+            details, warnings. ``model.input`` is the source path when known;
+            :meth:`save` records the output path and the engine recipes here.
+        rewritten: The FP32 model after the numerically safe rewrites (BatchNorm folding,
+            LayerNorm fusion); the plan's node names are its names.
+        result: The in-memory ``FixResult`` (search trials, scores); None from JSON.
+        samples: The calibration samples (for the recipes' shapes and the HTML report).
+        source: The FP32 input model (the reference of the HTML report).
+    """
+
+    model: onnx.ModelProto | None
+    plan: PrecisionPlan
+    report: dict[str, Any]
+    rewritten: onnx.ModelProto | None = field(default=None, repr=False)
+    result: FixResult | None = field(default=None, repr=False, compare=False)
+    samples: tuple[Sample, ...] = field(default=(), repr=False, compare=False)
+    source: onnx.ModelProto | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def passed(self) -> bool:
+        """Whether the written model meets the target on ONNX Runtime CPU."""
+        return self.report.get("verdict") == "pass"
+
+    @property
+    def verdict(self) -> str:
+        """``"pass"`` or ``"fail"``."""
+        return str(self.report.get("verdict"))
+
+    @property
+    def fp32_nodes(self) -> list[str]:
+        """Names of the nodes the plan keeps in FP32 (of ``rewritten``), sorted."""
+        return sorted(self.plan.overrides)
+
+    def to_dict(self) -> dict:
+        """The JSON report (see ``report``); ``from_dict`` reads it back."""
+        return dict(self.report)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], model: onnx.ModelProto | None = None,
+                  rewritten: onnx.ModelProto | None = None) -> Fix:
+        """A ``Fix`` from its JSON report (and optionally the fixed and rewritten models).
+
+        Raises:
+            ValueError: Not a precision-doctor fix report.
+            PlanError: A malformed plan.
+        """
+        if data.get("schema") != "precision-doctor/fix":
+            raise ValueError(f"not a precision-doctor fix report (schema={data.get('schema')!r})")
+        return cls(model, PrecisionPlan.from_dict(data["plan"]), dict(data), rewritten)
+
+    def to_json(self, path: str | os.PathLike | None = None, *, force: bool = False) -> str:
+        """The stable JSON text of the report; also written to ``path`` when given.
+
+        Raises:
+            OutputExistsError: ``path`` exists and ``force`` is False.
+        """
+        text = dumps(self.to_dict())
+        if path is not None:
+            write_text_atomic(path, text, force)
+        return text
+
+    def save(self, path: str | os.PathLike, *, force: bool = False) -> dict[str, Path]:
+        """Write the fixed model to ``path`` and, next to it, ``*.plan.json``,
+        ``*.recipes.md`` (trtexec, Polygraphy and ONNX Runtime commands), ``*.report.json``
+        and ``*.rewritten-fp32.onnx``. Every file is written atomically; all are checked
+        before the first is written.
+
+        Args:
+            path: The ``.onnx`` file to write.
+            force: Overwrite existing files.
+
+        Returns:
+            What was written: ``{"model", "plan", "recipes", "report", "rewritten"}`` -> path.
+
+        Raises:
+            OutputExistsError: A file exists and ``force`` is False (nothing written).
+            InputError: ``path`` is the source model (never overwritten), or no model is held.
+        """
+        if self.model is None or self.rewritten is None:
+            raise InputError("this Fix holds no model (rebuilt from JSON): nothing to save")
+        output = Path(path)
+        side = sidecar_paths(output)
+        source = (self.report.get("model") or {}).get("input")
+        if source and output.resolve() == Path(source).resolve():
+            raise InputError(f"{output} is the input model: precision-doctor never overwrites "
+                             "your model; choose another path", file=str(output))
+        check_writable([output, *side.values()], force)
+        report = dict(self.report)
+        report["model"] = {"input": source, "output": str(output)}
+        recipes_md = self._recipes(report, output, side)
+        write_bytes_atomic(output, self.model.SerializeToString(), force)
+        write_bytes_atomic(side["rewritten"], self.rewritten.SerializeToString(), force)
+        write_text_atomic(side["plan"], dumps(self.plan.to_dict()), force)
+        write_text_atomic(side["recipes"], recipes_md, force)
+        write_text_atomic(side["report"], dumps(report), force)
+        self.report.update(model=report["model"], recipes=report["recipes"])
+        return {"model": output, **side}
+
+    def _recipes(self, report: dict, output: Path, side: dict[str, Path]) -> str:
+        """Engine recipes as markdown; also stored in ``report["recipes"]``."""
+        from precision_doctor.formats import Precision
+        from precision_doctor.precision.recipes import build_recipes
+
+        shapes: dict[str, list[list[int]]] = {}
+        for s in self.samples:
+            for k, v in s.feeds.items():
+                shapes.setdefault(k, []).append(list(v.shape))
+        assert self.rewritten is not None
+        dynamic = any(m.is_dynamic() for m in input_metadata(self.rewritten))
+        recipes = build_recipes(fixed_model=str(output), original_model=str(side["rewritten"]),
+                                plan=self.plan, target=Precision.parse(str(report["target"])),
+                                tf32=False, input_shapes=shapes, dynamic=dynamic,
+                                plan_json=str(side["plan"]))
+        report["recipes"] = recipes.to_dict()
+        return recipes.render_markdown()
+
+    def to_html(self, path: str | os.PathLike | None = None, *, force: bool = False,
+                command: str | None = None) -> str:
+        """The HTML report: a diagnosis of the fixed model (ONNX Runtime CPU) against the FP32
+        reference on the calibration samples, with the before/after table, plan and recipes.
+
+        Runs the fixed model and the reference once more on the samples.
+
+        Raises:
+            InputError: The ``Fix`` was rebuilt from JSON (no model or samples to diagnose).
+            OutputExistsError: ``path`` exists and ``force`` is False.
+        """
+        if self.model is None or self.result is None or self.source is None or not self.samples:
+            raise InputError("the fix HTML report diagnoses the fixed model on its calibration "
+                             "samples; a Fix rebuilt from JSON has neither")
+        page = _fix_html(self, command)
+        if path is not None:
+            write_text_atomic(path, page, force)
+        return page
+
+    def _repr_html_(self) -> str:
+        return fix_summary(self.report)
+
+
+def _fix_html(fixed: Fix, command: str | None) -> str:
+    from precision_doctor.analysis.candidates import onnxruntime
+    from precision_doctor.analysis.diagnose import diagnose
+    from precision_doctor.analysis.fix_review import review_fixed_diagnosis
+    from precision_doctor.report.html import render_html
+
+    result = fixed.result
+    assert result is not None and fixed.model is not None and fixed.source is not None
+    source = (fixed.report.get("model") or {}).get("input")
+    after = diagnose(fixed.source, list(fixed.samples), parse_precision(result.target),
+                     onnxruntime(["cpu"], model=fixed.model, name="ort-cpu-fixed"),
+                     noise=False, measure_impact=False, model_path=source)
+    # the page is headlined by the fix's objective; the default-tolerance diagnosis is
+    # secondary and leaves out the causes the fix removed (folded BatchNorms, FP32 nodes)
+    after, resolved = review_fixed_diagnosis(after, fixed.model, result.plan, result.rewrites,
+                                             result.writer)
+    ops = {n.name: n.op_type for n in fixed.model.graph.node}
+    plan_rows = [{"node": n, "op_type": ops.get(n, ""), "precision": d.precision.value,
+                  "reason": d.reason, "detail": d.detail}
+                 for n, d in result.plan.overrides.items()]
+    recipes = fixed.report.get("recipes", {})
+    summary = {"before": result.before, "after": result.after, "plan": plan_rows,
+               "fp32_share_nodes": result.share["nodes"],
+               "fp32_share_flops": result.share["flops"],
+               "recipes": {k: v for k, v in recipes.items() if isinstance(v, str)},
+               "verdict": "pass" if result.passed else "fail",
+               "model": (fixed.report.get("model") or {}).get("output"),
+               "objective": objective_summary(result),
+               "resolved": [c.to_dict() for c in resolved]}
+    return render_html(after, fix=summary, command=command)
+
+
+def objective_summary(result: FixResult) -> dict:
+    """The ``objective`` entry of ``report.html.render_fix_section``'s summary: what the fix
+    was judged against and the original (naive) and fixed scores."""
+    threshold, higher = result.pass_mark
+    return {"text": result.objective, "target": result.target,
+            "score_label": result.score_label, "threshold": threshold,
+            "higher_is_better": higher,
+            "before": {"value": result.score_before.value,
+                       "passed": result.score_before.passed},
+            "after": {"value": result.score_after.value, "passed": result.score_after.passed}}
+
+
+def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
+        preprocess: PreprocessSpec | str | None = None,
+        tolerance: ToleranceLike = None, metric: str | None = None,
+        threshold: float | None = None, keep: Sequence[str] = (),
+        force_low: Sequence[str] = (), rewrites: bool = True, keep_io_types: bool = True,
+        runner: str = "emulate", max_samples: int | None = None, max_evals: int = 150,
+        progress: Progress | None = None, quiet: bool = False) -> Fix:
+    """Find the fewest nodes to keep in FP32 so that the model meets an accuracy target in
+    FP16/BF16, and build that strongly typed mixed-precision model (in memory).
+
+    Steps: numerically safe rewrites (BatchNorm folded in float64, decomposed LayerNorm fused,
+    bias Adds folded); nodes ranked by measured sensitivity, bisection and delta debugging
+    (O(k log N) evaluations, each on all samples); the model written with Casts at precision
+    boundaries only, validated (``onnx.checker``, shape inference, an ONNX Runtime session)
+    and verified on ONNX Runtime CPU against the FP32 reference.
+
+    Args:
+        model: The FP32 model: a ``.onnx`` path, an ``onnx.ModelProto`` (not modified) or an
+            ``onnx_ir.Model``.
+        data: Calibration samples, as for :func:`diagnose` (paths, feed dicts or arrays).
+        target: ``"fp16"`` or ``"bf16"``.
+        preprocess: Image preprocessing, as for :func:`diagnose`.
+        tolerance: Output tolerance target (as for :func:`diagnose`); default relative L2
+            <= 1e-2 (FP16) / 8e-2 (BF16) on every output. Ignored with ``metric``.
+        metric: Task metric target instead: ``top1``, ``top5``, ``mask-iou:threshold=0.3``,
+            ``db-boxes``, ``box-match``, ``box-map``, ``ctc-string``, ``ctc-char``, ``psnr``,
+            ``ssim`` or ``module:function`` (``fn(reference, candidate) -> float``).
+        threshold: Pass mark of ``metric``, met on every sample (default: the metric's own).
+        keep: Node names or op types forced to FP32.
+        force_low: Node names or op types the search must leave in low precision.
+        rewrites: Apply the numerically safe rewrites first.
+        keep_io_types: Keep graph inputs and outputs FP32 (Casts inside the model).
+        runner: Evaluate candidates with ``"emulate"`` (CPU emulation) or a real engine,
+            ``"ort:cpu"``, ``"ort:cuda,tf32=0"`` (decision metrics at exact thresholds depend on
+            the engine's rounding: search with the engine you deploy on).
+        max_samples: Use the first N samples.
+        max_evals: Search budget in evaluations (a warning says when it was used up).
+        progress: ``progress(stage, done, total)`` callback; default: a rich bar on a terminal.
+        quiet: No progress output at all.
+
+    Returns:
+        :class:`Fix`: ``.model`` (``onnx.ModelProto``), ``.plan``, ``.passed``, ``.report``
+        (before/after errors, FP32 share); ``.save(path)`` writes the model and its sidecars.
+
+    Raises:
+        TargetNotMetError: Not even all-FP32 meets the target.
+        PlanError: ``target`` is not FP16/BF16, or ``keep``/``force_low`` name nothing.
+        MetricError: Unknown metric, a metric without a default and no ``threshold``.
+        ModelLoadError, InputError, BackendError: As for :func:`diagnose`.
+    """
+    precision = parse_precision(target)
+    proto, path = as_model(model)
+    samples = as_samples(data, proto, preprocess, max_samples)
+    objective = build_objective(tolerance, metric, threshold, precision)
+    factory = None
+    if runner != "emulate":
+        providers, options = ort_providers(runner)
+
+        def factory(m: onnx.ModelProto) -> OrtRunner:
+            return OrtRunner(m, providers, options, name=runner)
+
+    with progress_reporter(progress, quiet) as callback:
+        result = fix_model(proto, samples, precision, objective, keep, force_low,
+                           None if rewrites else [], keep_io_types, factory, max_evals,
+                           callback)
+    report = result.to_dict()
+    report["model"] = {"input": path, "output": None}
+    return Fix(result.model, result.plan, report, result.rewritten, result, tuple(samples),
+               proto)
