@@ -1,10 +1,13 @@
 """Shared fixtures: the location of ../shared (tests that need it skip cleanly without it)."""
 
+import os
 from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+# ../shared next to the checkout; PRECISION_DOCTOR_SHARED overrides it (e.g. from a git worktree).
+SHARED = Path(os.environ.get("PRECISION_DOCTOR_SHARED")
+              or Path(__file__).resolve().parents[1].parent / "shared")
 
 
 @pytest.fixture

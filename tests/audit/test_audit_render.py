@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from rich.console import Console
 
 from precision_doctor.audit import audit_engine, compare_builds
@@ -42,3 +44,21 @@ def test_render_diff(trt86: dict, trt86_prof: list, trt84: dict) -> None:
     for needle in ("Build A:", "Precision per build", "Layers that changed precision",
                    "Unpaired compute layers"):
         assert needle in out, needle
+
+
+def test_render_at_80_columns_cuts_no_time_or_header(trt86: dict, trt86_prof: list,
+                                                     trt84: dict) -> None:
+    report = audit_engine(trt86, trt86_prof, expect_fp32=["*norm1*", "*Softmax*"])
+    for width in (60, 80):
+        console = Console(record=True, width=width)
+        render_audit(report, console)
+        render_build_diff(compare_builds(audit_engine(trt84, None), report), console)
+        out = console.export_text()
+        assert all(len(line.rstrip()) <= width for line in out.splitlines())
+        for layer in report.layers:  # every time in full (3 decimals, ms)
+            if layer.time_ms is not None:
+                assert f"{layer.time_ms:.3f}" in out
+        for header in ("precision", "ms/inference", "time share"):
+            assert header in out
+        # an ellipsis only ever ends a deliberately shortened engine name, never a number
+        assert not re.search(r"(?<![\w.\[])[-+]?\d[\d.,e+-]*%?…", out), out

@@ -40,3 +40,23 @@ def test_audit_command_on_a_built_layer_file(tmp_path):
     assert res.exit_code == 1, res.output  # the FP32 request for ln was not honored
     kinds = {f["kind"] for f in json.loads(out.read_text())["audit"]["findings"]}
     assert {"fp32-not-honored", "tf32-tactic"} <= kinds
+
+
+def test_inputs_at_80_columns(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from precision_doctor import cli
+
+    rng = np.random.default_rng(0)
+    img = rng.normal(0, 1, (1, 3, 24, 32)).astype(np.float32)
+    np.save(tmp_path / "a.npy", img)
+    np.save(tmp_path / "b.npy", img[:, ::-1].copy())
+    out = tmp_path / "f.json"
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(cli, "console", Console())
+    res = runner.invoke(app, ["inputs", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
+                              "--json", str(out)], env={"COLUMNS": "80"})
+    assert res.exit_code == 1, res.output
+    assert "…" not in res.output
+    assert all(len(line.rstrip()) <= 80 for line in res.output.splitlines())
+    assert "#1  channel-order" in res.output  # the narrow layout: one block per finding

@@ -1,9 +1,9 @@
-"""``precision-doctor demo``: the real PP-OCRv4 detector from the ``demo`` extra on bundled
-photos."""
+"""``precision-doctor demo``: the real PP-OCRv4 detector (``demo`` extra) on bundled photos."""
 
 import importlib.util
 import io
 import json
+import re
 import sys
 
 import pytest
@@ -42,6 +42,21 @@ def test_quick_demo_diagnoses_fail_and_fixes_pass(tmp_path):
     assert fixed["verdict"] == "pass" and fixed["score_after"]["passed"] is True
     assert "<html" in paths["diagnosis_html"].read_text().lower()
     assert "root cause:" in out and "open " in out and "diagnosis.html" in out
+    # fix.html: headlined by the objective the demo set (mask IoU >= 0.99), before/after, and
+    # the BatchNorm the fix folded listed as removed, never as the fixed model's main cause
+    assert "PASS FP16 fix against the objective: mask-iou:threshold=0.3 >= 0.99" in out
+    page = paths["fix_html"].read_text()
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", re.sub(
+        r"<style.*?</style>|<script.*?</script>|<svg.*?</svg>", "", page, flags=re.S)))
+    assert "<title>PASS: ch_PP-OCRv4_det_infer.onnx" in page
+    head = text.split("Fixed model against the default tolerance")[0]
+    assert "PASS ch_PP-OCRv4_det_infer.onnx fixed for FP16" in head
+    assert "judged against the objective you set: mask-iou:threshold=0.3 &gt;= 0.99" in head
+    assert "original model, naive FP16 (emulated)" in head and "fixed model (ONNX Runtime CPU)" \
+        in head
+    assert re.search(r"BatchNormalization p2o\.BatchNormalization\.1 : removed by the "
+                     r"fold-batchnorm rewrite", head)
+    assert "Main cause" not in text
     # A second run refuses to touch the first run's files before doing any work.
     before = paths["model"].stat().st_mtime_ns
     with pytest.raises(OutputExistsError, match="--force"):

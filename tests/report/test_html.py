@@ -138,7 +138,7 @@ def test_fix_section_escapes_and_orders(report: DiagnosisReport) -> None:
 
 def test_number_formatting() -> None:
     assert fmt_num(None) == "–" and fmt_num(math.inf) == "∞" and fmt_num(math.nan) == "NaN"
-    assert fmt_num(65504.0) == "65,504" and fmt_num(0.000123456) == "0.000123"
+    assert fmt_num(65504.0) == "65,504" and fmt_num(0.000123456) == "1.23e-04"
     assert fmt_num(1234567) == "1,234,567" and fmt_num(9.79e7) == "9.79e+07"
     assert sort_key(math.inf) == "Infinity" and sort_key(None) == "-Infinity"
     assert float(sort_key(1e-5)) == 1e-5

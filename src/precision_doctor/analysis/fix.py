@@ -55,6 +55,9 @@ class FixResult:
         seconds: Wall time per stage.
         warnings / notes: What the user should know (emulator vs ORT gap, assumptions).
         near_ties: Samples left out of a decision-metric target (see ``analysis.near_ties``).
+        score_label: What the scores measure (``Objective.score_label``).
+        pass_mark: ``(threshold, higher_is_better)`` the scores are compared with
+            (``Objective.pass_mark``).
     """
 
     model: onnx.ModelProto
@@ -75,6 +78,8 @@ class FixResult:
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     near_ties: tuple[NearTie, ...] = ()
+    score_label: str = "score"
+    pass_mark: tuple[float, bool] = (1.0, False)
 
     @property
     def passed(self) -> bool:
@@ -220,7 +225,8 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
                      score_before, score_after, share,
                      rw_report.to_dict(), writer_report.to_dict(), target.value,
                      objective.describe(), {k: round(v, 3) for k, v in seconds.items()},
-                     tuple(warnings), tuple(notes), tuple(near_ties))
+                     tuple(warnings), tuple(notes), tuple(near_ties), objective.score_label(),
+                     objective.pass_mark())
 
 
 def _is_fp32_node(name: str, plan: PrecisionPlan, writer_report: WriterReport) -> bool:

@@ -101,6 +101,23 @@ class Objective:
         parts = [f"{k}: {t.describe()}" for k, t in (self.tolerances or {}).items()]
         return "; ".join(parts) or "default tolerance"
 
+    def pass_mark(self) -> tuple[float, bool]:
+        """What ``Score.value`` is compared with: ``(threshold, higher_is_better)``.
+
+        A metric objective compares the worst sample's metric value with the metric's threshold
+        (in the metric's direction); a tolerance objective compares the worst output's
+        ``rel_l2 / tolerance`` with 1 (lower is better).
+        """
+        if self.metric is not None:
+            return self._threshold(), self.metric.higher_is_better
+        return 1.0, False
+
+    def score_label(self) -> str:
+        """What ``Score.value`` measures, in words (for reports)."""
+        if self.metric is not None:
+            return f"worst-sample {self.metric.spec or self.metric.name}"
+        return "worst output rel L2 / tolerance"
+
     def _threshold(self) -> float:
         if self.threshold is not None:
             return self.threshold

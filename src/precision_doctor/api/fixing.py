@@ -197,6 +197,7 @@ class Fix:
 def _fix_html(fixed: Fix, command: str | None) -> str:
     from precision_doctor.analysis.candidates import onnxruntime
     from precision_doctor.analysis.diagnose import diagnose
+    from precision_doctor.analysis.fix_review import review_fixed_diagnosis
     from precision_doctor.report.html import render_html
 
     result = fixed.result
@@ -205,6 +206,10 @@ def _fix_html(fixed: Fix, command: str | None) -> str:
     after = diagnose(fixed.source, list(fixed.samples), parse_precision(result.target),
                      onnxruntime(["cpu"], model=fixed.model, name="ort-cpu-fixed"),
                      noise=False, measure_impact=False, model_path=source)
+    # the page is headlined by the fix's objective; the default-tolerance diagnosis is
+    # secondary and leaves out the causes the fix removed (folded BatchNorms, FP32 nodes)
+    after, resolved = review_fixed_diagnosis(after, fixed.model, result.plan, result.rewrites,
+                                             result.writer)
     ops = {n.name: n.op_type for n in fixed.model.graph.node}
     plan_rows = [{"node": n, "op_type": ops.get(n, ""), "precision": d.precision.value,
                   "reason": d.reason, "detail": d.detail}
@@ -213,8 +218,24 @@ def _fix_html(fixed: Fix, command: str | None) -> str:
     summary = {"before": result.before, "after": result.after, "plan": plan_rows,
                "fp32_share_nodes": result.share["nodes"],
                "fp32_share_flops": result.share["flops"],
-               "recipes": {k: v for k, v in recipes.items() if isinstance(v, str)}}
+               "recipes": {k: v for k, v in recipes.items() if isinstance(v, str)},
+               "verdict": "pass" if result.passed else "fail",
+               "model": (fixed.report.get("model") or {}).get("output"),
+               "objective": objective_summary(result),
+               "resolved": [c.to_dict() for c in resolved]}
     return render_html(after, fix=summary, command=command)
+
+
+def objective_summary(result: FixResult) -> dict:
+    """The ``objective`` entry of ``report.html.render_fix_section``'s summary: what the fix
+    was judged against and the original (naive) and fixed scores."""
+    threshold, higher = result.pass_mark
+    return {"text": result.objective, "target": result.target,
+            "score_label": result.score_label, "threshold": threshold,
+            "higher_is_better": higher,
+            "before": {"value": result.score_before.value,
+                       "passed": result.score_before.passed},
+            "after": {"value": result.score_after.value, "passed": result.score_after.passed}}
 
 
 def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",

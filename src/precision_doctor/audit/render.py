@@ -1,7 +1,10 @@
 """Terminal rendering (rich) of an ``AuditReport`` and a ``BuildDiff``.
 
 Every engine-provided string goes through ``Text`` so that TensorRT names such as
-``(Unnamed Layer* 12) [Shuffle]`` are never read as rich markup.
+``(Unnamed Layer* 12) [Shuffle]`` are never read as rich markup. Tables are
+``report.tables.metric_table``: a table when it fits the console, key: value blocks when it
+does not, so no time or header is cut at 80 columns. Engine names longer than the limits below
+are shortened on purpose (the JSON report has them in full).
 """
 
 from __future__ import annotations
@@ -9,17 +12,16 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from precision_doctor.audit.diff import BuildDiff
 from precision_doctor.audit.findings import KIND_ORDER
 from precision_doctor.audit.records import (
-    KIND_FP32_NOT_HONORED,
     AuditFinding,
     AuditReport,
     EngineLayer,
 )
+from precision_doctor.report.tables import Cell, Col, MetricTable, metric_table
 
 COLORS = {"fp32": "green", "tf32": "yellow", "fp16": "cyan", "bf16": "blue", "fp8": "magenta",
           "int8": "magenta", "mixed": "yellow", "unknown": "red", "not-honored": "red",
@@ -54,33 +56,32 @@ def _nodes(nodes: Sequence[str], n: int = 2) -> str:
     return head + (f" (+{len(nodes) - n})" if len(nodes) > n else "")
 
 
+_PAIR_COLUMNS = (Col("A", "key", label="A layer"), Col("B", "text", label="B layer"),
+                 Col("A → B", "tag"), Col("A ms"), Col("B ms"), Col("paired by", "tag"))
+
+
 def layer_precision_label(layer: EngineLayer) -> str:
     """``unknown (fused Myelin region)`` for hidden fused layers, else the precision."""
     return "unknown (fused Myelin region)" if layer.fused and layer.precision == "unknown" \
         else layer.precision
 
 
-def _summary_table(summary: Mapping[str, Mapping[str, Any]], title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    for col in ("precision", "layers", "ms/inference", "time share"):
-        table.add_column(col, justify="left" if col == "precision" else "right")
-    for precision, row in summary.items():
-        table.add_row(_p(precision), str(row.get("layers", 0)), _ms(row.get("time_ms")),
-                      _pct(row.get("time_share")))
-    return table
+def _summary_table(summary: Mapping[str, Mapping[str, Any]], title: str) -> MetricTable:
+    cols = (Col("precision", "key"), Col("layers"), Col("ms/inference"), Col("time share"))
+    rows: list[list[Cell]] = [[_p(precision), str(row.get("layers", 0)), _ms(row.get("time_ms")),
+             _pct(row.get("time_share"))] for precision, row in summary.items()]
+    return metric_table(title, cols, rows)
 
 
 def _findings(console: Console, kind: str, items: Sequence[AuditFinding], top: int) -> None:
     total = sum(f.time_ms or 0.0 for f in items)
     timed = any(f.time_ms is not None for f in items)
     head = f"{TITLES.get(kind, kind)}: {len(items)}" + (f", {total:.3f} ms" if timed else "")
-    table = Table(title=head, title_justify="left", show_lines=kind == KIND_FP32_NOT_HONORED)
-    for col in ("confidence", "layer", "ONNX nodes", "evidence", "ms"):
-        table.add_column(col, overflow="fold")
-    for f in items[:top]:
-        table.add_row(_p(f.confidence), Text(_short(f.layer, 60)), Text(_nodes(f.nodes)),
-                      Text(_short(f.evidence, 160)), _ms(f.time_ms))
-    console.print(table)
+    cols = (Col("confidence", "tag"), Col("layer", "key"), Col("ONNX nodes", "text"),
+            Col("evidence", "text"), Col("ms"))
+    console.print(metric_table(head, cols, [
+        [_p(f.confidence), Text(_short(f.layer, 60)), Text(_nodes(f.nodes)),
+         Text(_short(f.evidence, 160)), _ms(f.time_ms)] for f in items[:top]]))
     if len(items) > top:
         console.print(Text(f"  … {len(items) - top} more (see --json)", style="dim"))
     shown = list(dict.fromkeys(f.remedy for f in items[:top]))
@@ -92,9 +93,9 @@ def _findings(console: Console, kind: str, items: Sequence[AuditFinding], top: i
 
 
 def _regions(console: Console, report: AuditReport) -> None:
-    table = Table(title=f"Fused Myelin regions: {len(report.regions)}", title_justify="left")
-    for col in ("region", "precision", "ms", "share", "ONNX nodes", "sensitive ops"):
-        table.add_column(col, overflow="fold")
+    cols = (Col("region", "key"), Col("precision", "tag"), Col("ms"), Col("share"),
+            Col("ONNX nodes", "text"), Col("sensitive ops", "text"))
+    rows: list[list[Cell]] = []
     for r in report.regions:
         first = [n for n in r.first if not n.startswith("(Unnamed Layer")] or list(r.first)
         last = [n for n in r.last if not n.startswith("(Unnamed Layer")] or list(r.last)
@@ -104,20 +105,18 @@ def _regions(console: Console, report: AuditReport) -> None:
         sens = "; ".join(f"{s.op}: {_short(s.node, 50)}" for s in r.sensitive[:4]) or "-"
         if len(r.sensitive) > 4:
             sens += f" (+{len(r.sensitive) - 4})"
-        table.add_row(Text(span), _p(r.precision), _ms(r.time_ms), _pct(r.time_share),
-                      Text(nodes), Text(sens))
-    console.print(table)
+        rows.append([Text(span), _p(r.precision), _ms(r.time_ms), _pct(r.time_share),
+                     Text(nodes), Text(sens)])
+    console.print(metric_table(f"Fused Myelin regions: {len(report.regions)}", cols, rows))
 
 
 def _checks(console: Console, report: AuditReport) -> None:
-    table = Table(title="Nodes wanted in FP32", title_justify="left")
-    for col in ("node", "from", "ran in", "status", "confidence", "layer"):
-        table.add_column(col, overflow="fold")
-    for c in report.fp32_checks:
-        table.add_row(Text(_short(c.node, 70)), c.source, _p(c.ran_in), _p(c.status),
-                      _p(c.confidence) if c.status == "not-honored" else Text("-"),
-                      Text(_nodes(c.layers, 1)))
-    console.print(table)
+    cols = (Col("node", "key"), Col("from", "tag"), Col("ran in", "tag"), Col("status", "tag"),
+            Col("confidence", "tag"), Col("layer", "text"))
+    console.print(metric_table("Nodes wanted in FP32", cols, [
+        [Text(_short(c.node, 70)), c.source, _p(c.ran_in), _p(c.status),
+         _p(c.confidence) if c.status == "not-honored" else Text("-"), Text(_nodes(c.layers, 1))]
+        for c in report.fp32_checks]))
 
 
 def _layers(console: Console, report: AuditReport, max_layers: int | None) -> None:
@@ -125,15 +124,12 @@ def _layers(console: Console, report: AuditReport, max_layers: int | None) -> No
     if max_layers is not None and len(layers) > max_layers:
         layers = sorted(layers, key=lambda x: -(x.time_ms or 0.0))[:max_layers]
         layers.sort(key=lambda x: x.index)
-    table = Table(title=f"Layers ({len(layers)} of {len(report.layers)})", title_justify="left")
-    for col in ("#", "layer", "type", "precision", "ms", "share", "ONNX nodes", "evidence"):
-        table.add_column(col, overflow="fold", justify="right" if col in ("#", "ms") else "left")
-    for x in layers:
-        table.add_row(str(x.index), Text(_short(x.name, 60)), Text(x.type),
-                      _p(layer_precision_label(x)), _ms(x.time_ms), _pct(x.time_share),
-                      Text(_nodes(x.onnx_nodes, 1)), Text(_short(x.evidence[0], 70)
-                                                          if x.evidence else "-"))
-    console.print(table)
+    cols = (Col("#", "tag"), Col("layer", "key"), Col("type", "name"), Col("precision", "tag"),
+            Col("ms"), Col("share"), Col("ONNX nodes", "text"), Col("evidence", "text"))
+    console.print(metric_table(f"Layers ({len(layers)} of {len(report.layers)})", cols, [
+        [f"#{x.index}", Text(_short(x.name, 60)), Text(x.type), _p(layer_precision_label(x)),
+         _ms(x.time_ms), _pct(x.time_share), Text(_nodes(x.onnx_nodes, 1)),
+         Text(_short(x.evidence[0], 70) if x.evidence else "-")] for x in layers]))
 
 
 def render_audit(report: AuditReport, console: Console, max_layers: int | None = None,
@@ -187,24 +183,20 @@ def render_build_diff(diff: BuildDiff, console: Console, top: int = 20) -> None:
         ratio = diff.b_total_ms / diff.a_total_ms
         console.print(Text(f"Summed layer time: A {diff.a_total_ms:.3f} ms, B "
                            f"{diff.b_total_ms:.3f} ms (B/A = {ratio:.2f})"))
-    table = Table(title="Precision per build", title_justify="left")
-    for col in ("precision", "A layers", "A ms", "A share", "B layers", "B ms", "B share"):
-        table.add_column(col, justify="left" if col == "precision" else "right")
+    cols = (Col("precision", "key"), Col("A layers"), Col("A ms"), Col("A share"),
+            Col("B layers"), Col("B ms"), Col("B share"))
+    rows: list[list[Cell]] = []
     for p in dict.fromkeys((*diff.a_summary, *diff.b_summary)):
         ra, rb = diff.a_summary.get(p, {}), diff.b_summary.get(p, {})
-        table.add_row(_p(p), str(ra.get("layers", 0)), _ms(ra.get("time_ms")),
-                      _pct(ra.get("time_share")), str(rb.get("layers", 0)),
-                      _ms(rb.get("time_ms")), _pct(rb.get("time_share")))
-    console.print(table)
+        rows.append([_p(p), str(ra.get("layers", 0)), _ms(ra.get("time_ms")),
+                     _pct(ra.get("time_share")), str(rb.get("layers", 0)),
+                     _ms(rb.get("time_ms")), _pct(rb.get("time_share"))])
+    console.print(metric_table("Precision per build", cols, rows))
     if diff.regions:
-        regions = Table(title="Fused regions", title_justify="left")
-        for col in ("A region", "B region", "A → B", "A ms", "B ms", "paired by"):
-            regions.add_column(col, overflow="fold")
-        for r in diff.regions:
-            arrow = Text.assemble(_p(r.a_precision), " → ", _p(r.b_precision))
-            regions.add_row(Text(_short(r.a_layer or "-", 50)), Text(_short(r.b_layer or "-", 50)),
-                            arrow, _ms(r.a_time_ms), _ms(r.b_time_ms), r.match)
-        console.print(regions)
+        console.print(metric_table("Fused regions", _PAIR_COLUMNS, [
+            [Text(_short(r.a_layer or "-", 50)), Text(_short(r.b_layer or "-", 50)),
+             Text.assemble(_p(r.a_precision), " → ", _p(r.b_precision)), _ms(r.a_time_ms),
+             _ms(r.b_time_ms), r.match] for r in diff.regions]))
     counts: dict[tuple[str | None, str | None], int] = {}
     for c in diff.precision_changes:
         counts[(c.a_precision, c.b_precision)] = counts.get((c.a_precision, c.b_precision), 0) + 1
@@ -212,14 +204,11 @@ def render_build_diff(diff: BuildDiff, console: Console, top: int = 20) -> None:
                        + ", ".join(f"{a} → {b}: {n}" for (a, b), n in counts.items()) + ")"))
     changes = sorted(diff.precision_changes, key=lambda c: -(c.b_time_ms or 0.0))[:top]
     if changes:
-        table = Table(title=f"Slowest changed layers (top {len(changes)})", title_justify="left")
-        for col in ("A layer", "B layer", "A → B", "A ms", "B ms", "paired by"):
-            table.add_column(col, overflow="fold")
-        for c in changes:
-            table.add_row(Text(_short(c.a_layer or "-", 50)), Text(_short(c.b_layer or "-", 50)),
-                          Text.assemble(_p(c.a_precision), " → ", _p(c.b_precision)),
-                          _ms(c.a_time_ms), _ms(c.b_time_ms), c.match)
-        console.print(table)
+        console.print(metric_table(f"Slowest changed layers (top {len(changes)})",
+                                   _PAIR_COLUMNS, [
+            [Text(_short(c.a_layer or "-", 50)), Text(_short(c.b_layer or "-", 50)),
+             Text.assemble(_p(c.a_precision), " → ", _p(c.b_precision)), _ms(c.a_time_ms),
+             _ms(c.b_time_ms), c.match] for c in changes]))
     ra, rb = diff.reformat.get("a", {}), diff.reformat.get("b", {})
     console.print(Text(f"Precision-converting reformats: A {ra.get('layers', 0)} "
                        f"({_ms(ra.get('time_ms'))} ms), B {rb.get('layers', 0)} "

@@ -1,7 +1,8 @@
 """Terminal rendering (rich) of a ``ForensicsResult``.
 
 File names and summaries go through ``Text`` so that brackets in them are never read as rich
-markup.
+markup. Numbers use ``report.numbers.fmt3`` (3 significant digits, as in every report) and tables
+``report.tables.metric_table`` (key: value blocks when the console is narrow: nothing is cut).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from precision_doctor.forensics.analyze import EXPLAINED_REL_STD
 from precision_doctor.forensics.result import ForensicsResult, InputFinding
+from precision_doctor.report.numbers import fmt3
+from precision_doctor.report.tables import Cell, Col, MetricTable, metric_table
 
 KIND_COLORS = {"layout": "red", "channel-order": "red", "scale": "red", "normalization": "red",
                "resize": "yellow", "padding": "yellow", "crop-offset": "yellow",
@@ -27,7 +29,7 @@ _EVIDENCE_KEYS = ("permutation", "shift_px", "window_offset", "a_size", "b_size"
 
 def _num(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return fmt3(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_num(v) for v in value) + "]"
     return str(value)
@@ -80,21 +82,28 @@ def _transform_lines(result: ForensicsResult) -> list[Text]:
     return lines
 
 
-def _effect_table(effect: Mapping[str, Any]) -> Table:
+def _effect_table(effect: Mapping[str, Any]) -> MetricTable:
     target = str(effect.get("target", "fp16")).upper()
-    table = Table(title=f"Output effect ({effect.get('model', 'model')})", title_justify="left")
-    table.add_column("output")
-    table.add_column("B vs A (rel L2)", justify="right")
-    table.add_column(f"{target} on A (rel L2)", justify="right")
-    table.add_column("argmax agree B / " + target, justify="right")
+    cols = (Col("output", "key"), Col("B vs A", label="B vs A rel L2"),
+            Col(f"{target} on A", label=f"{target} on A rel L2"),
+            Col("argmax B", label="argmax agree B"),
+            Col(f"argmax {target}", label=f"argmax agree {target}"))
+    rows: list[list[Cell]] = []
     for name, stats in dict(effect.get("outputs", {})).items():
         pre, prec = stats.get("preprocessing") or {}, stats.get("precision") or {}
-        agree = [s.get("argmax_agreement") for s in (pre, prec)]
-        table.add_row(Text(name), _pct(pre.get("rel_l2")), _pct(prec.get("rel_l2")),
-                      " / ".join("-" if v is None else f"{float(v):.1%}" for v in agree))
-    table.add_row(Text("all outputs", style="bold"), _pct(effect.get("preprocessing_rel_l2")),
-                  _pct(effect.get("precision_rel_l2")), "")
-    return table
+        rows.append([Text(name), _rel(pre.get("rel_l2")), _rel(prec.get("rel_l2")),
+                     _rel(pre.get("argmax_agreement")), _rel(prec.get("argmax_agreement"))])
+    rows.append([Text("all outputs", style="bold"), _rel(effect.get("preprocessing_rel_l2")),
+                 _rel(effect.get("precision_rel_l2")), "", ""])
+    caption = (f"rel L2 of the outputs: B vs A = what the preprocessing difference moves, "
+               f"{target} on A = what {target} moves; argmax = share of positions with the "
+               "same argmax")
+    return metric_table(f"Output effect ({effect.get('model', 'model')})", cols, rows,
+                        caption=caption)
+
+
+def _rel(value: Any) -> str:
+    return fmt3(None if value is None else float(value))
 
 
 def render_forensics(result: ForensicsResult, console: Console) -> None:
@@ -110,23 +119,22 @@ def render_forensics(result: ForensicsResult, console: Console) -> None:
     if not result.findings:
         console.print(Text("No difference found: A and B are the same input.", style="green"))
     else:
-        table = Table(title="Findings (most important first)", title_justify="left")
-        for column in ("#", "kind", "confidence", "finding", "evidence"):
-            table.add_column(column, overflow="fold")
-        for i, f in enumerate(result.findings, 1):
-            table.add_row(str(i), Text(f.kind, style=KIND_COLORS.get(f.kind, "")),
-                          f"{f.confidence:.0%}", Text(f.summary), Text(_evidence(f), style="dim"))
-        console.print(table)
+        cols = (Col("#", "tag"), Col("kind", "tag"), Col("confidence", "tag"),
+                Col("finding", "text"), Col("evidence", "text"))
+        console.print(metric_table("Findings (most important first)", cols, [
+            [f"#{i}", Text(f.kind, style=KIND_COLORS.get(f.kind, "")), f"{f.confidence:.0%}",
+             Text(f.summary), Text(_evidence(f), style="dim")]
+            for i, f in enumerate(result.findings, 1)]))
     for line in _transform_lines(result):
         console.print(Text("  ") + line)
     rel_std = result.transform.get("residual_rel_std")
     before = result.transform.get("difference_rel_l2")
-    head = f"difference before explanation {_pct(before)} (rel L2); " if before is not None else ""
+    head = f"difference before explanation: rel L2 {_rel(before)}; " if before is not None else ""
     complete = rel_std is not None and float(rel_std) <= EXPLAINED_REL_STD
     verdict = Text("explained" if complete else "not fully explained",
                    style="green" if complete else "yellow")
-    console.print(Text(f"{head}residual after the estimated transform "
-                       f"{_pct(result.residual_rel_l2)} (rel L2), {_pct(rel_std)} of B's spread: ")
+    console.print(Text(f"{head}residual after the estimated transform: rel L2 "
+                       f"{_rel(result.residual_rel_l2)}, {_pct(rel_std)} of B's spread: ")
                   + verdict)
     effect = result.output_effect
     if effect:

@@ -29,6 +29,7 @@ from markupsafe import Markup
 from precision_doctor.analysis.diagnosis import DiagnosisReport
 from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
 from precision_doctor.report import plots
+from precision_doctor.report.numbers import fmt3, fmt_vs
 
 FOCUS_ROWS = 14  # rows of the "around the first divergence" table
 COLLAPSE_ROWS = 40  # longer tables start collapsed in <details>
@@ -57,7 +58,9 @@ class Section:
 
 # ----------------------------------------------------------------------------- formatting
 def fmt_num(x: Any, digits: int = 3) -> str:
-    """A number for a table cell: 3 significant digits, ``∞``/``NaN``, ``-`` for None."""
+    """A number for a table cell: ``numbers.fmt3`` (3 significant digits, the terminal's
+    strings) unless ``digits`` asks for more; ``∞``/``NaN``, ``–`` for None; integers (and
+    integral floats below 1e6) in full with thousands separators."""
     if x is None:
         return "–"
     if isinstance(x, bool):
@@ -71,7 +74,7 @@ def fmt_num(x: Any, digits: int = 3) -> str:
             return "∞" if x > 0 else "−∞"
         if x.is_integer() and abs(x) < 1e6:
             return f"{int(x):,}"
-        return f"{x:.{digits}g}"
+        return fmt3(x) if digits == 3 else f"{x:.{digits}g}"
     return str(x)
 
 
@@ -118,16 +121,21 @@ def _anchor(ids: Mapping[str, str], tensor: str, node: str) -> str | None:
     return ids.get(tensor) or ids.get("node:" + node)
 
 
-def verdict_section(report: DiagnosisReport) -> Section:
-    """The verdict: PASS/FAIL, target, candidate vs reference, samples, key numbers."""
+def verdict_section(report: DiagnosisReport, secondary: bool = False) -> Section:
+    """The verdict: PASS/FAIL, target, candidate vs reference, samples, key numbers.
+
+    ``secondary``: the page is a fix report (headlined by ``fix_verdict_section``); this verdict
+    is the fixed model against the default tolerance and is labelled as such.
+    """
     outputs = list(report.outputs)
     worst = max(outputs, key=lambda o: _finite_or_max(o.metrics.rel_l2), default=None)
     lw = report.layerwise
     first = lw.record(lw.first_divergence) if lw and lw.first_divergence else None
     birth = lw.record(lw.nan_birth) if lw and lw.nan_birth else None
     severities = [h.severity for h in report.hazards]
-    return Section("verdict", "Verdict", _render(
-        "verdict.j2", r=report, model_name=_model_name(report), worst=worst,
+    return Section("diagnosis" if secondary else "verdict",
+                   "Default tolerance" if secondary else "Verdict", _render(
+        "verdict.j2", r=report, model_name=_model_name(report), worst=worst, secondary=secondary,
         failing=[o for o in outputs if not o.passed], first=first, birth=birth,
         top=report.findings[0] if report.findings else None,
         errors=sum(f.severity == "error" for f in report.findings),
@@ -229,7 +237,11 @@ def render_fix_section(fix_summary: Mapping[str, Any]) -> Section:
             ``{metric: value}`` or ``{output: {metric: value}}``; ``plan``: list of
             ``{"node", "op_type", "precision", "reason", "detail"}``; ``fp32_share_nodes`` /
             ``fp32_share_flops``: shares in [0, 1]; ``recipes``: ``{name: command}``;
-            ``verdict``: ``pass``/``fail`` of the fixed model; ``model``: written model path.
+            ``verdict``: ``pass``/``fail`` of the fixed model; ``model``: written model path;
+            ``objective``: ``{"text", "target", "score_label", "threshold",
+            "higher_is_better", "before": {"value", "passed"}, "after": {...}}`` (with it, the
+            page is headlined by ``fix_verdict_section``); ``resolved``: list of
+            ``ResolvedCause.to_dict()`` (causes the fix removed).
 
     Returns:
         The section (id ``fix``).
@@ -248,12 +260,46 @@ def render_fix_section(fix_summary: Mapping[str, Any]) -> Section:
         model=fix_summary.get("model")))
 
 
+def fix_verdict_section(report: DiagnosisReport, fix_summary: Mapping[str, Any]) -> Section:
+    """The headline of a fix report: the fixed model against the objective the user set (task
+    metric + threshold, or tolerance), beside the original model's naive score, and the causes
+    the fix removed.
+
+    Args:
+        report: The diagnosis of the fixed model (for the model name).
+        fix_summary: See ``render_fix_section``; uses ``objective`` and ``resolved``.
+    """
+    o = fix_summary["objective"]
+    threshold, higher = o.get("threshold"), bool(o.get("higher_is_better"))
+    before, after = o.get("before") or {}, o.get("after") or {}
+    fx = {"passed": bool(after.get("passed")), "before_passed": bool(before.get("passed")),
+          "target": o.get("target") or report.target, "objective": o.get("text", ""),
+          "score_label": o.get("score_label", "score"),
+          "threshold": "–" if threshold is None else f"{float(threshold):g}",
+          "op": "≥" if higher else "≤",
+          "before_text": fmt_vs(_number(before.get("value")), threshold, higher),
+          "after_text": fmt_vs(_number(after.get("value")), threshold, higher)}
+    return Section("verdict", "Verdict", _render(
+        "fix_verdict.j2", fx=fx, model_name=_model_name(report),
+        resolved=[dict(c) for c in fix_summary.get("resolved") or ()]))
+
+
 def report_sections(report: DiagnosisReport, fix: Mapping[str, Any] | None = None,
                     command: str | None = None) -> list[Section]:
-    """The page's sections in order (verdict first); sections without data are left out."""
-    sections = [verdict_section(report), outputs_section(report),
+    """The page's sections in order (verdict first); sections without data are left out.
+
+    A fix report (``fix`` with an ``objective``) opens with the result against that objective
+    and the fix section; the diagnosis of the fixed model follows as secondary information.
+    """
+    head: list[Section | None]
+    if fix is not None and fix.get("objective"):
+        head = [fix_verdict_section(report, fix), render_fix_section(fix),
+                verdict_section(report, secondary=True), outputs_section(report)]
+    else:
+        head = [verdict_section(report), outputs_section(report),
                 recording_html_section(report),
-                render_fix_section(fix) if fix is not None else None,
+                render_fix_section(fix) if fix is not None else None]
+    sections = [*head,
                 findings_section(report), plots_section(report), hazards_section(report),
                 layerwise_section(report), reproduce_section(report, command),
                 details_section(report)]
@@ -274,8 +320,11 @@ def render_html(report: DiagnosisReport, fix: Mapping[str, Any] | None = None,
     """
     script = _render("script.js.j2")
     digest = base64.b64encode(hashlib.sha256(str(script).encode()).digest()).decode()
-    verdict = "PASS" if report.passed else "FAIL"
-    return _env().get_template("report.html.j2").render(
+    passed = report.passed
+    if fix is not None and fix.get("objective"):
+        passed = bool((fix["objective"].get("after") or {}).get("passed"))
+    verdict = "PASS" if passed else "FAIL"
+    return _env().get_template("report.html.j2").render(passed=passed,
         sections=report_sections(report, fix, command), script=script,
         script_hash=f"sha256-{digest}", r=report, verdict=verdict,
         title=f"{verdict}: {_model_name(report)} in {report.target.upper()} - precision-doctor")
@@ -285,6 +334,11 @@ def render_html(report: DiagnosisReport, fix: Mapping[str, Any] | None = None,
 def _model_name(report: DiagnosisReport) -> str:
     path = report.model.get("path")
     return PurePath(path).name if path else "model"
+
+
+def _number(x: Any) -> float | None:
+    """A JSON number (``"inf"``/``"nan"`` strings too) as a float; None stays None."""
+    return None if x is None else float(x)
 
 
 def _finite_or_max(x: float) -> float:

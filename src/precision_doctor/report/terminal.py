@@ -1,4 +1,9 @@
-"""Terminal rendering of a diagnosis with rich: verdict first, then outputs, findings, layers."""
+"""Terminal rendering of a diagnosis with rich: verdict first, then outputs, findings, layers.
+
+Every number goes through ``report.numbers`` (3 significant digits, the same strings as the HTML
+report) and every table through ``report.tables.metric_table``, which turns into key: value blocks
+when the console is too narrow: at 80 columns no number or header is ever cut with ``…``.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +12,75 @@ import math
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
-from rich.table import Table
+from rich.text import Text
 
-from precision_doctor.analysis.diagnosis import DiagnosisReport
+from precision_doctor.analysis.diagnosis import DiagnosisReport, OutputResult
+from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
+from precision_doctor.report.numbers import fmt3, fmt_count, fmt_share
+from precision_doctor.report.tables import Cell, Col, MetricTable, metric_table
+
+OUTPUT_COLUMNS = (Col("output", "key"), Col("verdict", "tag"), Col("rel L2"), Col("max abs"),
+                  Col("p99 abs"), Col("1-cos"), Col("SNR dB"), Col("NaN/Inf"),
+                  Col("argmax", label="argmax agree"), Col("x noise"))
+OUTPUT_CAPTION = ("rel L2 = |c - r| / |r|; 1-cos = 1 - cosine similarity; argmax = share of "
+                  "positions with the same argmax; x noise = rel L2 / FP32 noise floor")
+FINDING_COLUMNS = (Col("#", "tag"), Col("kind", "tag"), Col("node", "key"), Col("impact"),
+                   Col("evidence", "text"), Col("remedy", "text"))
+LAYER_COLUMNS = (Col("#", "tag"), Col("tensor", "key"), Col("op", "name"), Col("rel L2"),
+                 Col("max|x|", label="ref max|x|"), Col("bits", label="headroom bits"),
+                 Col("ovf", label="overflow"), Col("ftz", label="flush"), Col("NaN/Inf"))
+LAYER_CAPTION = ("max|x| = largest FP32 magnitude; bits = headroom to the format's max (log2); "
+                 "ovf / ftz = elements that overflow / flush to zero")
 
 
-def _g(x: float | None, digits: int = 3) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf"
-    return f"{x:.{digits}g}"
+def verdict_tag(passed: bool) -> Text:
+    """``pass`` in green or ``fail`` in red."""
+    return Text("pass", style="green") if passed else Text("fail", style="red")
+
+
+def outputs_table(outputs: tuple[OutputResult, ...] | list[OutputResult],
+                  title: str | None = "Outputs") -> MetricTable:
+    """Per-output metrics (``OutputResult``) as a width-adaptive table."""
+    rows: list[list[Cell]] = []
+    for o in outputs:
+        m = o.metrics
+        one_minus_cos = None if m.cosine is None else 1.0 - m.cosine
+        rows.append([o.name, verdict_tag(o.passed), fmt3(m.rel_l2), fmt3(m.max_abs),
+                     fmt3(m.p99_abs), fmt3(one_minus_cos), fmt3(m.snr_db),
+                     f"{m.nan}/{m.inf}", fmt3(m.argmax_agreement), fmt3(o.noise_multiple)])
+    return metric_table(title, OUTPUT_COLUMNS, rows, caption=OUTPUT_CAPTION)
+
+
+def findings_table(report: DiagnosisReport) -> MetricTable:
+    """Findings ranked by measured impact."""
+    rows: list[list[Cell]] = []
+    for i, f in enumerate(report.findings, 1):
+        color = {"error": "red", "warning": "yellow"}.get(f.severity, "")
+        rows.append([f"#{i}", Text(f.kind, style=color), f.node, fmt_share(f.impact), f.summary,
+                     f.remedy])
+    return metric_table("Findings (ranked by measured impact)", FINDING_COLUMNS, rows)
+
+
+def layer_rows(lw: LayerwiseResult, layers: int) -> list[LayerRecord]:
+    """The rows to show: around the first divergence, else the largest errors."""
+    if lw.first_divergence:
+        idx = {r.tensor: i for i, r in enumerate(lw.records)}
+        start = max(0, idx.get(lw.first_divergence, len(lw.records)) - layers // 2)
+        return list(lw.records[start:start + layers])
+    return sorted(lw.records,
+                  key=lambda r: -r.rel_l2 if math.isfinite(r.rel_l2) else -1e300)[:layers]
+
+
+def layers_table(lw: LayerwiseResult, layers: int) -> MetricTable:
+    """The layerwise rows (see ``layer_rows``), the first divergence in red."""
+    rows = layer_rows(lw, layers)
+    cells = [[f"#{r.index}", r.tensor, r.op_type, fmt3(r.rel_l2), fmt3(r.ref_max_abs),
+              fmt3(r.headroom_bits), fmt_count(r.overflow), fmt_count(r.flush_to_zero),
+              f"{r.cand_nan}/{r.cand_inf}"] for r in rows]
+    styles = ["red" if r.tensor == lw.first_divergence else None for r in rows]
+    title = ("Layerwise (around the first divergence)" if lw.first_divergence
+             else "Layerwise (largest errors)")
+    return metric_table(title, LAYER_COLUMNS, cells, caption=LAYER_CAPTION, row_styles=styles)
 
 
 def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12) -> None:
@@ -36,66 +99,35 @@ def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12
              f"{len(report.samples)} sample(s))")
     console.print(Panel(title, expand=False))
 
-    t = Table(title="Outputs", title_justify="left")
-    for col in ("output", "verdict", "rel L2", "max abs", "p99 abs", "cosine", "SNR dB",
-                "NaN/Inf", "argmax", "x noise"):
-        t.add_column(col, justify="right" if col not in ("output", "verdict") else "left")
+    console.print(outputs_table(report.outputs))
     for o in report.outputs:
-        m = o.metrics
-        t.add_row(escape(o.name), "[green]pass[/]" if o.passed else "[red]fail[/]",
-                  _g(m.rel_l2), _g(m.max_abs), _g(m.p99_abs), _g(m.cosine, 6), _g(m.snr_db),
-                  f"{m.nan}/{m.inf}", _g(m.argmax_agreement, 4), _g(o.noise_multiple))
-    console.print(t)
-    for o in report.outputs:
-        console.print(f"  {escape(o.name)}: {escape(o.reason)}")
+        console.print(Text(f"  {o.name}: {o.reason}"))
     if report.recording:
         _render_recording(report.recording, console)
 
     if report.findings:
-        ft = Table(title="Findings (ranked by measured impact)", title_justify="left")
-        for col in ("#", "kind", "node", "impact", "evidence", "remedy"):
-            ft.add_column(col, overflow="fold")
-        for i, f in enumerate(report.findings, 1):
-            color = {"error": "red", "warning": "yellow"}.get(f.severity, "white")
-            impact = "-" if f.impact is None else f"{f.impact:.0%}"
-            ft.add_row(str(i), f"[{color}]{f.kind}[/]", escape(f.node), impact,
-                       escape(f.summary), escape(f.remedy))
-        console.print(ft)
+        console.print(findings_table(report))
     else:
         console.print("No findings.")
 
     lw = report.layerwise
     if lw is not None and layers:
-        console.print(f"Layerwise: {len(lw.records)} tensors in {lw.chunks} chunk(s); first "
-                      f"divergence (rel L2 > {lw.threshold:g}): "
-                      f"[bold]{escape(lw.first_divergence or 'none')}[/]; NaN/Inf born at: "
-                      f"[bold]{escape(lw.nan_birth or 'nowhere')}[/]")
-        idx = {r.tensor: i for i, r in enumerate(lw.records)}
-        start = max(0, idx.get(lw.first_divergence or "", len(lw.records)) - layers // 2)
-        rows = lw.records[start:start + layers] if lw.first_divergence else sorted(
-            lw.records, key=lambda r: -r.rel_l2 if math.isfinite(r.rel_l2) else -1e300)[:layers]
-        lt = Table(title="Layerwise (around the first divergence)" if lw.first_divergence
-                   else "Layerwise (largest errors)", title_justify="left")
-        for col in ("#", "tensor", "op", "rel L2", "ref max|x|", "headroom bits", "overflow",
-                    "flush", "NaN/Inf"):
-            lt.add_column(col, overflow="fold")
-        for r in rows:
-            style = "red" if r.tensor == lw.first_divergence else None
-            lt.add_row(str(r.index), escape(r.tensor), r.op_type, _g(r.rel_l2),
-                       _g(r.ref_max_abs), _g(r.headroom_bits), str(r.overflow),
-                       str(r.flush_to_zero), f"{r.cand_nan}/{r.cand_inf}", style=style)
-        console.print(lt)
+        console.print(Text.assemble(
+            f"Layerwise: {len(lw.records)} tensors in {lw.chunks} chunk(s); first divergence "
+            f"(rel L2 > {fmt3(lw.threshold)}): ", (lw.first_divergence or "none", "bold"),
+            "; NaN/Inf born at: ", (lw.nan_birth or "nowhere", "bold")))
+        console.print(layers_table(lw, layers))
     hazards = [h for h in report.hazards if h.severity != "low"]
     if hazards:
         console.print(f"Static hazards ({len(hazards)} medium/high of {len(report.hazards)}):")
         for h in hazards[:10]:
-            console.print(f"  - [{h.severity}] {escape(h.detail)}")
+            console.print(Text(f"  - [{h.severity}] {h.detail}"))
     if report.noise is not None:
-        floor = ", ".join(f"{escape(k)}={_g(v)}" for k, v in report.noise.per_output.items())
+        floor = ", ".join(f"{k}={fmt3(v)}" for k, v in report.noise.per_output.items())
         probes = ", ".join(report.noise.probes) or "none"
-        console.print(f"FP32 noise floor (rel L2): {floor} (probes: {probes})")
+        console.print(Text(f"FP32 noise floor (rel L2): {floor} (probes: {probes})"))
     for w in report.warnings:
-        console.print(f"[yellow]warning:[/] {escape(w)}")
+        console.print(Text.assemble(("warning:", "yellow"), f" {w}"))
 
 
 def _render_recording(rec: dict, console: Console) -> None:
@@ -104,9 +136,10 @@ def _render_recording(rec: dict, console: Console) -> None:
     cc = rec.get("cross_check")
     if cc:
         for o in cc["outputs"]:
-            console.print(f"  {escape(o['name'])}: recorded rel L2 {_g(_f(o['recorded_rel_l2']))}"
-                          f" vs emulated ({escape(cc['emulator'])}) "
-                          f"{_g(_f(o['emulated_rel_l2']))}")
+            console.print(f"  {escape(o['name'])}: recorded rel L2 "
+                          f"{fmt3(_f(o['recorded_rel_l2']))} vs emulated "
+                          f"({escape(cc['emulator'])}) "
+                          f"{fmt3(_f(o['emulated_rel_l2']))}")
         worse = cc.get("worse_than_emulated") or []
         if worse:
             console.print(f"  {len(worse)} tensor(s) > 4x worse than the emulation, first "

@@ -37,6 +37,7 @@ from precision_doctor.analysis.diagnosis import DiagnosisReport
 from precision_doctor.analysis.fix import FixResult
 from precision_doctor.errors import BackendUnavailable
 from precision_doctor.report.files import check_writable, write_bytes_atomic
+from precision_doctor.report.numbers import fmt3, fmt_vs
 from precision_doctor.workflows.diagnose import run_diagnose
 from precision_doctor.workflows.fix import run_fix, sidecar_paths
 
@@ -205,8 +206,8 @@ def render_summary(report: DiagnosisReport, result: FixResult, paths: dict[str, 
     console.rule("summary")
     verdict = "[bold red]FAIL[/]" if not report.passed else "[bold green]PASS[/]"
     worst = max(report.outputs, key=lambda o: o.metrics.rel_l2, default=None)
-    detail = (f" (output {escape(worst.name)}: rel_l2 {worst.metrics.rel_l2:.3g}, tolerance "
-              f"{worst.tolerance.rel_l2:.3g})" if worst else "")
+    detail = (f" (output {escape(worst.name)}: rel L2 {fmt3(worst.metrics.rel_l2)}, tolerance "
+              f"{fmt3(worst.tolerance.rel_l2)})" if worst else "")
     console.print(f"naive FP16: {verdict}{detail}  [{seconds['diagnose']:.0f} s]")
     cause = next((f for f in report.findings if f.severity == "error"),
                  report.findings[0] if report.findings else None)
@@ -217,8 +218,11 @@ def render_summary(report: DiagnosisReport, result: FixResult, paths: dict[str, 
         console.print("root cause: none found")
     s = result.share
     fixed = "[bold green]PASS[/]" if result.passed else "[bold red]FAIL[/]"
-    console.print(f"fix: {fixed} worst-sample {METRIC} {result.score_before.value:.4f} -> "
-                  f"{result.score_after.value:.4f}; {s['fp32_nodes']} of {s['compute_nodes']} "
+    before, after = (fmt_vs(x.value, THRESHOLD) for x in (result.score_before,
+                                                         result.score_after))
+    console.print(f"fix: {fixed} against the objective {METRIC} >= {THRESHOLD}: worst sample "
+                  f"{before} (original, naive FP16) -> {after} (fixed); "
+                  f"{s['fp32_nodes']} of {s['compute_nodes']} "
                   f"compute nodes in FP32 ({s['flops']:.1%} of FLOPs)  "
                   f"[{seconds['fix']:.0f} s]")
     applied: dict[str, int] = {}

@@ -6,14 +6,13 @@ from pathlib import Path
 from typing import Sequence
 
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from precision_doctor.analysis.fix import FixResult
 from precision_doctor.api.fixing import fix, sidecar_paths
 from precision_doctor.api.options import build_objective, invocation  # noqa: F401 - re-exported
 from precision_doctor.errors import InputError
 from precision_doctor.report.files import check_writable
+from precision_doctor.report.fix_terminal import render_fix
 from precision_doctor.report.progress import progress_bar
 from precision_doctor.workflows.collect import collect_section
 
@@ -58,41 +57,3 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
     else:
         console.print(f"{'PASS' if result.passed else 'FAIL'}: wrote {output}", markup=False)
     return result
-
-
-def render_fix(result: FixResult, console: Console) -> None:
-    """Before/after table, FP32 share and the nodes kept in FP32."""
-    ok = result.passed
-    console.print(f"[bold {'green' if ok else 'red'}]{'PASS' if ok else 'FAIL'}[/] "
-                  f"{result.target.upper()} target: {escape(result.objective)}")
-    t = Table(title="Before / after (relative L2 vs FP32 reference)", title_justify="left")
-    for col in ("output", "naive (emulated)", "fixed (ORT CPU)", "fixed (emulated)"):
-        t.add_column(col)
-    for name in result.before:
-        t.add_row(escape(name), f"{result.before[name]['rel_l2']:.3g}",
-                  f"{result.after[name]['rel_l2']:.3g}",
-                  f"{result.after_emulated[name]['rel_l2']:.3g}")
-    console.print(t)
-    console.print(f"objective score: before {result.score_before.value:.4g} -> after "
-                  f"{result.score_after.value:.4g}")
-    s = result.share
-    console.print(f"FP32: {s['fp32_nodes']} of {s['compute_nodes']} compute nodes "
-                  f"({s['nodes']:.1%}), {s['flops']:.1%} of FLOPs, {s['params']:.1%} of "
-                  f"parameters; {result.search.evaluations} evaluations")
-    applied = [r for r in result.rewrites.get("records", []) if r.get("applied")]
-    if applied:
-        counts: dict[str, int] = {}
-        for r in applied:
-            counts[r["rule"]] = counts.get(r["rule"], 0) + 1
-        console.print("rewrites: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))
-    for name, d in result.plan.overrides.items():
-        console.print(f"  FP32 {escape(name)}: {d.reason} {escape(d.detail)}")
-    for tie in result.near_ties:
-        console.print(f"near-tie (left out of the target): {escape(tie.sample)}: FP32 top-1 vs "
-                      f"top-2 margin {tie.margin:.3g} < 2 x FP32 noise {tie.noise:.3g}")
-    for note in result.notes:
-        console.print(f"note: {escape(note)}")
-    for w in result.warnings:
-        console.print(f"[yellow]warning:[/] {escape(w)}")
-
-

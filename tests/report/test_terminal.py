@@ -1,0 +1,118 @@
+"""Terminal output readable at 80 columns (issue 10, item 6): no number or header cut with ``…``.
+
+Rendered with ``Console(width=..., record=True)`` and through the CLI with ``COLUMNS`` set (typer's
+CliRunner), on a tiny model built here and on the real PP-OCRv4 det and rec models (../shared).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+from tiny_models import random_samples, transformer_block
+from typer.testing import CliRunner
+
+from precision_doctor import cli
+from precision_doctor.analysis.candidates import emulated
+from precision_doctor.analysis.diagnose import diagnose
+from precision_doctor.formats import Precision
+from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.report.numbers import fmt3
+from precision_doctor.report.terminal import render_diagnosis
+
+
+def _text(report, width: int) -> str:
+    console = Console(width=width, record=True, force_terminal=False, color_system=None)
+    render_diagnosis(report, console)
+    return console.export_text()
+
+
+def _assert_readable(text: str, width: int, report: dict) -> None:
+    assert "…" not in text
+    for line in text.splitlines():
+        assert len(line.rstrip()) <= width, line
+    for o in report["outputs"]:  # the main numbers appear in full, as 3 significant digits
+        assert fmt3(o["metrics"]["rel_l2"]) in text
+    lw = report.get("layerwise")
+    if lw and lw.get("first_divergence"):
+        rec = next(r for r in lw["records"] if r["tensor"] == lw["first_divergence"])
+        assert fmt3(rec["rel_l2"]) in text
+
+
+@pytest.fixture(scope="module")
+def hot_report():
+    model = transformer_block(hot_value=1000.0)
+    return diagnose(model, random_samples((1, 8, 16)), Precision.FP16,
+                    emulated(PrecisionPlan(Precision.FP16)))
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 100, 120, 200])
+def test_no_number_or_header_cut_at_any_width(hot_report, width):
+    text = _text(hot_report, width)
+    _assert_readable(text, width, hot_report.to_dict())
+    assert "activation-overflow" in text and "ln/pow" in text  # never split by a fold
+    if width >= 120:  # wide: the output table with its headers on one line
+        assert any(all(h in line for h in ("rel L2", "max abs", "x noise"))
+                   for line in text.splitlines())
+    if width <= 80:  # narrow: key: value blocks with the long labels
+        assert "argmax agree" in text and "rel L2 " + fmt3(
+            hot_report.outputs[0].metrics.rel_l2) in text
+
+
+def test_static_hazard_severity_is_printed_not_read_as_markup(hot_report):
+    text = _text(hot_report, 100)
+    assert any(f"[{h.severity}]" in text for h in hot_report.hazards if h.severity != "low")
+
+
+def _cli(monkeypatch, args: list[str], columns: int):
+    # a Console created without COLUMNS reads it at every print (rich Console.size)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(cli, "console", Console())
+    return CliRunner().invoke(cli.app, args, env={"COLUMNS": str(columns)})
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+def test_cli_diagnose_with_columns(monkeypatch, tmp_path, columns):
+    model = tmp_path / "hot.onnx"
+    import onnx
+
+    onnx.save(transformer_block(hot_value=1000.0), str(model))
+    out = tmp_path / "r.json"
+    res = _cli(monkeypatch, ["diagnose", str(model), "--data",
+                             "random:seed=0,low=-1,high=1,count=2,shape=x:1x8x16",
+                             "--json", str(out)], columns)
+    assert res.exit_code == 1, res.output
+    _assert_readable(res.output, columns, json.loads(out.read_text()))
+
+
+@pytest.mark.shared
+@pytest.mark.slow
+@pytest.mark.parametrize("model, data, preprocess", [
+    ("det", "full_images", "ppocr-det:resize=max-side,side=480"),
+    ("rec", "rec_crops/paddleocr", "ppocr-rec"),
+])
+def test_cli_diagnose_real_models_at_80_columns(monkeypatch, tmp_path, shared_dir, model, data,
+                                                preprocess):
+    out = tmp_path / "r.json"
+    res = _cli(monkeypatch, ["diagnose", str(shared_dir / f"models/ppocrv4/{model}.onnx"),
+                             "--data", str(shared_dir / "data/ocr" / data), "--preprocess",
+                             preprocess, "--max-samples", "6", "--no-noise", "--json",
+                             str(out)], 80)
+    assert res.exit_code in (0, 1), res.output
+    report = json.loads(out.read_text())
+    _assert_readable(res.output, 80, report)
+    for header in ("tensor", "op", "rel L2", "max|x|", "bits", "NaN/Inf"):
+        assert header in res.output
+
+
+def test_terminal_and_html_write_the_same_numbers(hot_report):
+    from precision_doctor.report.html import render_html
+
+    page = render_html(hot_report)
+    text = _text(hot_report, 80)
+    for o in hot_report.outputs:
+        m = o.metrics
+        for value in (m.rel_l2, m.max_abs, m.p99_abs, 1.0 - m.cosine, o.noise_multiple):
+            if value is not None:
+                assert fmt3(value) in text and f">{fmt3(value)}<" in page, value
