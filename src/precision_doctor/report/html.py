@@ -29,6 +29,7 @@ from markupsafe import Markup
 from precision_doctor.analysis.diagnosis import DiagnosisReport
 from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
 from precision_doctor.report import plots
+from precision_doctor.report.html_assessment import assessment_section
 
 FOCUS_ROWS = 14  # rows of the "around the first divergence" table
 COLLAPSE_ROWS = 40  # longer tables start collapsed in <details>
@@ -142,9 +143,11 @@ def outputs_section(report: DiagnosisReport) -> Section:
 def findings_section(report: DiagnosisReport) -> Section:
     """Findings ranked by measured impact: evidence, impact, remedy."""
     ids = _row_ids(report.layerwise)
-    items = [(f, _anchor(ids, f.tensor, f.node)) for f in report.findings]
-    return Section("findings", "Findings", _render("findings.j2", items=items,
-                                                   passed=report.passed, shown=SHOWN_FINDINGS))
+    ordered = sorted(report.findings, key=lambda f: f.group != "main")  # minor ones collapse
+    items = [(f, _anchor(ids, f.tensor, f.node)) for f in ordered]
+    return Section("findings", "Findings", _render(
+        "findings.j2", items=items, passed=report.passed,
+        shown=sum(f.group == "main" for f in ordered)))
 
 
 def plots_section(report: DiagnosisReport) -> Section | None:
@@ -240,7 +243,7 @@ def render_fix_section(fix_summary: Mapping[str, Any]) -> Section:
 def report_sections(report: DiagnosisReport, fix: Mapping[str, Any] | None = None,
                     command: str | None = None) -> list[Section]:
     """The page's sections in order (verdict first); sections without data are left out."""
-    sections = [verdict_section(report), outputs_section(report),
+    sections = [verdict_section(report), assessment_section(report), outputs_section(report),
                 render_fix_section(fix) if fix is not None else None,
                 findings_section(report), plots_section(report), hazards_section(report),
                 layerwise_section(report), reproduce_section(report, command),

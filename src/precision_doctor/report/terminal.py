@@ -10,6 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from precision_doctor.analysis.diagnosis import DiagnosisReport
+from precision_doctor.report.terminal_assessment import render_assessment, render_minor
 
 
 def _g(x: float | None, digits: int = 3) -> str:
@@ -35,6 +36,7 @@ def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12
              f"({escape(report.candidate)} vs {escape(report.reference)}, "
              f"{len(report.samples)} sample(s))")
     console.print(Panel(title, expand=False))
+    render_assessment(report, console)
 
     t = Table(title="Outputs", title_justify="left")
     for col in ("output", "verdict", "rel L2", "max abs", "p99 abs", "cosine", "SNR dB",
@@ -49,18 +51,20 @@ def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12
     for o in report.outputs:
         console.print(f"  {escape(o.name)}: {escape(o.reason)}")
 
-    if report.findings:
+    main = [f for f in report.findings if f.group == "main"]
+    if main:
         ft = Table(title="Findings (ranked by measured impact)", title_justify="left")
         for col in ("#", "kind", "node", "impact", "evidence", "remedy"):
             ft.add_column(col, overflow="fold")
-        for i, f in enumerate(report.findings, 1):
+        for i, f in enumerate(main, 1):
             color = {"error": "red", "warning": "yellow"}.get(f.severity, "white")
             impact = "-" if f.impact is None else f"{f.impact:.0%}"
             ft.add_row(str(i), f"[{color}]{f.kind}[/]", escape(f.node), impact,
                        escape(f.summary), escape(f.remedy))
         console.print(ft)
     else:
-        console.print("No findings.")
+        console.print("No main findings.")
+    render_minor(report, console)
 
     lw = report.layerwise
     if lw is not None and layers:
