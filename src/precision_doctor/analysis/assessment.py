@@ -10,8 +10,11 @@ Kinds and rules (applied in this order; the exit code stays tied to the verdict)
     flush-to-zero, or a *catastrophic amplifier*. Rule: keeping the nodes of the main-group
     findings of those kinds in FP32, jointly, removes at least ``DEFECT_MIN_SHARE`` (50%) of
     the worst output's error, i.e. the named nodes explain most of it. When impact cannot be
-    measured (a real engine as candidate), a hard event suffices: NaN/Inf in an output, an
-    out-of-range parameter, an overflowed activation or a NaN/Inf birth.
+    measured (a real engine as candidate), only a hard event counts: NaN/Inf in an output, or an
+    overflow / NaN/Inf birth inside the model together with an output that lost at least half
+    of the format's significant bits (worst rel L2 >= sqrt(u)). An out-of-range value alone is
+    not enough without measurement: an attention mask filled with -3.4e38 becomes -inf in FP16
+    and is harmless before a Softmax.
 ``decision-flips``
     Most of the error sits at a few positions where the model's decision changed: on a
     failing decision output, the flipped positions carry at least ``DECISION_MIN_SHARE`` (50%)
@@ -201,14 +204,19 @@ def assess(x: AssessmentInputs) -> Assessment:
     flipped = _decision_flips(x, ev, share, rw_note, rw_remedy)
     if flipped is not None:
         return flipped
+    flagged = defect_candidates(x.findings, x.target)
+    if flagged and x.defect_share is not None:
+        ev["defect_share"] = x.defect_share
+    events = (f" The {len(flagged)} flagged event(s) explain only {x.defect_share:.1%} of it."
+              if flagged and x.defect_share is not None else
+              " Nothing overflows, flushes or turns NaN in a way that matters.")
     gain_text = (f"; the largest local error gain is {_g(x.max_gain[1])}x at {x.max_gain[0]} "
                  f"(catastrophic from {_g(catastrophic_gain(x.target))}x)"
                  if x.max_gain else "")
     summary = (f"Ordinary {x.target.value.upper()} rounding: worst rel L2 {_g(worst[1])} on "
                f"{worst[0]}" + (f" (tolerance {_g(worst[2])})" if worst[2] is not None else "")
                + f" against about {_g(expected)} expected from sqrt({x.depth}) x u over "
-               f"{x.depth} rounded layers{gain_text}; nothing overflows, flushes or turns NaN "
-               "in a way that matters." + rw_note)
+               f"{x.depth} rounded layers{gain_text}." + events + rw_note)
     remedy = rw_remedy or ("not a bug hunt: loosen the tolerance, judge by a task metric "
                            "(--metric), or let `precision-doctor fix` keep a few nodes in FP32")
     return Assessment("rounding", summary, ev, remedy, share)
@@ -237,7 +245,9 @@ def _defect(x: AssessmentInputs, ev: dict, share, rw_note: str, rw_remedy: str
     if x.measured:
         ok = bool(cands) and x.defect_share is not None and x.defect_share >= DEFECT_MIN_SHARE
     else:
-        ok = nonfinite > 0 or any(f.kind in HARD_KINDS for f in cands)
+        gross = worst_rel_l2(x) >= math.sqrt(FORMATS[x.target].unit_roundoff)
+        ok = nonfinite > 0 or (gross and any(f.kind in ("activation-overflow", "nan-source")
+                                             for f in cands))
     if not ok:
         return None
     if not cands:  # NaN/Inf in the outputs with no localized cause
@@ -257,6 +267,11 @@ def _defect(x: AssessmentInputs, ev: dict, share, rw_note: str, rw_remedy: str
     remedy = top.remedy + ("; the safe rewrites alone also cure it: " + rw_remedy
                            if rw_remedy else "")
     return Assessment("defect", summary, ev, remedy, share, nodes)
+
+
+def worst_rel_l2(x: AssessmentInputs) -> float:
+    """The largest rel L2 error over the outputs (0.0 without outputs)."""
+    return max((o[1] for o in x.outputs), default=0.0)
 
 
 def _decision_flips(x: AssessmentInputs, ev: dict, share, rw_note: str, rw_remedy: str

@@ -18,7 +18,8 @@ from precision_doctor.analysis.rootcause import MINOR_IMPACT
 
 COLORS = {"within-tolerance": "green", "rounding": "yellow", "decision-flips": "yellow",
           "defect": "red"}
-SHOWN_FLIPS = 10
+SHOWN_FLIPS = 10  # when the assessment is decision-flips
+SHOWN_FLIPS_OTHERWISE = 3  # e.g. a broken map flips thousands of pixels: a sample is enough
 
 
 def num(x: float | int | None) -> str:
@@ -81,20 +82,23 @@ def _render_decisions(report: DiagnosisReport, console: Console) -> None:
     for d in report.decisions:
         task = (f", {d.task_metric} agreement {pct(d.task_agreement)}"
                 if d.task_agreement is not None else "")
-        console.print(f"Decisions of {escape(d.output)} ({d.kind}, axis {d.axis}): "
+        axis = "" if d.kind == "sigmoid-map" else f", axis {d.axis}"
+        console.print(f"Decisions of {escape(d.output)} ({d.kind}{axis}): "
                       f"{d.flips} of {d.positions} flipped{task}; flips carry "
                       f"{pct(d.flip_error_share)} of the squared error; rel L2 without "
                       f"them {num(d.rel_l2_without_flips)}")
         if d.suggested_metric:
             console.print(f"  suggested task metric: --metric {escape(d.suggested_metric)}")
     flips = report.decision_flips
-    for i, f in enumerate(flips[:SHOWN_FLIPS], 1):
+    shown = (SHOWN_FLIPS if report.assessment and report.assessment.kind == "decision-flips"
+             else SHOWN_FLIPS_OTHERWISE)
+    for i, f in enumerate(flips[:shown], 1):
         changed = {True: "changed", False: "unchanged", None: "unknown"}[f.task_changed]
         console.print(f"  flip {i}: {escape(f.sample)} {escape(f.output)} at {list(f.position)}: "
                       f"margin {num(f.fp32_margin)}, FP32 noise {num(f.fp32_noise)}, "
                       f"error share {pct(f.error_share)}, task result {changed}")
-    if len(flips) > SHOWN_FLIPS:
-        console.print(f"  ... {len(flips) - SHOWN_FLIPS} more listed flips in the JSON report")
+    if len(flips) > shown:
+        console.print(f"  ({len(flips) - shown} more listed flips in the JSON and HTML reports)")
 
 
 def render_minor(report: DiagnosisReport, console: Console) -> None:
