@@ -178,7 +178,7 @@ def detect_decision(model: onnx.ModelProto, name: str, arrays: Sequence[np.ndarr
     node = _producer(model, name)
     op = node.op_type if node is not None else ""
     axis = None
-    if op in ("Softmax", "LogSoftmax"):
+    if node is not None and op in ("Softmax", "LogSoftmax"):
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
         attr = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
         axis = attr % rank
@@ -279,7 +279,7 @@ def _read_output(model, name, kind, axis, refs, cands, sample_names, probes, mod
         acc.ref2 += float(ref2.sum())
         acc.flip_err2 += float(err2[flip].sum())
         acc.flip_ref2 += float(ref2[flip].sum())
-        if kind == "ctc":
+        if charset is not None:
             from precision_doctor.compare.tasks.ocr import ctc_greedy_decode
 
             rt, ct = ctc_greedy_decode(r, charset), ctc_greedy_decode(c, charset)

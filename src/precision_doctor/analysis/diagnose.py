@@ -154,6 +154,10 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
 
     t0 = time.perf_counter()
     warnings: list[str] = []
+    if flips and not probe_outputs:
+        warnings.append("decision flips have fp32_noise null: no FP32 noise probe ran ("
+                        + ("the noise floor was not measured" if not noise else
+                           "; ".join(f"{k}: {v}" for k, v in floor.skipped.items())) + ")")
     rw = (_rewritten_run(model, samples, out_names, ref, candidate, tolerances, target, floor,
                          warnings) if rewritten else None)
     timings["rewritten"] = time.perf_counter() - t0
