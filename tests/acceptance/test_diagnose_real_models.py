@@ -49,8 +49,8 @@ def test_rec_decision_flips_on_the_paddleocr_crops(shared_dir):
                               "ppocr-rec")
     wanted = {"imgs_words__en_word_5.png", "imgs_words_en__word_401.png"}
     samples = [s for s in everything if s.name in wanted] + [
-        s for s in everything if s.name not in wanted][:4]
-    assert len(samples) == 6
+        s for s in everything if s.name not in wanted][:2]
+    assert len(samples) == 4
     report = diagnose(model, samples, Precision.FP16, emulated(PrecisionPlan(Precision.FP16)))
     a = report.assessment
     assert report.verdict == "fail" and a.kind == "decision-flips"

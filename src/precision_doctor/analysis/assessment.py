@@ -137,7 +137,8 @@ def defect_candidates(findings: Sequence[Finding], target: Precision) -> list[Fi
 
 
 def _g(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3g}"
+    """3 significant digits, ``1.14e-02`` (the same form in terminal, JSON text and HTML)."""
+    return "n/a" if x is None else f"{x:.2e}"
 
 
 @dataclass(frozen=True)
