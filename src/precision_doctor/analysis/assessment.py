@@ -230,6 +230,10 @@ def _rewritten_note(x: AssessmentInputs, ev: dict) -> tuple[str, str]:
     rel = max((float(o["metrics"]["rel_l2"]) if not isinstance(o["metrics"]["rel_l2"], str)
                else math.inf for o in rw.get("outputs", ())), default=None)
     ev.update(rewritten_verdict=rw.get("verdict"), rewritten_worst_rel_l2=rel)
+    worst = worst_rel_l2(x)
+    if rel is not None and worst > 0 and math.isfinite(rel):
+        # share of the error the safe rewrites alone remove (the rewrite remedy's impact)
+        ev["rewritten_share"] = 1.0 if math.isinf(worst) else max(0.0, (worst - rel) / worst)
     names = ", ".join(rw.get("rewrites", ())) or "none"
     if rw.get("verdict") == "pass":
         return (f" The numerically safe rewrites that engines apply anyway ({names}) alone bring "
