@@ -86,3 +86,22 @@ def test_sigmoid_map_flips_at_threshold_and_classifier_task_change():
     summaries, flips = read_decisions(head(None, [2, 3]), {"y": logits}, {"y": moved}, ["b"])
     assert summaries[0].task_metric == "top1" and summaries[0].task_agreement == 0.5
     assert flips[0].task_changed is True and flips[0].fp32_top == (1, 0)
+
+
+def test_hidden_states_are_not_decisions_but_lm_heads_are():
+    rng = np.random.default_rng(1)
+    hidden = [rng.normal(size=(1, 5, 16)).astype(np.float32)]
+    # a LayerNorm's final "+ beta" (Add of Mul output and a constant): hidden states
+    nodes = [helper.make_node("Mul", ["x", "g"], ["n"], name="scale"),
+             helper.make_node("Add", ["n", "beta"], ["y"], name="shift")]
+    ln = make_model(nodes, [helper.make_tensor_value_info("x", F, [1, 5, 16])],
+                    [helper.make_tensor_value_info("y", F, [1, 5, 16])],
+                    [tensor("g", np.ones(16)), tensor("beta", np.zeros(16))])
+    assert detect_decision(ln, "y", hidden) is None
+    # MatMul + bias over a 16-token vocabulary: per-token logits
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="lm"),
+             helper.make_node("Add", ["h", "bias"], ["y"], name="lm_bias")]
+    lm = make_model(nodes, [helper.make_tensor_value_info("x", F, [1, 5, 16])],
+                    [helper.make_tensor_value_info("y", F, [1, 5, 16])],
+                    [tensor("w", np.eye(16)), tensor("bias", np.zeros(16))])
+    assert detect_decision(lm, "y", hidden) == ("class-logits", 2)

@@ -5,10 +5,12 @@ Detection (per float output, from the graph and the reference values; no ``--met
 * ``class-probabilities``: produced by Softmax (through Identity nodes) along its axis, or any
   output whose values along the last axis (rank >= 2) or axis 1 (rank 4) lie in [0, 1] and sum
   to 1 within 1e-3 (FP32 sums of up to 1e5 probabilities are exact to ~1e-5).
-* ``class-logits``: produced by LogSoftmax along its axis; or a rank-2 ``[N, C]`` output
-  (``C >= 2``) produced by Gemm/MatMul/Add/Flatten/Reshape/Squeeze (a classifier head); or a
-  rank-3 ``[N, T, C]`` output of MatMul/Gemm/Add with ``C >= 10`` (token classification / LM
-  heads; box regressions have 4 values per position and are not decisions).
+* ``class-logits``: produced by LogSoftmax along its axis; or produced by a linear head
+  (MatMul/Gemm, or an Add of a constant bias to one) as a rank-2 ``[N, C]`` output with
+  ``C >= 2`` (a classifier), or rank-3 ``[N, T, C]`` with ``C >= 10`` (token classification,
+  LM heads; box regressions have 4 values per position). Rank-2 outputs of Flatten/Reshape/
+  Squeeze (a head after global pooling) count too. Hidden states (a LayerNorm's final Add,
+  pooled embeddings) are not decisions.
 * ``ctc``: class scores ``[N, T, C]`` of a model whose metadata ``character`` (PP-OCR's CTC
   dictionary) fits ``C``; decoded with best-path CTC (``compare.tasks.ocr``).
 * ``sigmoid-map``: produced by Sigmoid: every element is a binary decision at
@@ -40,8 +42,8 @@ SIGMOID_THRESHOLD = 0.5
 SUM_TOLERANCE = 1e-3
 MAX_LISTED_FLIPS = 20  # per output, largest error share first; counts always cover all
 MAX_CLASSES = 100_000
-LOGIT_PRODUCERS_2D = ("Gemm", "MatMul", "Add", "Flatten", "Reshape", "Squeeze")
-LOGIT_PRODUCERS_3D = ("Gemm", "MatMul", "Add")
+LINEAR = ("Gemm", "MatMul")
+RESHAPES = ("Flatten", "Reshape", "Squeeze")
 Arrays = Mapping[str, Sequence[np.ndarray]]
 
 
@@ -137,6 +139,22 @@ def _producer(model: onnx.ModelProto, name: str) -> onnx.NodeProto | None:
     return node
 
 
+def _linear_head(model: onnx.ModelProto, node: onnx.NodeProto | None) -> bool:
+    """MatMul/Gemm, or Add(MatMul/Gemm output, constant bias)."""
+    if node is None:
+        return False
+    if node.op_type in LINEAR:
+        return True
+    if node.op_type != "Add" or len(node.input) != 2:
+        return False
+    consts = {t.name for t in model.graph.initializer} | {
+        o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    by_out = {o: n for n in model.graph.node for o in n.output}
+    kinds = [("const" if i in consts else by_out[i].op_type if i in by_out else "")
+             for i in node.input]
+    return "const" in kinds and any(k in LINEAR for k in kinds)
+
+
 def _is_probabilities(arrays: Sequence[np.ndarray], axis: int) -> bool:
     for a in arrays:
         if a.ndim < 2 or not (2 <= a.shape[axis] <= MAX_CLASSES) or a.size == 0:
@@ -196,9 +214,10 @@ def detect_decision(model: onnx.ModelProto, name: str, arrays: Sequence[np.ndarr
             return "ctc", 2
         return "class-probabilities", axis
     classes = arrays[0].shape[-1]
-    if rank == 2 and 2 <= classes <= MAX_CLASSES and op in LOGIT_PRODUCERS_2D:
+    linear = _linear_head(model, node)
+    if rank == 2 and 2 <= classes <= MAX_CLASSES and (linear or op in RESHAPES):
         return "class-logits", 1
-    if rank == 3 and 10 <= classes <= MAX_CLASSES and op in LOGIT_PRODUCERS_3D:
+    if rank == 3 and 10 <= classes <= MAX_CLASSES and linear:
         return "class-logits", 2
     return None
 
