@@ -48,3 +48,12 @@ def test_inf_birth_wins_and_inherited_inf_has_no_gain():
 def test_reference_nonfinite_is_not_a_birth():
     records = [rec("a", 0, 0.0), rec("b", 1, math.inf, inf=1, ref_bad=1)]
     assert nonfinite_birth(records, CHAIN) is None
+
+
+def test_a_birth_measured_harmless_is_skipped():
+    records = [rec("a", 0, 1e-3), rec("b", 1, math.inf, inf=3, overflow=3), rec("c", 2, 0.5),
+               rec("d", 3, 0.5)]
+    assert largest_jump(records, CHAIN, U, 1e-2).record.tensor == "b"
+    jump = largest_jump(records, CHAIN, U, 1e-2, harmless={"n_b"})
+    # the Inf input carries no finite error: the gain is measured against u
+    assert jump.record.tensor == "c" and jump.gain == pytest.approx(0.5 / U)

@@ -133,7 +133,6 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
             default_tol.rel_l2 or default_tolerance(target).rel_l2, budget_bytes,
             progress=(lambda d, t: progress("layerwise", d, t)) if progress else None)
         timings["layerwise"] = time.perf_counter() - t0
-        jump = largest_jump(lw.records, inputs_of, FORMATS[target].unit_roundoff, lw.threshold)
 
     hazards = scan_hazards(model, target)
     findings = build_findings(hazards, lw, target, verdict == "fail", inputs_of, candidate.tf32)
@@ -151,6 +150,11 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
     findings = group_findings(rank_findings(findings, measure, baseline))
     explained, defect_share = _joint_shares(findings, measure, baseline, target)
     timings["findings"] = time.perf_counter() - t0
+    if lw is not None:  # an Inf birth measured harmless (minor) is not the jump
+        harmless = {n for f in findings if f.group == "minor" and f.impact is not None
+                    for n in f.nodes}
+        jump = largest_jump(lw.records, inputs_of, FORMATS[target].unit_roundoff, lw.threshold,
+                            harmless)
 
     t0 = time.perf_counter()
     warnings: list[str] = []

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from precision_doctor.analysis.layerwise import LayerRecord
 
@@ -117,18 +117,20 @@ def top_gains(records: Sequence[LayerRecord], inputs_of: Mapping[str, Sequence[s
 
 
 def largest_jump(records: Sequence[LayerRecord], inputs_of: Mapping[str, Sequence[str]],
-                 unit_roundoff: float, threshold: float) -> Gain | None:
+                 unit_roundoff: float, threshold: float,
+                 harmless: Collection[str] = ()) -> Gain | None:
     """The first divergence by error jump: where the error grows most beyond its inputs.
 
-    An Inf/NaN birth is the largest possible jump (the first one wins). Otherwise the largest
-    finite gain among tensors that end above ``threshold`` (a jump to an error that stays
-    below the tolerance is not a divergence).
+    An Inf/NaN birth is the largest possible jump (the first one wins), unless its node is in
+    ``harmless`` (e.g. an attention mask whose -inf was measured not to change the outputs).
+    Otherwise the largest finite gain among tensors that end above ``threshold`` (a jump to an
+    error that stays below the tolerance is not a divergence).
 
     Returns:
         The ``Gain`` or None when no tensor ends above ``threshold``.
     """
     gains = local_gains(records, inputs_of, unit_roundoff)
-    born = next((g for g in gains if g.born_nonfinite), None)
+    born = next((g for g in gains if g.born_nonfinite and g.record.node not in harmless), None)
     if born is not None:
         return born
     above = [g for g in gains if math.isfinite(g.gain) and math.isfinite(g.record.rel_l2)
