@@ -57,3 +57,4 @@ def test_a_birth_measured_harmless_is_skipped():
     jump = largest_jump(records, CHAIN, U, 1e-2, harmless={"n_b"})
     # the Inf input carries no finite error: the gain is measured against u
     assert jump.record.tensor == "c" and jump.gain == pytest.approx(0.5 / U)
+
