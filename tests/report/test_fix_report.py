@@ -127,5 +127,11 @@ def test_plain_diagnosis_html_keeps_its_own_verdict(fixed):
     from precision_doctor.report.html import render_html
 
     _, _, after = fixed
-    page = render_html(replace(after, findings=after.findings[:1]))
+    # a report without an assessment (schema v1) names its top finding as the main cause
+    page = render_html(replace(after, findings=after.findings[:1], assessment=None))
     assert "<title>FAIL:" in page and "Main cause" in _visible(page)
+    # with an assessment, a "main cause" is only named for a defect
+    page = render_html(replace(after, findings=after.findings[:1]))
+    assert "<title>FAIL:" in page
+    kind = after.assessment.kind if after.assessment else None
+    assert ("Main cause" in _visible(page)) == (kind == "defect")

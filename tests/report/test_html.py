@@ -95,7 +95,7 @@ def test_page_is_self_contained(page: str) -> None:
 
 def test_sections_verdict_first_and_content(page: str, report: DiagnosisReport) -> None:
     ids = re.findall(r'<section id="([a-z-]+)"', page)
-    assert ids == ["verdict", "outputs", "findings", "plots", "hazards", "layerwise",
+    assert ids == ["verdict", "assessment", "outputs", "findings", "plots", "hazards", "layerwise",
                    "reproduce", "details"]
     assert "<title>FAIL: &lt;evil&gt;.onnx in FP16 - precision-doctor</title>" in page
     assert page.count("<svg") == 2

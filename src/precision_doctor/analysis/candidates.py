@@ -66,14 +66,17 @@ def emulated(plan: PrecisionPlan) -> Candidate:
     return Candidate(name, lambda m: EmulatorRunner(m, plan, name=name), plan)
 
 
-def emulated_fused(model: onnx.ModelProto, plan: PrecisionPlan) -> Candidate:
+def emulated_fused(model: onnx.ModelProto, plan: PrecisionPlan,
+                   rewritten: onnx.ModelProto | None = None) -> Candidate:
     """Emulation of ``plan`` on the model an engine would actually run: BatchNorm folded into
     the convolution, decomposed LayerNorm fused (``precision.rewrites``). Tensors are matched
     by name; those the rewrites removed are not compared. The plan is applied to the nodes the
-    rewritten model still has (its default covers the new nodes)."""
+    rewritten model still has (its default covers the new nodes). ``rewritten``: the result
+    of ``apply_rewrites(model)`` when the caller already has it."""
     from precision_doctor.precision.rewrites import apply_rewrites
 
-    rewritten, _ = apply_rewrites(model)
+    if rewritten is None:
+        rewritten, _ = apply_rewrites(model)
     names = {n.name for n in rewritten.graph.node}
     fused_plan = PrecisionPlan(plan.default, {k: v for k, v in plan.overrides.items()
                                               if k in names})

@@ -1,12 +1,16 @@
 """``diagnose``: run a model on the reference and a candidate, compare, localize, explain.
 
 Stages: reference run -> candidate run -> output metrics and verdict -> FP32 noise floor ->
-layerwise comparison -> static hazards -> findings ranked by measured impact.
+decisions (flips of argmax / CTC / thresholded maps) -> layerwise comparison and the largest
+error jump -> static hazards -> findings ranked by measured impact, grouped, and their joint
+impact (``explained_share``) -> the emulation of the model after the engine's safe rewrites ->
+the assessment (``analysis.assessment``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
@@ -14,13 +18,22 @@ from typing import Callable, Mapping, Protocol, Sequence
 import numpy as np
 import onnx
 
+from precision_doctor.analysis.assessment import (
+    AssessmentInputs,
+    assess,
+    defect_candidates,
+    rounding_depth,
+)
 from precision_doctor.analysis.candidates import (
     Candidate,
     emulated,
+    emulated_fused,
     reference_factory,
     run_samples,
 )
+from precision_doctor.analysis.decisions import read_decisions
 from precision_doctor.analysis.diagnosis import DiagnosisReport, OutputResult
+from precision_doctor.analysis.gain import largest_jump
 from precision_doctor.analysis.hazards import scan_hazards
 from precision_doctor.analysis.layerwise import compare_layerwise
 from precision_doctor.analysis.noise import measure_noise_floor
@@ -30,7 +43,7 @@ from precision_doctor.analysis.recorded import (
     recorded_layerwise,
     recording_section,
 )
-from precision_doctor.analysis.rootcause import build_findings, rank_findings
+from precision_doctor.analysis.rootcause import build_findings, group_findings, rank_findings
 from precision_doctor.compare.metrics import compute_metrics, relative_l2
 from precision_doctor.compare.tolerance import (
     Tolerance,
@@ -38,8 +51,8 @@ from precision_doctor.compare.tolerance import (
     default_tolerance,
     elementwise_pass_share,
 )
-from precision_doctor.errors import ReferenceError_
-from precision_doctor.formats import Precision
+from precision_doctor.errors import PrecisionDoctorError, ReferenceError_
+from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.load import opset_of
 from precision_doctor.graph.outputs import producer_inputs
 from precision_doctor.inputs.recording import Recording
@@ -61,7 +74,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
              tolerances: Tolerance | Mapping[str, Tolerance] | None = None,
              layerwise: bool = True, noise: bool = True, measure_impact: bool = True,
              budget_bytes: int = 1 << 30, model_path: str | None = None,
-             progress: Progress | None = None,
+             progress: Progress | None = None, rewritten: bool = True,
+             decisions: bool = True,
              candidate_results: str | Path | Recording | None = None,
              candidate_log: str | Path | None = None) -> DiagnosisReport:
     """Diagnose ``model`` in ``target`` precision on ``samples``.
@@ -86,6 +100,10 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
             emulator of ``candidate.plan``, else of ``target``, is the cross-check).
         candidate_log: The recorded engine's trtexec/Polygraphy ``--verbose`` build log:
             TensorRT version, GPU, FP16/TF32/strongly typed settings for the report.
+        rewritten: For the plain emulator, also emulate the model after the numerically safe
+            rewrites an engine applies anyway (BatchNorm folding, LayerNorm fusion), when they
+            change the model (one extra evaluation); reported as ``rewritten``.
+        decisions: Detect decision outputs and report their flips.
 
     Returns:
         ``DiagnosisReport``.
@@ -124,9 +142,91 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
                                candidate.recorded.recording.source)
 
     t0 = time.perf_counter()
-    floor = measure_noise_floor(model, [s.feeds for s in samples], ref) if noise else None
+    probe_outputs: dict[str, dict[str, list[np.ndarray]]] = {}
+    floor = (measure_noise_floor(model, [s.feeds for s in samples], ref, probe_outputs)
+             if noise else None)
     timings["noise_floor"] = time.perf_counter() - t0
 
+    outputs = _judge(out_names, ref, cand, tolerances, target, floor)
+    verdict = "pass" if all(o.passed for o in outputs) else "fail"
+    summaries, flips = (read_decisions(model, ref, cand, [s.name for s in samples],
+                                       probe_outputs, model_path) if decisions else ([], []))
+
+    default_tol = _tolerance_for(out_names[0], tolerances, target)
+    lw, jump = None, None
+    inputs_of = producer_inputs(model)
+    recording = None
+    if candidate.recorded is not None:
+        t0 = time.perf_counter()
+        rl = recorded_layerwise(
+            model, [s.feeds for s in samples], candidate, target,
+            _layer_threshold(default_tol, target), budget_bytes, layerwise,
+            progress=(lambda d, t: progress("layerwise", d, t)) if progress else None)
+        lw = rl.recorded if layerwise else None
+        recording = recording_section(candidate, rl, {o.name: o.metrics.rel_l2 for o in outputs})
+        timings["layerwise"] = time.perf_counter() - t0
+    elif layerwise:
+        t0 = time.perf_counter()
+        lw = compare_layerwise(
+            model, [dict(s.feeds) for s in samples], reference_factory, candidate.factory,
+            target, _layer_threshold(default_tol, target), budget_bytes,
+            progress=(lambda d, t: progress("layerwise", d, t)) if progress else None)
+        timings["layerwise"] = time.perf_counter() - t0
+
+    hazards = scan_hazards(model, target)
+    findings = build_findings(hazards, lw, target, verdict == "fail", inputs_of, candidate.tf32)
+    t0 = time.perf_counter()
+    measure = None
+    if measure_impact and candidate.plan is not None and verdict == "fail":
+        plan = candidate.plan
+
+        def measure(nodes: Sequence[str]) -> float:
+            trial = emulated(plan.keep_fp32(nodes, "diagnose"))
+            outs = run_samples(trial.factory(model), samples, out_names)
+            return max(relative_l2(ref[n], outs[n]) for n in (o.name for o in outputs))
+
+    baseline = max((o.metrics.rel_l2 for o in outputs), default=0.0)
+    findings = group_findings(rank_findings(findings, measure, baseline))
+    explained, defect_share = _joint_shares(findings, measure, baseline, target)
+    timings["findings"] = time.perf_counter() - t0
+    if lw is not None:  # an Inf birth measured harmless (minor) is not the jump
+        harmless = {n for f in findings if f.group == "minor" and f.impact is not None
+                    for n in f.nodes}
+        jump = largest_jump(lw.records, inputs_of, FORMATS[target].unit_roundoff, lw.threshold,
+                            harmless)
+
+    t0 = time.perf_counter()
+    warnings: list[str] = []
+    if flips and not probe_outputs:
+        warnings.append("decision flips have fp32_noise null: no FP32 noise probe ran ("
+                        + ("the noise floor was not measured" if floor is None else
+                           "; ".join(f"{k}: {v}" for k, v in floor.skipped.items())) + ")")
+    rw = (_rewritten_run(model, samples, out_names, ref, candidate, tolerances, target, floor,
+                         warnings) if rewritten else None)
+    timings["rewritten"] = time.perf_counter() - t0
+    gain = (jump.record.node, jump.gain) if jump is not None else None
+    assessment = assess(AssessmentInputs(
+        verdict == "pass",
+        tuple((o.name, o.metrics.rel_l2, o.tolerance.rel_l2, o.passed,
+               o.metrics.nan + o.metrics.inf) for o in outputs),
+        target, rounding_depth(model), tuple(findings), tuple(summaries), tuple(flips),
+        explained, defect_share, measure is not None, gain, rw))
+    return DiagnosisReport(
+        verdict=verdict, model=_model_info(model, model_path), target=target.value,
+        reference="ort-cpu", candidate=candidate.name,
+        samples=tuple({"name": s.name, "shapes": {k: list(v.shape) for k, v in s.feeds.items()}}
+                      for s in samples),
+        outputs=tuple(outputs), findings=tuple(findings), hazards=tuple(hazards), layerwise=lw,
+        noise=floor, emulation=_emulation_info(candidate, model),
+        timings_s={k: round(v, 3) for k, v in timings.items()}, warnings=tuple(warnings),
+        assessment=assessment, explained_share=explained, decision_flips=tuple(flips),
+        decisions=tuple(summaries), rewritten=rw,
+        largest_jump=jump.record.tensor if jump is not None else None, recording=recording)
+
+
+def _judge(out_names: Sequence[str], ref, cand, tolerances, target: Precision, floor
+           ) -> list[OutputResult]:
+    """Metrics and verdict of every floating output (noise-floor rule: ``NOISE_MULTIPLE_OK``)."""
     outputs = []
     for name in out_names:
         if not np.issubdtype(ref[name][0].dtype, np.floating):
@@ -143,52 +243,63 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
             passed, reason = True, (f"{reason}, but within {NOISE_MULTIPLE_OK:g}x the FP32 noise "
                                     f"floor ({nf:.3g}): the model's conditioning, not precision")
         outputs.append(OutputResult(name, passed, reason, tol, metrics, nf, multiple))
-    verdict = "pass" if all(o.passed for o in outputs) else "fail"
+    return outputs
 
-    default_tol = _tolerance_for(out_names[0], tolerances, target)
-    lw = None
-    recording = None
-    if candidate.recorded is not None:
-        t0 = time.perf_counter()
-        rl = recorded_layerwise(
-            model, [s.feeds for s in samples], candidate, target,
-            _layer_threshold(default_tol, target), budget_bytes, layerwise,
-            progress=(lambda d, t: progress("layerwise", d, t)) if progress else None)
-        lw = rl.recorded if layerwise else None
-        recording = recording_section(candidate, rl, {o.name: o.metrics.rel_l2 for o in outputs})
-        timings["layerwise"] = time.perf_counter() - t0
-    elif layerwise:
-        t0 = time.perf_counter()
-        lw = compare_layerwise(
-            model, [dict(s.feeds) for s in samples], reference_factory, candidate.factory,
-            target, default_tol.rel_l2 or default_tolerance(target).rel_l2 or 1e-2, budget_bytes,
-            progress=(lambda d, t: progress("layerwise", d, t)) if progress else None)
-        timings["layerwise"] = time.perf_counter() - t0
 
-    hazards = scan_hazards(model, target)
-    findings = build_findings(hazards, lw, target, verdict == "fail", producer_inputs(model),
-                              candidate.tf32)
-    t0 = time.perf_counter()
-    measure = None
-    if measure_impact and candidate.plan is not None and verdict == "fail":
-        plan = candidate.plan
+def _share(baseline: float, after: float) -> float:
+    """Share of ``baseline`` error removed (inf baseline: 1 when ``after`` is finite)."""
+    if math.isinf(baseline):
+        return 1.0 if math.isfinite(after) else 0.0
+    return max(0.0, (baseline - after) / baseline) if baseline > 0 else 0.0
 
-        def measure(nodes: Sequence[str]) -> float:
-            trial = emulated(plan.keep_fp32(nodes, "diagnose"))
-            outs = run_samples(trial.factory(model), samples, out_names)
-            return max(relative_l2(ref[n], outs[n]) for n in (o.name for o in outputs))
 
-    baseline = max((o.metrics.rel_l2 for o in outputs), default=0.0)
-    findings = rank_findings(findings, measure, baseline)
-    timings["findings"] = time.perf_counter() - t0
-    return DiagnosisReport(
-        verdict=verdict, model=_model_info(model, model_path), target=target.value,
-        reference="ort-cpu", candidate=candidate.name,
-        samples=tuple({"name": s.name, "shapes": {k: list(v.shape) for k, v in s.feeds.items()}}
-                      for s in samples),
-        outputs=tuple(outputs), findings=tuple(findings), hazards=tuple(hazards), layerwise=lw,
-        noise=floor, emulation=_emulation_info(candidate, model),
-        timings_s={k: round(v, 3) for k, v in timings.items()}, recording=recording)
+def _joint_shares(findings, measure, baseline: float, target: Precision
+                  ) -> tuple[float | None, float | None]:
+    """(all findings' remedies jointly, the defect candidates' remedies jointly): shares of
+    the output error removed, one emulated evaluation each (None when not measured)."""
+    if measure is None or baseline <= 0:
+        return None, None
+    everything = list(dict.fromkeys(n for f in findings if f.kind != "reference-mismatch"
+                                    for n in f.nodes))
+    explained = _share(baseline, measure(everything)) if everything else 0.0
+    defects = list(dict.fromkeys(n for f in defect_candidates(findings, target)
+                                 for n in f.nodes))
+    if not defects:
+        return explained, None
+    if set(defects) == set(everything):
+        return explained, explained
+    return explained, _share(baseline, measure(defects))
+
+
+ENGINE_REWRITES = ("fold-bias-add", "fold-batchnorm", "fuse-layernorm")
+
+
+def _rewritten_run(model, samples, out_names, ref, candidate: Candidate, tolerances,
+                   target: Precision, floor, warnings: list[str]) -> dict | None:
+    """The plain emulator's plan on the model after the safe rewrites (``emulate-fused``), when
+    an engine rewrite (``ENGINE_REWRITES``) changes the model; None otherwise."""
+    if candidate.plan is None or candidate.name.startswith("emulate-fused"):
+        return None
+    from precision_doctor.precision.rewrites import apply_rewrites
+
+    try:
+        rewritten_model, report = apply_rewrites(model)
+        applied = [r for r in report.applied() if r.rule in ENGINE_REWRITES]
+        if not applied:
+            return None
+        fused = emulated_fused(model, candidate.plan, rewritten_model)
+        outs = run_samples(fused.factory(model), samples, out_names)
+    except PrecisionDoctorError as exc:
+        warnings.append(f"the rewritten model's emulation did not run: "
+                        f"{str(exc).splitlines()[0]}")
+        return None
+    counts: dict[str, int] = {}
+    for r in applied:
+        counts[r.rule] = counts.get(r.rule, 0) + 1
+    results = _judge(out_names, ref, outs, tolerances, target, floor)
+    return {"rewrites": [f"{rule} ({n})" for rule, n in counts.items()],
+            "candidate": fused.name, "outputs": [o.to_dict() for o in results],
+            "verdict": "pass" if all(o.passed for o in results) else "fail"}
 
 
 def _layer_threshold(tol: Tolerance, target: Precision) -> float:

@@ -1,10 +1,21 @@
 """The diagnosis result: a frozen, versioned record that round-trips through JSON.
 
-JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 1)::
+JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 2)::
 
     {
-      "schema": "precision-doctor/diagnosis", "schema_version": 1, "tool_version": "0.1.0",
+      "schema": "precision-doctor/diagnosis", "schema_version": 2, "tool_version": "0.1.0",
       "verdict": "pass" | "fail",
+      "assessment": {"kind": "within-tolerance" | "rounding" | "decision-flips" | "defect",
+                     "summary", "evidence": {name: scalar}, "remedy", "explained_share",
+                     "nodes": [str]} | null,
+      "explained_share": float | null,
+      "decision_flips": [{"output", "sample", "position": [int], "fp32_margin", "fp32_noise",
+                          "task_changed", "error_share", "fp32_top": [int, int],
+                          "candidate_top", "detail"}],
+      "decisions": [{"output", "kind", "axis", "positions", "flips", "argmax_agreement",
+                     "task_agreement", "task_metric", "suggested_metric", "why",
+                     "rel_l2_without_flips", "flip_error_share"}],
+      "rewritten": {"rewrites": [str], "outputs": [<output>], "verdict"} | null,
       "model": {"path", "opset", "nodes", "sha256"},
       "target": "fp16", "reference": "ort-cpu", "candidate": "emulate-fp16",
       "samples": [{"name", "shapes": {input: [dims]}}],
@@ -12,9 +23,10 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 1
                    "noise_floor", "noise_multiple"}],
       "noise": {"per_output", "probes", "skipped"} | null,
       "findings": [{"kind", "node", "op_type", "tensor", "summary", "evidence", "remedy",
-                    "severity", "nodes", "impact"}],
+                    "severity", "nodes", "impact", "group": "main" | "minor"}],
       "hazards": [{"kind", "node", "op_type", "tensor", "detail", "severity", "nodes", "evidence"}],
-      "layerwise": {"target", "threshold", "first_divergence", "nan_birth", "chunks",
+      "layerwise": {"target", "threshold", "first_divergence", "largest_jump", "nan_birth",
+                    "chunks",
                     "missing", "records": [{"tensor", "node", "op_type", "index", "numel",
                     "ref_max_abs", "cand_max_abs", "max_abs_err", "mean_abs_err", "rel_l2",
                     "cand_nan", "cand_inf", "ref_nonfinite", "overflow", "flush_to_zero",
@@ -28,6 +40,13 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 1
     }
 
 Non-finite floats are written as the strings "inf", "-inf", "nan" (JSON has no such numbers).
+
+Version 2 (this version) added ``assessment`` (rules in ``analysis.assessment``),
+``explained_share``, ``decision_flips`` and ``decisions`` (``analysis.decisions``),
+``rewritten`` (the emulation of the model after the safe rewrites an engine applies anyway),
+each finding's ``group`` and ``layerwise.largest_jump`` (the first divergence by error jump,
+``analysis.gain.largest_jump``; ``first_divergence`` stays the first tolerance crossing).
+``from_dict`` reads versions 1 and 2; a version-1 report has no assessment (None).
 """
 
 from __future__ import annotations
@@ -36,6 +55,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from precision_doctor import __version__
+from precision_doctor.analysis.assessment import Assessment
+from precision_doctor.analysis.decisions import DecisionFlip, DecisionSummary
 from precision_doctor.analysis.hazards import Hazard
 from precision_doctor.analysis.layerwise import LayerwiseResult
 from precision_doctor.analysis.noise import NoiseFloor
@@ -45,7 +66,7 @@ from precision_doctor.compare.tolerance import Tolerance
 from precision_doctor.jsonable import from_json_float, json_float
 
 SCHEMA = "precision-doctor/diagnosis"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -106,6 +127,12 @@ class DiagnosisReport:
     timings_s: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     tool_version: str = __version__
+    assessment: Assessment | None = None
+    explained_share: float | None = None
+    decision_flips: tuple[DecisionFlip, ...] = ()
+    decisions: tuple[DecisionSummary, ...] = ()
+    rewritten: dict | None = None
+    largest_jump: str | None = None
     recording: dict | None = None  # recorded candidate: runner, version, cross-check
 
     @property
@@ -122,9 +149,15 @@ class DiagnosisReport:
             "noise": self.noise.to_dict() if self.noise else None,
             "findings": [f.to_dict() for f in self.findings],
             "hazards": [h.to_dict() for h in self.hazards],
-            "layerwise": self.layerwise.to_dict() if self.layerwise else None,
+            "layerwise": ({**self.layerwise.to_dict(), "largest_jump": self.largest_jump}
+                          if self.layerwise else None),
             "emulation": self.emulation, "timings_s": dict(self.timings_s),
             "warnings": list(self.warnings),
+            "assessment": self.assessment.to_dict() if self.assessment else None,
+            "explained_share": json_float(self.explained_share),
+            "decision_flips": [f.to_dict() for f in self.decision_flips],
+            "decisions": [d.to_dict() for d in self.decisions],
+            "rewritten": self.rewritten,
             "recording": self.recording,
         }
 
@@ -148,4 +181,10 @@ class DiagnosisReport:
             LayerwiseResult.from_dict(d["layerwise"]) if d.get("layerwise") else None,
             NoiseFloor.from_dict(d["noise"]) if d.get("noise") else None,
             d.get("emulation"), dict(d.get("timings_s", {})), tuple(d.get("warnings", ())),
-            d.get("tool_version", __version__), recording=d.get("recording"))
+            d.get("tool_version", __version__),
+            Assessment.from_dict(d["assessment"]) if d.get("assessment") else None,
+            from_json_float(share) if (share := d.get("explained_share")) is not None else None,
+            tuple(DecisionFlip.from_dict(f) for f in d.get("decision_flips", ())),
+            tuple(DecisionSummary.from_dict(x) for x in d.get("decisions", ())),
+            d.get("rewritten"), (d.get("layerwise") or {}).get("largest_jump"),
+            recording=d.get("recording"))

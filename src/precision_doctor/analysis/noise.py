@@ -75,13 +75,17 @@ def to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def measure_noise_floor(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]],
-                        reference: Mapping[str, Sequence[np.ndarray]]) -> NoiseFloor:
+                        reference: Mapping[str, Sequence[np.ndarray]],
+                        outputs: dict[str, dict[str, list[np.ndarray]]] | None = None
+                        ) -> NoiseFloor:
     """Run the probes and return the floor per output.
 
     Args:
         model: The FP32 model.
         samples: Feed dicts.
         reference: Output name -> reference arrays (one per sample).
+        outputs: When given, filled with probe name -> output name -> the probe's arrays
+            (per-position noise, e.g. at decision flips).
 
     Returns:
         ``NoiseFloor``; probes that cannot run are listed in ``skipped`` with the reason.
@@ -104,6 +108,8 @@ def measure_noise_floor(model: onnx.ModelProto, samples: Sequence[Mapping[str, n
                     for k in reference:
                         outs[k].append(result[k])
             probes[probe] = {k: relative_l2(reference[k], outs[k]) for k in reference}
+            if outputs is not None:
+                outputs[probe] = outs
         except BackendError as exc:
             skipped[probe] = str(exc).splitlines()[0][:300]
     per_output = {k: max((p[k] for p in probes.values()), default=0.0) for k in reference}

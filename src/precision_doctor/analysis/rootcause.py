@@ -6,19 +6,30 @@ finding's nodes alone are kept in FP32 (one extra emulated evaluation per findin
 
 Kinds:
     parameter-out-of-range  a weight/statistic does not fit the format (becomes inf)
-    activation-overflow     an activation exceeds the format max, or has < 2 bits of headroom
+    activation-overflow     an activation exceeded the format max (it overflowed: the reference
+                            exceeds the max, or Inf is born there from finite inputs)
+    headroom                an activation came within 2 bits of the format max but did not
+                            overflow (a warning: a 4x larger input would overflow)
     underflow               non-zero values flush to zero (epsilons, small activations)
     nan-source              where NaN/Inf is first produced from finite inputs
     accumulated-rounding    no single event: rounding error grows and is amplified by a node
     reference-mismatch      two FP32 evaluations disagree beyond the noise floor
+
+A node (or a multi-node pattern such as a decomposed LayerNorm) appears in one finding only,
+with its strongest cause: the first kind of ``KIND_PRIORITY`` that applies (a concrete event
+such as an out-of-range parameter explains more than the amplification it causes). After the
+impact is measured, findings whose measured impact is below ``MINOR_IMPACT`` (1% of the output
+error: less than the spread of repeated measurements on a few samples) form the ``minor``
+group, which reports collapse; the others are the ``main`` group.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
+from precision_doctor.analysis.gain import top_gains
 from precision_doctor.analysis.hazards import Hazard
 from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
 from precision_doctor.formats import FORMATS, Precision
@@ -26,11 +37,16 @@ from precision_doctor.jsonable import from_json_float, json_float
 
 LOW_HEADROOM_BITS = 2.0  # < 2 bits: a 4x larger input overflows
 MAX_FINDINGS = 12
+MINOR_IMPACT = 0.01  # measured impact below 1% of the output error: the "minor" group
+KIND_PRIORITY = ("parameter-out-of-range", "nan-source", "activation-overflow", "underflow",
+                 "reference-mismatch", "accumulated-rounding", "headroom")
 
 REMEDIES = {
     "parameter-out-of-range": "keep {node} in FP32, or bring the parameter into range",
     "activation-overflow": "keep {node} (and the ops computing the large values) in FP32, or "
                            "rescale its inputs",
+    "headroom": "nothing needed on these inputs; if inputs can be larger, keep {node} in FP32 "
+                "or rescale its inputs",
     "underflow": "keep {node} in FP32 or raise the epsilon/scale so it stays representable",
     "nan-source": "keep {node} in FP32; NaN/Inf propagates from here to the outputs",
     "accumulated-rounding": "keep {node} in FP32 (it amplifies upstream rounding error most); "
@@ -70,6 +86,8 @@ class Finding:
         severity: ``error`` (measured to break the output), ``warning`` (risk), ``info``.
         nodes: Nodes the remedy keeps in FP32.
         impact: Share of the output error removed when ``nodes`` run in FP32 (0..1), or None.
+        group: ``main`` (ranked list) or ``minor`` (measured impact < ``MINOR_IMPACT``;
+            reports collapse this group).
     """
 
     kind: str
@@ -82,6 +100,7 @@ class Finding:
     severity: str = "warning"
     nodes: tuple[str, ...] = ()
     impact: float | None = None
+    group: str = "main"
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -99,7 +118,7 @@ class Finding:
 
 
 def _remedy(kind: str, node: str, op_type: str = "", in_layernorm: bool = False) -> str:
-    if in_layernorm and kind in ("activation-overflow", "nan-source", "underflow"):
+    if in_layernorm and kind in ("activation-overflow", "nan-source", "underflow", "headroom"):
         return LAYERNORM_REMEDY
     return OP_REMEDIES.get((kind, op_type), REMEDIES[kind]).format(node=node)
 
@@ -117,7 +136,7 @@ class _Builder:
     outputs_fail: bool = True
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
-    seen: set[tuple[str, tuple[str, ...]]] = field(default_factory=set)
+    seen: dict[tuple[str, ...], int] = field(default_factory=dict)  # nodes -> findings index
 
     def add(self, kind: str, rec_or_node, summary: str, evidence: dict, severity: str,
             op_type: str = "", tensor: str = "") -> None:
@@ -126,17 +145,28 @@ class _Builder:
         else:
             node = rec_or_node
         nodes = self.groups.get(node, (node,))
-        if (kind, nodes) in self.seen:
-            return
-        self.seen.add((kind, nodes))
+        if nodes in self.seen:  # one finding per node: keep the strongest cause
+            i = self.seen[nodes]
+            old = self.findings[i]
+            if KIND_PRIORITY.index(kind) >= KIND_PRIORITY.index(old.kind):
+                if kind != old.kind and "also" not in old.evidence:
+                    self.findings[i] = replace(old, evidence={**old.evidence, "also": kind})
+                return
+            evidence = {**evidence, "also": old.kind}
+        else:
+            self.seen[nodes] = len(self.findings)
+            i = -1
         if severity == "error" and not self.outputs_fail:
             severity = "warning"  # measured locally, but the outputs still meet the target
         if len(nodes) > 1:
             summary += f" (inside a decomposed LayerNorm of {len(nodes)} nodes, {nodes[0]} .. " \
                        f"{nodes[-1]})"
-        self.findings.append(Finding(kind, node, op_type, tensor, summary, evidence,
-                                     _remedy(kind, node, op_type, len(nodes) > 1), severity,
-                                     nodes))
+        finding = Finding(kind, node, op_type, tensor, summary, evidence,
+                          _remedy(kind, node, op_type, len(nodes) > 1), severity, nodes)
+        if i >= 0:
+            self.findings[i] = finding
+        else:
+            self.findings.append(finding)
 
 
 def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
@@ -184,7 +214,7 @@ def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
                       f"({r.overflow} elements)", _rec_evidence(r), "error")
         for r in layerwise.records:
             if 0 <= r.headroom_bits < LOW_HEADROOM_BITS and r.ref_max_abs > 0 and not r.overflow:
-                b.add("activation-overflow", r, f"{r.op_type} {r.node} output {r.tensor} peaks at "
+                b.add("headroom", r, f"{r.op_type} {r.node} output {r.tensor} peaks at "
                       f"{_fmt(r.ref_max_abs)}: only {r.headroom_bits:.2f} bits of headroom below "
                       f"{fmt.max:g} (a {2 ** r.headroom_bits:.1f}x larger input overflows)",
                       _rec_evidence(r), "warning")
@@ -198,7 +228,8 @@ def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
             if h.kind == "decomposed-layernorm":
                 rec = recs.get(h.tensor)
                 if rec is not None and rec.headroom_bits < LOW_HEADROOM_BITS:
-                    b.add("activation-overflow", rec, f"squared deviation {rec.tensor} peaks "
+                    kind = "activation-overflow" if rec.overflow else "headroom"
+                    b.add(kind, rec, f"squared deviation {rec.tensor} peaks "
                           f"at {_fmt(rec.ref_max_abs)} (headroom {rec.headroom_bits:.2f} bits)",
                           _rec_evidence(rec), "error" if rec.overflow else "warning")
         if outputs_fail and target is Precision.FP32:
@@ -254,25 +285,16 @@ def top_amplifiers(layerwise: LayerwiseResult, inputs_of: Mapping[str, Sequence[
                    ) -> list[tuple[LayerRecord, float, float]]:
     """The ``k`` tensors whose error grows most over the error of their producer's inputs.
 
-    gain = rel_l2(tensor) / max(largest rel_l2 among the producer's compared inputs, unit
-    roundoff of the format); only tensors that end above the divergence threshold count.
+    The local gain of ``analysis.gain`` (rel_l2 over the producer inputs' rel_l2, floored at
+    the format's unit roundoff); only tensors that end above the divergence threshold and
+    gains > 2 count.
 
     Returns:
         (record, gain, input rel_l2) triples, largest gain first.
     """
     u = FORMATS[Precision(layerwise.target)].unit_roundoff
-    recs = {r.tensor: r for r in layerwise.records}
-    scored = []
-    for r in layerwise.records:
-        if not math.isfinite(r.rel_l2) or r.rel_l2 <= layerwise.threshold:
-            continue
-        ups = [recs[i].rel_l2 for i in inputs_of.get(r.tensor, ()) if i in recs]
-        upstream = max(ups, default=0.0)
-        if not math.isfinite(upstream):
-            continue
-        scored.append((r.rel_l2 / max(upstream, u), r, upstream))
-    scored.sort(key=lambda t: (-t[0], t[1].index))
-    return [(r, gain, up) for gain, r, up in scored[:k] if gain > 2.0]
+    return [(g.record, g.gain, g.input_rel_l2)
+            for g in top_gains(layerwise.records, inputs_of, u, layerwise.threshold, k)]
 
 
 def rank_findings(findings: Sequence[Finding],
@@ -305,3 +327,15 @@ def rank_findings(findings: Sequence[Finding],
     keyed = sorted(range(len(ranked)), key=lambda i: (
         -(ranked[i].impact or 0.0), severity_rank[ranked[i].severity], i))
     return [ranked[i] for i in keyed]
+
+
+def group_findings(findings: Sequence[Finding], min_impact: float = MINOR_IMPACT
+                   ) -> list[Finding]:
+    """Set each finding's ``group``: ``minor`` when its measured impact is below
+    ``min_impact``, or when it was not measured and is only a warning/info; else ``main``.
+    Order is kept (main and minor interleave as ranked; reports split them)."""
+    out = []
+    for f in findings:
+        minor = (f.impact < min_impact) if f.impact is not None else f.severity != "error"
+        out.append(replace(f, group="minor" if minor else "main"))
+    return out

@@ -29,6 +29,7 @@ from markupsafe import Markup
 from precision_doctor.analysis.diagnosis import DiagnosisReport
 from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
 from precision_doctor.report import plots
+from precision_doctor.report.html_assessment import assessment_section
 from precision_doctor.report.numbers import fmt3, fmt_vs
 
 FOCUS_ROWS = 14  # rows of the "around the first divergence" table
@@ -161,9 +162,11 @@ def recording_html_section(report: DiagnosisReport) -> Section | None:
 def findings_section(report: DiagnosisReport) -> Section:
     """Findings ranked by measured impact: evidence, impact, remedy."""
     ids = _row_ids(report.layerwise)
-    items = [(f, _anchor(ids, f.tensor, f.node)) for f in report.findings]
-    return Section("findings", "Findings", _render("findings.j2", items=items,
-                                                   passed=report.passed, shown=SHOWN_FINDINGS))
+    ordered = sorted(report.findings, key=lambda f: f.group != "main")  # minor ones collapse
+    items = [(f, _anchor(ids, f.tensor, f.node)) for f in ordered]
+    return Section("findings", "Findings", _render(
+        "findings.j2", items=items, passed=report.passed,
+        shown=sum(f.group == "main" for f in ordered)))
 
 
 def plots_section(report: DiagnosisReport) -> Section | None:
@@ -294,9 +297,10 @@ def report_sections(report: DiagnosisReport, fix: Mapping[str, Any] | None = Non
     head: list[Section | None]
     if fix is not None and fix.get("objective"):
         head = [fix_verdict_section(report, fix), render_fix_section(fix),
-                verdict_section(report, secondary=True), outputs_section(report)]
+                verdict_section(report, secondary=True), assessment_section(report),
+                outputs_section(report)]
     else:
-        head = [verdict_section(report), outputs_section(report),
+        head = [verdict_section(report), assessment_section(report), outputs_section(report),
                 recording_html_section(report),
                 render_fix_section(fix) if fix is not None else None]
     sections = [*head,

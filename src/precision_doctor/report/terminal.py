@@ -8,6 +8,7 @@ when the console is too narrow: at 80 columns no number or header is ever cut wi
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -16,8 +17,10 @@ from rich.text import Text
 
 from precision_doctor.analysis.diagnosis import DiagnosisReport, OutputResult
 from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
+from precision_doctor.analysis.rootcause import Finding
 from precision_doctor.report.numbers import fmt3, fmt_count, fmt_share
 from precision_doctor.report.tables import Cell, Col, MetricTable, metric_table
+from precision_doctor.report.terminal_assessment import render_assessment, render_minor
 
 OUTPUT_COLUMNS = (Col("output", "key"), Col("verdict", "tag"), Col("rel L2"), Col("max abs"),
                   Col("p99 abs"), Col("1-cos"), Col("SNR dB"), Col("NaN/Inf"),
@@ -51,10 +54,10 @@ def outputs_table(outputs: tuple[OutputResult, ...] | list[OutputResult],
     return metric_table(title, OUTPUT_COLUMNS, rows, caption=OUTPUT_CAPTION)
 
 
-def findings_table(report: DiagnosisReport) -> MetricTable:
-    """Findings ranked by measured impact."""
+def findings_table(findings: Sequence[Finding]) -> MetricTable:
+    """Findings ranked by measured impact (the main group; minor ones are one line)."""
     rows: list[list[Cell]] = []
-    for i, f in enumerate(report.findings, 1):
+    for i, f in enumerate(findings, 1):
         color = {"error": "red", "warning": "yellow"}.get(f.severity, "")
         rows.append([f"#{i}", Text(f.kind, style=color), f.node, fmt_share(f.impact), f.summary,
                      f.remedy])
@@ -98,6 +101,7 @@ def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12
              f"({escape(report.candidate)} vs {escape(report.reference)}, "
              f"{len(report.samples)} sample(s))")
     console.print(Panel(title, expand=False))
+    render_assessment(report, console)
 
     console.print(outputs_table(report.outputs))
     for o in report.outputs:
@@ -105,10 +109,12 @@ def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12
     if report.recording:
         _render_recording(report.recording, console)
 
-    if report.findings:
-        console.print(findings_table(report))
+    main = [f for f in report.findings if f.group == "main"]
+    if main:
+        console.print(findings_table(main))
     else:
-        console.print("No findings.")
+        console.print("No main findings.")
+    render_minor(report, console)
 
     lw = report.layerwise
     if lw is not None and layers:

@@ -1,0 +1,119 @@
+"""Terminal rendering of the assessment, the decisions and their flips, and the rewritten run.
+
+Printed right after the verdict line: the assessment is what a person reads first. Plain
+``key: value`` lines (no tables), so that nothing is cut at 80 columns; numbers have 3
+significant digits (``1.14e-02``), shares are percentages with one decimal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from rich.console import Console
+from rich.markup import escape
+
+from precision_doctor.analysis.diagnosis import DiagnosisReport
+from precision_doctor.analysis.rootcause import MINOR_IMPACT
+
+COLORS = {"within-tolerance": "green", "rounding": "yellow", "decision-flips": "yellow",
+          "defect": "red"}
+SHOWN_FLIPS = 10  # when the assessment is decision-flips
+SHOWN_FLIPS_OTHERWISE = 3  # e.g. a broken map flips thousands of pixels: a sample is enough
+
+
+def num(x: float | int | None) -> str:
+    """3 significant digits in scientific notation (``1.14e-02``); ints as they are."""
+    if x is None:
+        return "n/a"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return str(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return f"{x:.2e}"
+
+
+def pct(x: float | None) -> str:
+    """A share in [0, 1] as ``96.0%`` (``n/a`` for None)."""
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def render_assessment(report: DiagnosisReport, console: Console) -> None:
+    """Print the assessment block (nothing for a version-1 report without one)."""
+    a = report.assessment
+    if a is None:
+        return
+    color = COLORS.get(a.kind, "white")
+    console.print(f"[bold {color}]Assessment: {a.kind}[/]")
+    console.print(f"  {escape(a.summary)}")
+    console.print(f"  [bold]Remedy:[/] {escape(a.remedy)}")
+    if report.explained_share is not None:
+        console.print(f"  All findings' remedies together remove {pct(report.explained_share)} "
+                      f"of the output error; unexplained: {pct(1 - report.explained_share)}.")
+    if a.nodes:
+        console.print(f"  Nodes: {escape(', '.join(a.nodes[:8]))}"
+                      + (f" and {len(a.nodes) - 8} more" if len(a.nodes) > 8 else ""))
+    _render_rewritten(report, console)
+    _render_decisions(report, console)
+    if report.largest_jump is not None and report.layerwise is not None:
+        rec = report.layerwise.record(report.largest_jump)
+        where = f" ({escape(rec.op_type)} {escape(rec.node)})" if rec else ""
+        console.print(f"First divergence by error jump: {escape(report.largest_jump)}{where}; "
+                      "tolerance first crossed at: "
+                      f"{escape(report.layerwise.first_divergence or 'nowhere')}")
+
+
+def _render_rewritten(report: DiagnosisReport, console: Console) -> None:
+    rw = report.rewritten
+    if not rw:
+        return
+    worst = max((_float(o["metrics"]["rel_l2"]) for o in rw.get("outputs", ())), default=None)
+    verdict = str(rw.get("verdict", "")).upper()
+    color = "green" if verdict == "PASS" else "red"
+    console.print(f"Rewritten model ({escape(', '.join(rw.get('rewrites', ())))}): "
+                  f"[{color}]{verdict}[/], worst rel L2 {num(worst)}")
+
+
+def _render_decisions(report: DiagnosisReport, console: Console) -> None:
+    for d in report.decisions:
+        task = (f", {d.task_metric} agreement {pct(d.task_agreement)}"
+                if d.task_agreement is not None else "")
+        axis = "" if d.kind == "sigmoid-map" else f", axis {d.axis}"
+        console.print(f"Decisions of {escape(d.output)} ({d.kind}{axis}): "
+                      f"{d.flips} of {d.positions} flipped{task}; flips carry "
+                      f"{pct(d.flip_error_share)} of the squared error; rel L2 without "
+                      f"them {num(d.rel_l2_without_flips)}")
+        if d.suggested_metric:
+            console.print(f"  suggested task metric: --metric {escape(d.suggested_metric)}")
+    flips = report.decision_flips
+    shown = (SHOWN_FLIPS if report.assessment and report.assessment.kind == "decision-flips"
+             else SHOWN_FLIPS_OTHERWISE)
+    for i, f in enumerate(flips[:shown], 1):
+        changed = {True: "changed", False: "unchanged", None: "unknown"}[f.task_changed]
+        console.print(f"  flip {i}: {escape(f.sample)} {escape(f.output)} at {list(f.position)}: "
+                      f"margin {num(f.fp32_margin)}, FP32 noise {num(f.fp32_noise)}, "
+                      f"error share {pct(f.error_share)}, task result {changed}")
+    if len(flips) > shown:
+        console.print(f"  ({len(flips) - shown} more listed flips in the JSON and HTML reports)")
+
+
+def render_minor(report: DiagnosisReport, console: Console) -> None:
+    """One line for the collapsed ``minor`` findings group."""
+    minor = [f for f in report.findings if f.group == "minor"]
+    if not minor:
+        return
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(Counter(f.kind for f in minor).items()))
+    console.print(f"{len(minor)} minor finding(s) collapsed (measured impact < "
+                  f"{MINOR_IMPACT:.0%} each, or unmeasured warnings): {kinds}; see the JSON or "
+                  "HTML report")
+
+
+def _float(v: object) -> float:
+    return float(v) if isinstance(v, (int, float, str)) else math.nan
+
+
+__all__ = ["num", "pct", "render_assessment", "render_minor"]
