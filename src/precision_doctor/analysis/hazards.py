@@ -23,6 +23,7 @@ import onnx
 from onnx import numpy_helper
 
 from precision_doctor.formats import FORMATS, FloatFormat, Precision, round_to
+from precision_doctor.graph.external import tensor_array
 
 RISKY_OPS = {
     "Pow": "x^p overflows quickly (|x| > 256 squared exceeds FP16 max)",
@@ -80,7 +81,7 @@ class Hazard:
 
 def constant_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     """Tensor name -> value of every initializer and Constant node output (``value`` attr)."""
-    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    values = {t.name: tensor_array(t) for t in model.graph.initializer}  # external: memory map
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output:
             for attr in node.attribute:
@@ -154,7 +155,8 @@ def _scan_attributes(model, fmt: FloatFormat, consts) -> list[Hazard]:
                     {"epsilon": float(attr.f)}))
         if node.op_type == "Clip":
             bounds = [consts.get(n) for n in node.input[1:3] if n]
-            bounds += [np.array(a.f, np.float32) for a in node.attribute if a.name in ("min", "max")]
+            bounds += [np.array(a.f, np.float32) for a in node.attribute
+                       if a.name in ("min", "max")]
             for b in (b for b in bounds if b is not None and b.dtype.kind == "f"):
                 v = float(np.asarray(b, np.float64).ravel()[0])
                 r = float(round_to(np.array([v], np.float32), _prec(fmt))[0])

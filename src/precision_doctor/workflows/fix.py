@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+import onnx
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -13,7 +14,8 @@ from precision_doctor.analysis.fix import FixResult, fix
 from precision_doctor.analysis.objective import Objective
 from precision_doctor.compare.tasks.registry import get_metric
 from precision_doctor.errors import InputError, MetricError
-from precision_doctor.graph.load import input_metadata, load_model
+from precision_doctor.graph.external import has_external_data, save_model
+from precision_doctor.graph.load import PROTOBUF_LIMIT, input_metadata, load_model
 from precision_doctor.inputs import load_samples
 from precision_doctor.report.files import (
     check_writable,
@@ -34,6 +36,27 @@ def sidecar_paths(output: Path) -> dict[str, Path]:
     return {"plan": Path(f"{stem}.plan.json"), "recipes": Path(f"{stem}.recipes.md"),
             "report": Path(f"{stem}.report.json"),
             "rewritten": Path(f"{stem}.rewritten-fp32.onnx")}
+
+
+def data_file(path: Path) -> Path:
+    """The external data file written next to ``path`` (``model.onnx`` -> ``model.onnx.data``)."""
+    return path.with_name(path.name + ".data")
+
+
+def write_model(path: Path, model: onnx.ModelProto, force: bool) -> list[Path]:
+    """Write ``model`` atomically; with external data (``<name>.data`` next to it) when its
+    weights are in data files or it is >= 2 GiB, so no protobuf above 2 GiB is ever built.
+
+    Returns:
+        The files written.
+
+    Raises:
+        OutputExistsError: A target exists and ``force`` is False.
+    """
+    if has_external_data(model) or model.ByteSize() >= PROTOBUF_LIMIT:
+        check_writable([path, data_file(path)], force)
+        return save_model(model, path)
+    return [write_bytes_atomic(path, model.SerializeToString(), force)]
 
 
 def build_objective(tolerances: Sequence[str], metric: str | None, threshold: float | None,
@@ -75,6 +98,8 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
     check_writable([output, *side.values(), html_path], force)
     precision = parse_precision(target)
     model = load_model(model_path)
+    if has_external_data(model):  # written with external data too: <name>.data next to each
+        check_writable([data_file(output), data_file(side["rewritten"])], force)
     samples = load_samples(data, input_metadata(model), preprocess, max_samples)
     objective = build_objective(tolerances, metric, threshold, precision)
     factory = None
@@ -90,8 +115,8 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
     report = result.to_dict()
     report["model"] = {"input": str(model_path), "output": str(output)}
     recipes_md = _recipes(result, side, output, samples, report, model)
-    write_bytes_atomic(output, result.model.SerializeToString(), force)
-    write_bytes_atomic(side["rewritten"], result.rewritten.SerializeToString(), force)
+    write_model(output, result.model, force)
+    write_model(side["rewritten"], result.rewritten, force)
     write_json(side["plan"], result.plan.to_dict(), force)
     write_text_atomic(side["recipes"], recipes_md, force)
     write_json(side["report"], report, force)

@@ -23,6 +23,7 @@ import onnx_ir as ir
 
 from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.formats import FORMATS
+from precision_doctor.graph.external import stored_ir_tensor
 from precision_doctor.precision.writer.decide import FLOAT, PRECISION_OF, Decisions
 from precision_doctor.precision.writer.schema import has_subgraph, subgraph_nodes
 
@@ -150,8 +151,11 @@ class _Writer:
             self.counts.flushed.append(warning)
         tensor_name = v.name if self.in_place.get(v) == dtype else \
             self.unique(f"{v.name}_{PRECISION_OF[dtype].value}")
-        tensor = ir.tensor(low, name=tensor_name)
         producer = v.producer()
+        # A weight kept in an external data file: its copy goes to the weight store, so the
+        # written model stays a small proto (``graph.external``; saved with external data).
+        tensor = stored_ir_tensor(low, tensor_name) if producer is None and isinstance(
+            v.const_value, ir.ExternalTensor) else ir.tensor(low, name=tensor_name)
         if self.in_place.get(v) == dtype:
             new = v
             if producer is None:

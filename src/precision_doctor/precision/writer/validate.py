@@ -18,6 +18,7 @@ import onnx
 import onnx_ir as ir
 
 from precision_doctor.errors import BackendError, UnsupportedModelError
+from precision_doctor.graph.external import has_external_data, link_model
 from precision_doctor.graph.load import PROTOBUF_LIMIT
 from precision_doctor.runners.ort import OrtRunner
 
@@ -27,20 +28,24 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def run_checker(model: onnx.ModelProto) -> None:
-    """``onnx.checker.check_model(full_check=True)``; models >= 2 GiB are checked from a file.
+def run_checker(model: onnx.ModelProto | Path) -> None:
+    """``onnx.checker.check_model(full_check=True)``; a model with external data or >= 2 GiB
+    is checked from a file (``graph.external.link_model``: data files linked, not copied).
+
+    Args:
+        model: The model, or the path of a saved model.
 
     Raises:
         onnx.checker.ValidationError / onnx.shape_inference.InferenceError: as the checker does.
     """
-    if model.ByteSize() < PROTOBUF_LIMIT:
+    if isinstance(model, Path):
+        onnx.checker.check_model(str(model), full_check=True)
+        return
+    if not has_external_data(model) and model.ByteSize() < PROTOBUF_LIMIT:
         onnx.checker.check_model(model, full_check=True)
         return
     with tempfile.TemporaryDirectory(prefix="precision-doctor-check-") as folder:
-        path = Path(folder) / "model.onnx"
-        onnx.save_model(model, str(path), save_as_external_data=True,
-                        all_tensors_to_one_file=True, location="model.onnx.data")
-        onnx.checker.check_model(str(path), full_check=True)
+        onnx.checker.check_model(str(link_model(model, Path(folder))), full_check=True)
 
 
 def inferred_dtypes(model: onnx.ModelProto, strict: bool = False) -> dict[str, ir.DataType]:
@@ -89,16 +94,28 @@ def check_written(written: onnx.ModelProto, original: onnx.ModelProto,
         has_bf16: The written model stores some tensors in BF16.
 
     Returns:
-        ``(ort_validated, warnings)``.
+        ``(ort_validated, warnings)``. A model with external data is validated as files
+        (``onnx.checker`` and ONNX Runtime open the path), never as serialized bytes.
 
     Raises:
         UnsupportedModelError: The written model fails ``onnx.checker`` while the input passes.
         BackendError: ONNX Runtime CPU cannot create a session for the written model (ORT's
             message included), except for missing BF16 kernels (a warning then).
     """
+    if not has_external_data(written) and written.ByteSize() < PROTOBUF_LIMIT:
+        return _check(written, written, original, meant, has_bf16)
+    # External data: check and load the files, as a user will (data files hard-linked).
+    with tempfile.TemporaryDirectory(prefix="precision-doctor-check-") as folder:
+        return _check(written, link_model(written, Path(folder)), original, meant, has_bf16)
+
+
+def _check(written: onnx.ModelProto, source: onnx.ModelProto | Path,
+           original: onnx.ModelProto, meant: Iterable[tuple[str, ir.DataType]],
+           has_bf16: bool) -> tuple[bool, list[str]]:
+    """``check_written`` on ``source``: the written proto itself, or its saved path."""
     warnings: list[str] = []
     try:
-        run_checker(written)
+        run_checker(source)
     except Exception as exc:  # noqa: BLE001
         try:
             run_checker(original)
@@ -119,7 +136,7 @@ def check_written(written: onnx.ModelProto, original: onnx.ModelProto,
                         f"meant (the report's node precisions may be off there): "
                         f"{', '.join(wrong[:5])}")
     try:
-        with OrtRunner(written, providers=("cpu",), name="ort-cpu"):
+        with OrtRunner(source, providers=("cpu",), name="ort-cpu"):
             pass
     except BackendError as exc:
         if has_bf16 and "NOT_IMPLEMENTED" in str(exc):
