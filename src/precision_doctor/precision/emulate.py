@@ -127,12 +127,12 @@ class _Emulator:
         const = x.const_value if x.is_initializer() else ir.convenience.get_const_tensor(x)
         if const is not None:
             name = f"{x.name}__pd_{p.value}"
-            key = ir_external_key(const, p.value)
-            if key is not None:  # external weight: the rounded copy goes to the weight store
-                entry = STORE.get(key)
+            stored = ir_external_key(const, p.value)
+            if stored is not None:  # external weight: the rounded copy goes to the weight store
+                entry = STORE.get(stored)
                 if entry is None:
                     rounded = round_to(const.numpy(), p).astype(const.dtype.numpy())
-                    tensor = stored_ir_tensor(rounded, name, key)
+                    tensor = stored_ir_tensor(rounded, name, stored)
                     del rounded
                     const.release()  # unmap the source weights
                 else:
