@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -20,6 +21,7 @@ from precision_doctor.graph.external import (
     external_initializers,
     has_external_data,
     iter_external,
+    link_model,
 )
 from precision_doctor.graph.load import PROTOBUF_LIMIT, ort_model_source
 from precision_doctor.runners.base import Feeds, TensorMeta
@@ -59,9 +61,11 @@ class OrtRunner:
         model: The model proto to run (never written to the user's path), or the path of an
             ``.onnx`` file (with its external data next to it) that ONNX Runtime opens itself.
             A proto whose tensors reference external data (``graph.load.load_model`` keeps
-            weights in their files) is passed as bytes with those tensors given as memory-mapped
-            ``OrtValue``s (``SessionOptions.add_external_initializers``): no 2 GiB protobuf
-            limit, and no copy of the weights beyond what ONNX Runtime makes itself.
+            weights in their files) is opened from a temporary folder of hard links to its
+            data files (``graph.external.link_model``), so ONNX Runtime memory-maps the weights:
+            no 2 GiB protobuf limit and no copy of the weights in memory. Across file systems
+            the weights are handed over as ``OrtValue``s instead
+            (``SessionOptions.add_external_initializers``; ONNX Runtime copies them).
         providers: Execution providers in priority order (short names allowed: ``cuda``).
         provider_options: One dict per provider (e.g. ``[{"use_tf32": "0"}, {}]``).
         name: Label for reports; default derived from the providers.
@@ -141,6 +145,13 @@ class OrtRunner:
         """What ``InferenceSession`` opens: a path, or bytes (+ external initializers)."""
         if not isinstance(self.model, onnx.ModelProto):
             return os.fspath(self.model)
+        if has_external_data(self.model):
+            self._tmp = tempfile.TemporaryDirectory(prefix="precision-doctor-ort-")
+            try:  # hard links to the weight files: ONNX Runtime memory-maps them itself
+                return str(link_model(self.model, Path(self._tmp.name), copy=False))
+            except OSError:  # another file system: hand the weights over in memory
+                self._tmp.cleanup()
+                self._tmp = None
         if has_external_data(self.model) and self.model.ByteSize() < PROTOBUF_LIMIT:
             # ONNX Runtime drops unread initializers before it takes the external ones.
             model = drop_unused_external(self.model)
