@@ -39,6 +39,11 @@ def models(tmp_path):
     return inline, ext
 
 
+def _refs(model):
+    return sorted((t.name, tuple(e.value for e in t.external_data))
+                  for t in model.graph.initializer if is_external(t))
+
+
 def test_load_keeps_weights_in_their_file(models):
     inline, ext = models
     before = ext.read_bytes(), (ext.parent / "m.onnx.data").read_bytes()
@@ -56,10 +61,13 @@ def test_load_keeps_weights_in_their_file(models):
 def test_emulator_and_writer_match_the_inline_model(models, tmp_path):
     inline, ext = (load_model(p) for p in models)
     plan = PrecisionPlan(Precision.FP16).keep_fp32(["ln/pow"], "user")
-    with EmulatorRunner(ext, plan) as a, EmulatorRunner(inline, plan) as b:
+    with EmulatorRunner(ext, plan) as a, EmulatorRunner(inline, plan) as b, \
+            EmulatorRunner(ext, plan) as again:  # rounded weights reused from the store
         np.testing.assert_array_equal(a.run(FEEDS)["probs"], b.run(FEEDS)["probs"])
+        np.testing.assert_array_equal(again.run(FEEDS)["probs"], b.run(FEEDS)["probs"])
     written, report = write_mixed_precision(ext, plan)
     assert report.ort_validated and has_external_data(written)
+    assert _refs(write_mixed_precision(ext, plan)[0]) == _refs(written)  # converted once
     assert written.ByteSize() < 4000  # FP16 weights live in the weight store, not the proto
     files = save_model(written, tmp_path / "w.onnx")
     assert [f.name for f in files] == ["w.onnx", "w.onnx.data"]
@@ -113,3 +121,14 @@ def test_missing_or_truncated_data_file_is_a_clear_error(models):
     res = cli.invoke(app, ["diagnose", str(ext), "--data", DATA])
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert "m.onnx.data" in res.output and "missing" in res.output
+
+
+def test_data_outside_the_model_folder_is_refused(models):
+    _, ext = models
+    model = onnx.load(str(ext), load_external_data=False)
+    for e in model.graph.initializer[0].external_data:
+        if e.key == "location":
+            e.value = "../ext/m.onnx.data"
+    ext.write_bytes(model.SerializeToString())
+    with pytest.raises(ModelLoadError, match="outside the model's folder"):
+        load_model(ext)

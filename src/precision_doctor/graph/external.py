@@ -108,6 +108,9 @@ def resolve_external_data(model: onnx.ModelProto, model_path: Path) -> int:
     for tensor in _get_all_tensors(model):
         if is_external(tensor) and not os.path.isabs(external_info(tensor)[0]):
             _resolve(tensor, base, model_path, inline=True)
+    for tensor in _get_all_tensors(model):  # absolute in the file: rejected by _resolve
+        if is_external(tensor) and not external_info(tensor)[0].startswith(str(base)):
+            _resolve(tensor, base, model_path, inline=True)
     return left
 
 
@@ -115,8 +118,14 @@ def _resolve(tensor: onnx.TensorProto, base: Path, model_path: Path, inline: boo
     """Check one external tensor; read it in (``inline`` or small) or make its location
     absolute. Returns the bytes left external."""
     location, offset, length = external_info(tensor)
-    path = Path(location) if Path(location).is_absolute() else base / location
+    path = base / location
     what = f"external data file {path} (tensor {tensor.name!r}, recorded as {location!r})"
+    if Path(location).is_absolute() or ".." in Path(location).parts:
+        # The ONNX external-data rule (onnx.checker, ONNX Runtime): data stays in the folder.
+        raise ModelLoadError(
+            f"{model_path}: {what} is outside the model's folder: ONNX requires a relative "
+            "location inside it. Move the data file next to the model and re-save it with "
+            "onnx.save_model(..., save_as_external_data=True).", file=str(model_path))
     if not location or not path.is_file():
         raise ModelLoadError(
             f"{model_path}: {what} is missing. Keep the data files next to the model under "

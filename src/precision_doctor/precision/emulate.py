@@ -128,7 +128,9 @@ class _Emulator:
         if const is not None:
             name = f"{x.name}__pd_{p.value}"
             stored = ir_external_key(const, p.value)
-            if stored is not None:  # external weight: the rounded copy goes to the weight store
+            tensor: ir.TensorProtocol
+            if isinstance(const, ir.ExternalTensor) and stored is not None:
+                # External weight: the rounded copy goes to the weight store, once per process.
                 entry = STORE.get(stored)
                 if entry is None:
                     rounded = round_to(const.numpy(), p).astype(const.dtype.numpy())
@@ -136,7 +138,8 @@ class _Emulator:
                     del rounded
                     const.release()  # unmap the source weights
                 else:
-                    tensor = ir.ExternalTensor(*entry, const.dtype, shape=const.shape, name=name)
+                    tensor = ir.ExternalTensor(*entry, const.dtype, shape=ir.Shape(const.shape),
+                                               name=name)
             else:
                 array = const.numpy()
                 tensor = ir.tensor(round_to(array, p).astype(array.dtype), name=name)
