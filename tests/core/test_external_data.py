@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from precision_doctor.cli import app
 from precision_doctor.errors import ModelLoadError
 from precision_doctor.formats import Precision
-from precision_doctor.graph.external import has_external_data, is_external, save_model
+from precision_doctor.graph.external import has_external_data, is_external
+from precision_doctor.graph.external_files import save_model
 from precision_doctor.graph.load import load_model
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.precision.writer import write_mixed_precision

@@ -23,12 +23,8 @@ from onnx import TensorProto, numpy_helper
 
 from precision_doctor.compare.metrics import relative_l2
 from precision_doctor.errors import BackendError
-from precision_doctor.graph.external import (
-    external_bytes,
-    is_external,
-    stored_tensor_proto,
-    tensor_array,
-)
+from precision_doctor.graph.external import external_bytes, is_external, tensor_array
+from precision_doctor.graph.weight_store import stored_tensor_proto
 from precision_doctor.runners.ort import OrtRunner
 
 _F = TensorProto.FLOAT

@@ -1,4 +1,4 @@
-"""Models with external data (weights in files next to the ``.onnx``): read, run, write.
+"""Models with external data (weights in files next to the ``.onnx``): reading them.
 
 Protobuf cannot serialize a message of 2 GiB or more, so a large model never has its weights
 inside a ``ModelProto`` here. ``load_model`` keeps every tensor of at least ``INLINE_BELOW``
@@ -18,23 +18,21 @@ in-memory form only: onnx and ONNX Runtime reject absolute locations on disk, so
 * tensors computed from external weights (the emulator's rounded copies, the writer's FP16
   copies) go to a per-process ``WeightStore`` file and are referenced the same way.
 
+Reading is here; ``graph.external_files`` writes (``save_model``, ``link_model``) and
+``graph.weight_store`` holds the derived tensors.
+
 Offsets in written data files are aligned to 4096 bytes (``onnx.save_model``'s own alignment for
 tensors above 1 MiB), so ONNX Runtime can memory-map them.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
-import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import onnx
-import onnx_ir as ir
 from onnx import numpy_helper
 from onnx.external_data_helper import _get_all_tensors
 
@@ -44,7 +42,6 @@ from precision_doctor.errors import ModelLoadError
 # ``size_threshold`` is 1024 bytes: shape tensors and scalars stay usable by shape inference).
 INLINE_BELOW = 1024
 ALIGN = 4096
-_COPY_CHUNK = 64 << 20
 
 
 def is_external(tensor: onnx.TensorProto) -> bool:
@@ -60,7 +57,9 @@ def external_info(tensor: onnx.TensorProto) -> tuple[str, int, int | None]:
         int(length) if length else None
 
 
-def _set_info(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+def set_external_info(tensor: onnx.TensorProto, location: str, offset: int, length: int
+                      ) -> None:
+    """Make ``tensor`` reference ``length`` bytes at ``offset`` of the file ``location``."""
     del tensor.external_data[:]
     for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
         entry = tensor.external_data.add()
@@ -147,7 +146,7 @@ def _resolve(tensor: onnx.TensorProto, base: Path, model_path: Path, inline: boo
         del tensor.external_data[:]
         tensor.data_location = onnx.TensorProto.DEFAULT
         return 0
-    _set_info(tensor, str(path), offset, length)
+    set_external_info(tensor, str(path), offset, length)
     return length
 
 
@@ -228,196 +227,15 @@ def drop_unused_external(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-# -- writing -------------------------------------------------------------------------------
-def _copy_range(src: str, offset: int, length: int, out) -> None:
-    with open(src, "rb") as f:
-        f.seek(offset)
-        left = length
-        while left > 0:
-            block = f.read(min(_COPY_CHUNK, left))
-            if not block:
-                raise ModelLoadError(f"external data file {src} ended early", file=src)
-            out.write(block)
-            left -= len(block)
-
-
-def _pad(out) -> int:
-    pos = out.tell()
-    if pos % ALIGN:
-        out.write(b"\0" * (ALIGN - pos % ALIGN))
-    return out.tell()
-
-
-def _externalize_into(model: onnx.ModelProto, out, location: str,
-                      reuse: dict[tuple[str, int], int] | None = None) -> None:
-    """Move every tensor of ``model`` with data of at least ``INLINE_BELOW`` bytes (external or
-    raw) into the open binary file ``out``, recorded under ``location``."""
-    reuse = {} if reuse is None else reuse
-    for tensor in _get_all_tensors(model):
-        if is_external(tensor):
-            src, offset, length = external_info(tensor)
-            length = length if length is not None else os.path.getsize(src) - offset
-            key = (src, offset)
-            if key not in reuse:
-                reuse[key] = _pad(out)
-                _copy_range(src, offset, length, out)
-            _set_info(tensor, location, reuse[key], length)
-        elif tensor.HasField("raw_data") and len(tensor.raw_data) >= INLINE_BELOW:
-            start = _pad(out)
-            out.write(tensor.raw_data)
-            _set_info(tensor, location, start, len(tensor.raw_data))
-
-
-def save_model(model: onnx.ModelProto, path: Path) -> list[Path]:
-    """Write ``model`` as ``path`` + ``<path name>.data`` (self-contained, relative locations).
-
-    Both files are written under temporary names in the target folder and renamed into place
-    (the data file first), so a reader never sees a half-written pair. The caller checks
-    overwriting (``report.files.check_writable``).
-
-    Args:
-        model: The model (not modified); its external tensors are copied in chunks of 64 MiB.
-        path: The ``.onnx`` file to write.
-
-    Returns:
-        The files written: ``[path, data file]``.
-    """
-    path = Path(path)
-    data_name = path.name + ".data"
-    data_path = path.with_name(data_name)
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    fd, tmp_data = tempfile.mkstemp(prefix=f".{data_name}.", dir=path.parent)
-    tmp_model = None
-    try:
-        with os.fdopen(fd, "wb") as out:
-            _externalize_into(copy, out, data_name)
-        fd2, tmp_model = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd2, "wb") as out:
-            out.write(copy.SerializeToString())
-        os.replace(tmp_data, data_path)
-        os.replace(tmp_model, path)
-    except BaseException:
-        for tmp in (tmp_data, tmp_model):
-            if tmp and os.path.exists(tmp):
-                os.unlink(tmp)
-        raise
-    return [path, data_path]
-
-
-def link_model(model: onnx.ModelProto, folder: Path, name: str = "model.onnx",
-               copy: bool = True) -> Path:
-    """Write ``model`` into ``folder`` for tools that open a path (ONNX Runtime, onnx.checker,
-    TensorRT's parser): every data file it references is hard-linked into ``folder`` and
-    referenced by a relative name. (Symbolic links do not do: ONNX Runtime rejects data files
-    that resolve outside the model's folder.)
-
-    Args:
-        model: The model (not modified).
-        folder: An existing folder; it must outlive the use of the path.
-        name: File name of the model.
-        copy: Copy a data file when it cannot be linked (another file system); when False,
-            raise ``OSError`` instead.
-
-    Returns:
-        The ``.onnx`` path.
-    """
-    folder = Path(folder)
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    names: dict[str, str] = {}
-    for tensor in _get_all_tensors(copy):
-        if not is_external(tensor):
-            continue
-        src, offset, length = external_info(tensor)
-        if src not in names:
-            names[src] = f"{name}.data{len(names)}"
-            target = folder / names[src]
-            try:
-                os.link(src, target)
-            except OSError:
-                if not copy:
-                    raise
-                shutil.copyfile(src, target)
-        _set_info(tensor, names[src], offset,
-                  length if length is not None else os.path.getsize(src) - offset)
-    if copy.ByteSize() >= 2**31 - 1:  # large in-memory tensors: into a data file of their own
-        with open(folder / f"{name}.data", "wb") as out:
-            _externalize_into(copy, out, f"{name}.data")
-    target = folder / name
-    target.write_bytes(copy.SerializeToString())
-    return target
-
-
-# -- tensors computed from external weights --------------------------------------------------
-class WeightStore:
-    """Append-only file of derived tensors (rounded or converted weights), one per process.
-
-    Entries are cached by a key (e.g. source file, offset, format), so a search that builds
-    dozens of emulation models rounds each weight once. The folder is removed at exit.
-    """
-
-    def __init__(self) -> None:
-        self._folder: str | None = None
-        self._file: str | None = None
-        self._cache: dict[tuple, tuple[int, int]] = {}
-        self._lock = threading.Lock()
-
-    def _path(self) -> str:
-        if self._file is None:
-            self._folder = tempfile.mkdtemp(prefix="precision-doctor-weights-")
-            atexit.register(shutil.rmtree, self._folder, True)
-            self._file = os.path.join(self._folder, "weights.bin")
-            Path(self._file).touch()
-        return self._file
-
-    def put(self, array: np.ndarray, key: tuple | None = None) -> tuple[str, int, int]:
-        """Store ``array``'s bytes (C order); returns ``(absolute file, offset, length)``."""
-        with self._lock:
-            path = self._path()
-            if key is not None and key in self._cache:
-                return (path, *self._cache[key])
-            data = np.ascontiguousarray(array)
-            with open(path, "ab") as out:
-                start = _pad(out)
-                data.tofile(out)
-            self._cache[key if key is not None else ("anon", start)] = (start, data.nbytes)
-            return path, start, data.nbytes
-
-    def get(self, key: tuple) -> tuple[str, int, int] | None:
-        """The stored entry for ``key`` or None."""
-        with self._lock:
-            entry = self._cache.get(key)
-            return None if entry is None else (self._path(), *entry)
-
-
-STORE = WeightStore()
-
-
-def stored_ir_tensor(array: np.ndarray, name: str, key: tuple | None = None
-                     ) -> ir.ExternalTensor:
-    """``array`` as an onnx-ir tensor backed by the process's ``WeightStore``."""
-    location, offset, length = STORE.put(array, key)
-    return ir.ExternalTensor(location, offset, length, ir.DataType.from_numpy(array.dtype),
-                             shape=ir.Shape(array.shape), name=name)
-
-
-def stored_tensor_proto(array: np.ndarray, name: str) -> onnx.TensorProto:
-    """``array`` as a ``TensorProto`` referencing the process's ``WeightStore``."""
-    location, offset, length = STORE.put(array)
-    tensor = onnx.TensorProto(name=name, dims=list(array.shape),
-                              data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype))
-    _set_info(tensor, location, offset, length)
-    return tensor
-
-
-def ir_external_key(tensor: object, tag: str) -> tuple | None:
-    """A cache key for a tensor derived (``tag``) from an external onnx-ir tensor, else None."""
-    if isinstance(tensor, ir.ExternalTensor):
-        return (os.fspath(tensor.path), tensor.offset, tensor.length, tag)
-    return None
-
 
 def iter_external(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     """Every external tensor of ``model`` (all graphs)."""
     return (t for t in _get_all_tensors(model) if is_external(t))
+
+
+def pad_to_alignment(out) -> int:
+    """Pad the open binary file ``out`` with zeros to a multiple of ``ALIGN``; the new end."""
+    pos = out.tell()
+    if pos % ALIGN:
+        out.write(b"\0" * (ALIGN - pos % ALIGN))
+    return out.tell()

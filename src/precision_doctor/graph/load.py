@@ -17,7 +17,8 @@ from google.protobuf.message import DecodeError
 from onnx import helper
 
 from precision_doctor.errors import ModelLoadError
-from precision_doctor.graph.external import has_external_data, link_model, resolve_external_data
+from precision_doctor.graph.external import has_external_data, resolve_external_data
+from precision_doctor.graph.external_files import link_model
 
 # Protobuf cannot serialize a message of 2 GiB or more (hard limit of the format).
 PROTOBUF_LIMIT = 2**31 - 1

@@ -42,8 +42,8 @@ import onnx_ir as ir
 
 from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.formats import Precision, round_to
-from precision_doctor.graph.external import STORE, ir_external_key, stored_ir_tensor
 from precision_doctor.graph.load import opset_of
+from precision_doctor.graph.weight_store import STORE, ir_external_key, stored_ir_tensor
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
 
 TF32_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})

@@ -21,8 +21,8 @@ from precision_doctor.graph.external import (
     external_initializers,
     has_external_data,
     iter_external,
-    link_model,
 )
+from precision_doctor.graph.external_files import link_model
 from precision_doctor.graph.load import PROTOBUF_LIMIT, ort_model_source
 from precision_doctor.runners.base import Feeds, TensorMeta
 

@@ -14,7 +14,8 @@ from precision_doctor.analysis.fix import FixResult, fix
 from precision_doctor.analysis.objective import Objective
 from precision_doctor.compare.tasks.registry import get_metric
 from precision_doctor.errors import InputError, MetricError
-from precision_doctor.graph.external import has_external_data, save_model
+from precision_doctor.graph.external import has_external_data
+from precision_doctor.graph.external_files import save_model
 from precision_doctor.graph.load import PROTOBUF_LIMIT, input_metadata, load_model
 from precision_doctor.inputs import load_samples
 from precision_doctor.report.files import (

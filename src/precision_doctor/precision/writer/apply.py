@@ -23,7 +23,7 @@ import onnx_ir as ir
 
 from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.formats import FORMATS
-from precision_doctor.graph.external import STORE, ir_external_key
+from precision_doctor.graph.weight_store import STORE, ir_external_key
 from precision_doctor.precision.writer.decide import FLOAT, PRECISION_OF, Decisions
 from precision_doctor.precision.writer.schema import has_subgraph, subgraph_nodes
 

@@ -18,7 +18,8 @@ import onnx
 import onnx_ir as ir
 
 from precision_doctor.errors import BackendError, UnsupportedModelError
-from precision_doctor.graph.external import has_external_data, link_model
+from precision_doctor.graph.external import has_external_data
+from precision_doctor.graph.external_files import link_model
 from precision_doctor.graph.load import PROTOBUF_LIMIT
 from precision_doctor.runners.ort import OrtRunner
 
