@@ -23,32 +23,38 @@ from precision_doctor.graph.external import pad_to_alignment, set_external_info
 
 
 class WeightStore:
-    """Append-only file of derived tensors (rounded or converted weights), one per process.
+    """Append-only files of derived tensors (rounded or converted weights).
 
     Entries are cached by a key (e.g. source file, offset, format), so a search that builds
-    dozens of emulation models rounds each weight once. The folder is removed at exit.
+    dozens of emulation models rounds each weight once. Each process appends to its own file
+    (``weights-<pid>.bin``) in one folder, so forked workers (a process pool) never interleave
+    writes, and they still read the entries their parent made before the fork. The folder is
+    removed when the process that created it exits.
     """
 
     def __init__(self) -> None:
         self._folder: str | None = None
-        self._file: str | None = None
-        self._cache: dict[tuple, tuple[int, int]] = {}
+        self._cache: dict[tuple, tuple[str, int, int]] = {}
         self._lock = threading.Lock()
 
     def _path(self) -> str:
-        if self._file is None:
+        if self._folder is None:
             self._folder = tempfile.mkdtemp(prefix="precision-doctor-weights-")
             atexit.register(shutil.rmtree, self._folder, True)
-            self._file = os.path.join(self._folder, "weights.bin")
-            Path(self._file).touch()
-        return self._file
+        path = os.path.join(self._folder, f"weights-{os.getpid()}.bin")
+        Path(path).touch()
+        return path
 
     def put(self, array: np.ndarray, key: tuple | None = None) -> tuple[str, int, int]:
-        """Store ``array``'s bytes (C order); returns ``(absolute file, offset, length)``."""
+        """Store ``array``'s bytes (C order); returns ``(absolute file, offset, length)``.
+
+        Raises:
+            BackendError: The file cannot be written (e.g. the disk is full).
+        """
         with self._lock:
-            path = self._path()
             if key is not None and key in self._cache:
-                return (path, *self._cache[key])
+                return self._cache[key]
+            path = self._path()
             data = np.ascontiguousarray(array)
             try:
                 with open(path, "ab") as out:
@@ -58,14 +64,14 @@ class WeightStore:
                 raise BackendError(
                     f"cannot write derived weights to {path} ({exc}): free disk space there "
                     "or point TMPDIR to a larger disk") from exc
-            self._cache[key if key is not None else ("anon", start)] = (start, data.nbytes)
-            return path, start, data.nbytes
+            entry = (path, start, data.nbytes)
+            self._cache[key if key is not None else ("anon", path, start)] = entry
+            return entry
 
     def get(self, key: tuple) -> tuple[str, int, int] | None:
-        """The stored entry for ``key`` or None."""
+        """The stored ``(file, offset, length)`` for ``key`` or None."""
         with self._lock:
-            entry = self._cache.get(key)
-            return None if entry is None else (self._path(), *entry)
+            return self._cache.get(key)
 
 
 STORE = WeightStore()
