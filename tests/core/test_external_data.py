@@ -17,6 +17,7 @@ from precision_doctor.formats import Precision
 from precision_doctor.graph.external import has_external_data, is_external
 from precision_doctor.graph.external_files import save_model
 from precision_doctor.graph.load import load_model
+from precision_doctor.graph.outputs import mark_outputs
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.precision.writer import write_mixed_precision
 from precision_doctor.runners.emulator import EmulatorRunner
@@ -133,3 +134,19 @@ def test_data_outside_the_model_folder_is_refused(models):
     ext.write_bytes(model.SerializeToString())
     with pytest.raises(ModelLoadError, match="outside the model's folder"):
         load_model(ext)
+
+
+def test_a_segment_of_an_external_data_model_runs_from_memory(models):
+    """What segment-wise layerwise needs: a sub-model cut from the loaded proto (weights still
+    referenced, not copied) opens in ONNX Runtime and in the emulator."""
+    inline, ext = (load_model(p) for p in models)
+    with OrtRunner(mark_outputs(inline, ["ln_out"])) as r:
+        h = r.run(FEEDS, ["ln_out"])["ln_out"]
+    cuts = [onnx.utils.Extractor(onnx.shape_inference.infer_shapes(m)).extract_model(
+        ["ln_out"], ["probs"]) for m in (ext, inline)]
+    assert has_external_data(cuts[0]) and cuts[0].ByteSize() < 2000
+    with OrtRunner(cuts[0]) as a, OrtRunner(cuts[1]) as b:
+        np.testing.assert_array_equal(a.run({"ln_out": h})["probs"], b.run({"ln_out": h})["probs"])
+    plan = PrecisionPlan(Precision.FP16)
+    with EmulatorRunner(cuts[0], plan) as a, EmulatorRunner(cuts[1], plan) as b:
+        np.testing.assert_array_equal(a.run({"ln_out": h})["probs"], b.run({"ln_out": h})["probs"])
