@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         fix |= {"verdict": rep.get("verdict"), "seconds": rep.get("seconds"),
                 "evaluations": (rep.get("search") or {}).get("evaluations"),
                 "fp32_nodes": len((rep.get("plan") or {}).get("overrides", {})),
+                "writer_ort_validated": (rep.get("writer") or {}).get("ort_validated"),
+                "writer_warnings": (rep.get("writer") or {}).get("warnings"),
                 "files": files, "log_tail": (folder / "fix.log").read_text()[-400:]}
         results["fix"] = fix
         print("fix:", json.dumps(fix, indent=1))

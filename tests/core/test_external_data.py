@@ -69,6 +69,7 @@ def test_emulator_and_writer_match_the_inline_model(models, tmp_path):
         np.testing.assert_array_equal(again.run(FEEDS)["probs"], b.run(FEEDS)["probs"])
     written, report = write_mixed_precision(ext, plan)
     assert report.ort_validated and has_external_data(written)
+    assert not any("checker" in w for w in report.warnings), report.warnings  # checker ran
     assert _refs(write_mixed_precision(ext, plan)[0]) == _refs(written)  # converted once
     assert written.ByteSize() < 4000  # FP16 weights live in the weight store, not the proto
     files = save_model(written, tmp_path / "w.onnx")

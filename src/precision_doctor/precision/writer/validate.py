@@ -18,7 +18,7 @@ import onnx
 import onnx_ir as ir
 
 from precision_doctor.errors import BackendError, UnsupportedModelError
-from precision_doctor.graph.external import has_external_data
+from precision_doctor.graph.external import has_external_data, is_external
 from precision_doctor.graph.external_files import link_model
 from precision_doctor.graph.load import PROTOBUF_LIMIT
 from precision_doctor.runners.ort import OrtRunner
@@ -29,24 +29,47 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def run_checker(model: onnx.ModelProto | Path) -> None:
-    """``onnx.checker.check_model(full_check=True)``; a model with external data or >= 2 GiB
-    is checked from a file (``graph.external.link_model``: data files linked, not copied).
+def without_external_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose external initializers are typed graph inputs instead.
 
-    Args:
-        model: The model, or the path of a saved model.
+    onnx.checker refuses the in-memory form of external data (absolute locations, see
+    ``graph.external``) and hard-linked data files ("potential hardlink attack"), and the bytes
+    of the weights are not what it checks: names, types, shapes, graph structure and (full
+    check) shape inference are all kept.
+    """
+    skeleton = onnx.ModelProto()
+    skeleton.CopyFrom(model)
+    graph = skeleton.graph
+    inputs = {i.name for i in graph.input}
+    kept = []
+    for init in graph.initializer:
+        if not is_external(init):
+            kept.append(init)
+        elif init.name not in inputs:
+            graph.input.append(onnx.helper.make_tensor_value_info(
+                init.name, init.data_type, list(init.dims)))
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return skeleton
+
+
+def run_checker(model: onnx.ModelProto) -> None:
+    """``onnx.checker.check_model(full_check=True)``; external weights are checked as typed
+    inputs (``without_external_weights``); an in-memory model >= 2 GiB is checked from a file.
 
     Raises:
         onnx.checker.ValidationError / onnx.shape_inference.InferenceError: as the checker does.
     """
-    if isinstance(model, Path):
-        onnx.checker.check_model(str(model), full_check=True)
-        return
-    if not has_external_data(model) and model.ByteSize() < PROTOBUF_LIMIT:
+    if has_external_data(model):
+        model = without_external_weights(model)
+    if model.ByteSize() < PROTOBUF_LIMIT:
         onnx.checker.check_model(model, full_check=True)
         return
     with tempfile.TemporaryDirectory(prefix="precision-doctor-check-") as folder:
-        onnx.checker.check_model(str(link_model(model, Path(folder))), full_check=True)
+        path = Path(folder) / "model.onnx"
+        onnx.save_model(model, str(path), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location="model.onnx.data")
+        onnx.checker.check_model(str(path), full_check=True)
 
 
 def inferred_dtypes(model: onnx.ModelProto, strict: bool = False) -> dict[str, ir.DataType]:
@@ -95,8 +118,8 @@ def check_written(written: onnx.ModelProto, original: onnx.ModelProto,
         has_bf16: The written model stores some tensors in BF16.
 
     Returns:
-        ``(ort_validated, warnings)``. A model with external data is validated as files
-        (``onnx.checker`` and ONNX Runtime open the path), never as serialized bytes.
+        ``(ort_validated, warnings)``. ONNX Runtime opens a model with external data from its
+        files (``graph.external_files.link_model``), never from serialized bytes.
 
     Raises:
         UnsupportedModelError: The written model fails ``onnx.checker`` while the input passes.
@@ -113,10 +136,10 @@ def check_written(written: onnx.ModelProto, original: onnx.ModelProto,
 def _check(written: onnx.ModelProto, source: onnx.ModelProto | Path,
            original: onnx.ModelProto, meant: Iterable[tuple[str, ir.DataType]],
            has_bf16: bool) -> tuple[bool, list[str]]:
-    """``check_written`` on ``source``: the written proto itself, or its saved path."""
+    """``check_written``; ONNX Runtime opens ``source``: the written proto or its saved path."""
     warnings: list[str] = []
     try:
-        run_checker(source)
+        run_checker(written)
     except Exception as exc:  # noqa: BLE001
         try:
             run_checker(original)
