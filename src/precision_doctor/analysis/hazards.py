@@ -23,6 +23,7 @@ import onnx
 from onnx import numpy_helper
 
 from precision_doctor.formats import FORMATS, FloatFormat, Precision, round_to
+from precision_doctor.graph.external import tensor_array
 
 RISKY_OPS = {
     "Pow": "x^p overflows quickly (|x| > 256 squared exceeds FP16 max)",
@@ -80,7 +81,7 @@ class Hazard:
 
 def constant_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     """Tensor name -> value of every initializer and Constant node output (``value`` attr)."""
-    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    values = {t.name: tensor_array(t) for t in model.graph.initializer}  # external: memory map
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output:
             for attr in node.attribute:

@@ -23,10 +23,15 @@ from onnx import TensorProto, numpy_helper
 
 from precision_doctor.compare.metrics import relative_l2
 from precision_doctor.errors import BackendError
+from precision_doctor.graph.external import external_bytes, is_external, tensor_array
+from precision_doctor.graph.weight_store import stored_tensor_proto
 from precision_doctor.runners.ort import OrtRunner
 
 _F = TensorProto.FLOAT
 _D = TensorProto.DOUBLE
+# The fp64 probe doubles the weights (as float64 in the weight store): skipped above 1 GiB of
+# external weights, where memory and disk, not accuracy, would limit the run.
+FP64_PROBE_MAX_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,9 @@ def to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
     m.CopyFrom(model)
     g = m.graph
     for t in g.initializer:
-        if t.data_type == _F:
+        if t.data_type == _F and is_external(t):  # stays external (weight store)
+            t.CopyFrom(stored_tensor_proto(tensor_array(t).astype(np.float64), t.name))
+        elif t.data_type == _F:
             t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
     for vi in list(g.input) + list(g.output):
         if vi.type.tensor_type.elem_type == _F:
@@ -92,11 +99,15 @@ def measure_noise_floor(model: onnx.ModelProto, samples: Sequence[Mapping[str, n
     """
     probes: dict[str, dict[str, float]] = {}
     skipped: dict[str, str] = {}
-    variants = {
-        "fp64": lambda: OrtRunner(to_float64(model), name="ort-cpu-fp64"),
-        "no-graph-opt": lambda: OrtRunner(model, name="ort-cpu-noopt",
-                                          graph_optimization="disable"),
-    }
+    big = external_bytes(model)
+    if big > FP64_PROBE_MAX_BYTES:
+        skipped["fp64"] = (f"the model has {big / 2**30:.1f} GiB of external weights: a float64 "
+                           "copy would double them (limit "
+                           f"{FP64_PROBE_MAX_BYTES / 2**30:.0f} GiB)")
+    variants = {} if big > FP64_PROBE_MAX_BYTES else {
+        "fp64": lambda: OrtRunner(to_float64(model), name="ort-cpu-fp64")}
+    variants["no-graph-opt"] = lambda: OrtRunner(model, name="ort-cpu-noopt",
+                                                 graph_optimization="disable")
     for probe, make in variants.items():
         try:
             with make() as runner:

@@ -27,7 +27,12 @@ from precision_doctor.graph.load import input_metadata
 from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import dumps
 from precision_doctor.precision.plan import PrecisionPlan
-from precision_doctor.report.files import check_writable, write_bytes_atomic, write_text_atomic
+from precision_doctor.report.files import (
+    check_writable,
+    model_files,
+    write_model,
+    write_text_atomic,
+)
 from precision_doctor.report.notebook import fix_summary
 from precision_doctor.runners.ort import OrtRunner
 from precision_doctor.runners.ort_options import ort_providers
@@ -141,12 +146,13 @@ class Fix:
         if source and output.resolve() == Path(source).resolve():
             raise InputError(f"{output} is the input model: precision-doctor never overwrites "
                              "your model; choose another path", file=str(output))
-        check_writable([output, *side.values()], force)
+        check_writable([*model_files(output, self.model), *side.values(),
+                        *model_files(side["rewritten"], self.rewritten)], force)
         report = dict(self.report)
         report["model"] = {"input": source, "output": str(output)}
         recipes_md = self._recipes(report, output, side) + extra_recipes
-        write_bytes_atomic(output, self.model.SerializeToString(), force)
-        write_bytes_atomic(side["rewritten"], self.rewritten.SerializeToString(), force)
+        write_model(output, self.model, force)  # + <name>.data with external data
+        write_model(side["rewritten"], self.rewritten, force)
         write_text_atomic(side["plan"], dumps(self.plan.to_dict()), force)
         write_text_atomic(side["recipes"], recipes_md, force)
         write_text_atomic(side["report"], dumps(report), force)

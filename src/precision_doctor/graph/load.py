@@ -18,6 +18,8 @@ from google.protobuf.message import DecodeError
 from onnx import helper
 
 from precision_doctor.errors import ModelLoadError
+from precision_doctor.graph.external import has_external_data, resolve_external_data
+from precision_doctor.graph.external_files import link_model
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,11 @@ PROTOBUF_LIMIT = 2**31 - 1
 
 
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
-    """Read an ONNX model, with its external data, and name every node uniquely.
+    """Read an ONNX model and name every node uniquely; external data stays in its files.
+
+    External tensors of at least ``graph.external.INLINE_BELOW`` bytes are kept as references
+    with absolute locations (see ``graph.external``), so a model of any size fits in a proto
+    below protobuf's 2 GiB limit and its weights are read (memory-mapped) only where needed.
 
     Args:
         path: ``.onnx`` file; external data files are looked up next to it.
@@ -53,7 +59,8 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         The model proto (in memory only; the file is untouched).
 
     Raises:
-        ModelLoadError: File missing, not ONNX/corrupt/truncated, or external data missing.
+        ModelLoadError: File missing, not ONNX/corrupt/truncated, or an external data file
+            missing or truncated (the message names the file).
     """
     p = Path(path)
     if not p.is_file():
@@ -61,7 +68,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     if p.stat().st_size == 0:
         raise ModelLoadError(f"model file is empty: {p}", file=str(p))
     try:
-        model = onnx.load(str(p), load_external_data=True)
+        model = onnx.load(str(p), load_external_data=False)
     except DecodeError as exc:
         raise ModelLoadError(
             f"{p} is not a readable ONNX model (corrupt or truncated protobuf: {exc}). "
@@ -74,6 +81,12 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise ModelLoadError(f"cannot load {p}: {exc}", file=str(p)) from exc
     if not model.graph.node:
         raise ModelLoadError(f"{p} has no nodes: is it an ONNX model?", file=str(p))
+    try:
+        resolve_external_data(model, p)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"{p} refers to external data that cannot be read ({exc}). Keep the external data "
+            "files next to the model, with the names the model records.", file=str(p)) from exc
     name_nodes(model)
     return model
 
@@ -103,25 +116,25 @@ def name_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def ort_model_source(model: onnx.ModelProto, workdir: str | None = None) -> bytes | str:
-    """Bytes for ``onnxruntime.InferenceSession``, or a path when the model is >= 2 GB.
+    """Bytes for a parser that takes a buffer, or a path when the model has external data or
+    is >= 2 GiB.
 
-    Large models are saved with external data into ``workdir`` (a fresh temporary directory
-    when None); the caller keeps that directory alive while the session exists.
+    Such models are written into ``workdir`` (a fresh temporary directory when None) with
+    ``graph.external.link_model``: data files hard-linked (copied across file systems), large
+    in-memory tensors saved as external data. The caller keeps that directory alive while the
+    path is in use.
 
     Args:
         model: The model to run.
-        workdir: Directory for the external-data copy of a large model.
+        workdir: Directory for the path form.
 
     Returns:
         Serialized bytes, or the path of the saved ``.onnx`` file.
     """
-    if model.ByteSize() < PROTOBUF_LIMIT:
+    if not has_external_data(model) and model.ByteSize() < PROTOBUF_LIMIT:
         return model.SerializeToString()
     folder = Path(workdir or tempfile.mkdtemp(prefix="precision-doctor-"))
-    target = folder / "model.onnx"
-    onnx.save_model(model, str(target), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="model.onnx.data", size_threshold=1024)
-    return str(target)
+    return str(link_model(model, folder))
 
 
 def opset_of(model: onnx.ModelProto) -> int:

@@ -26,6 +26,10 @@ extending the available precision"), which is round-to-nearest except that exact
 away from even and |x| > FLT_MAX / 2^s overflows.
 
 Nodes inside subgraphs (If/Loop/Scan bodies) are left in FP32; ``EmulationInfo`` counts them.
+
+Weights kept in external data files (``graph.external``) are rounded into the process's weight
+store once per (tensor, format) and referenced from there, so the emulation model of a model of
+any size stays a small proto and repeated emulations (search, layerwise) reuse the rounding.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import onnx_ir as ir
 from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.formats import Precision, round_to
 from precision_doctor.graph.load import opset_of
+from precision_doctor.graph.weight_store import STORE, ir_external_key, stored_ir_tensor
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
 
 TF32_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
@@ -121,10 +126,24 @@ class _Emulator:
             return self.cache[key]
         const = x.const_value if x.is_initializer() else ir.convenience.get_const_tensor(x)
         if const is not None:
-            array = const.numpy()
-            rounded = round_to(array, p).astype(array.dtype)
-            new = ir.Value(name=f"{x.name}__pd_{p.value}", type=x.type, shape=x.shape,
-                           const_value=ir.tensor(rounded, name=f"{x.name}__pd_{p.value}"))
+            name = f"{x.name}__pd_{p.value}"
+            stored = ir_external_key(const, p.value)
+            tensor: ir.TensorProtocol
+            if isinstance(const, ir.ExternalTensor) and stored is not None:
+                # External weight: the rounded copy goes to the weight store, once per process.
+                entry = STORE.get(stored)
+                if entry is None:
+                    rounded = round_to(const.numpy(), p).astype(const.dtype.numpy())
+                    tensor = stored_ir_tensor(rounded, name, stored)
+                    del rounded
+                    const.release()  # unmap the source weights
+                else:
+                    tensor = ir.ExternalTensor(*entry, const.dtype, shape=ir.Shape(const.shape),
+                                               name=name)
+            else:
+                array = const.numpy()
+                tensor = ir.tensor(round_to(array, p).astype(array.dtype), name=name)
+            new = ir.Value(name=name, type=x.type, shape=x.shape, const_value=tensor)
             self.graph.register_initializer(new)
             self.n_init += 1
         else:

@@ -12,7 +12,12 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
+import onnx
+
 from precision_doctor.errors import OutputExistsError
+from precision_doctor.graph.external import has_external_data
+from precision_doctor.graph.external_files import save_model
+from precision_doctor.graph.load import PROTOBUF_LIMIT
 from precision_doctor.jsonable import dumps
 
 
@@ -60,3 +65,31 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, force: bool = Fal
 def write_json(path: str | os.PathLike[str], data: object, force: bool = False) -> Path:
     """Write ``data`` as stable, indented JSON (sorted keys) atomically."""
     return write_text_atomic(path, dumps(data), force)
+
+
+def model_files(path: str | os.PathLike[str], model: onnx.ModelProto) -> list[Path]:
+    """The files ``write_model`` writes for ``model``: ``path``, and ``<path>.data`` when the
+    model has external data or is >= 2 GiB."""
+    target = Path(path)
+    if has_external_data(model) or model.ByteSize() >= PROTOBUF_LIMIT:
+        return [target, target.with_name(target.name + ".data")]
+    return [target]
+
+
+def write_model(path: str | os.PathLike[str], model: onnx.ModelProto, force: bool = False
+                ) -> list[Path]:
+    """Write ``model`` atomically; with its weights in ``<path>.data`` next to it when they
+    are in external data files or the model is >= 2 GiB, so no protobuf above 2 GiB is built
+    (``graph.external_files.save_model``).
+
+    Returns:
+        The files written.
+
+    Raises:
+        OutputExistsError: A target exists and ``force`` is False.
+    """
+    files = model_files(path, model)
+    check_writable(files, force)
+    if len(files) == 2:
+        return save_model(model, files[0])
+    return [write_bytes_atomic(files[0], model.SerializeToString(), force)]

@@ -7,14 +7,23 @@ TensorRT EP's ``{"trt_fp16_enable": "True"}`` (the TensorRT EP parses booleans a
 
 from __future__ import annotations
 
+import os
 import tempfile
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
 
-from precision_doctor.errors import BackendError, BackendUnavailable
-from precision_doctor.graph.load import ort_model_source
+from precision_doctor.errors import BackendError, BackendUnavailable, PrecisionDoctorError
+from precision_doctor.graph.external import (
+    drop_unused_external,
+    external_initializers,
+    has_external_data,
+    iter_external,
+)
+from precision_doctor.graph.external_files import link_model
+from precision_doctor.graph.load import PROTOBUF_LIMIT, ort_model_source
 from precision_doctor.runners.base import Feeds, TensorMeta
 
 _ORT_TYPES = {
@@ -49,7 +58,14 @@ class OrtRunner:
     """Runs a model with ONNX Runtime.
 
     Args:
-        model: The model proto to run (never written to the user's path).
+        model: The model proto to run (never written to the user's path), or the path of an
+            ``.onnx`` file (with its external data next to it) that ONNX Runtime opens itself.
+            A proto whose tensors reference external data (``graph.load.load_model`` keeps
+            weights in their files) is opened from a temporary folder of hard links to its
+            data files (``graph.external.link_model``), so ONNX Runtime memory-maps the weights:
+            no 2 GiB protobuf limit and no copy of the weights in memory. Across file systems
+            the weights are handed over as ``OrtValue``s instead
+            (``SessionOptions.add_external_initializers``; ONNX Runtime copies them).
         providers: Execution providers in priority order (short names allowed: ``cuda``).
         provider_options: One dict per provider (e.g. ``[{"use_tf32": "0"}, {}]``).
         name: Label for reports; default derived from the providers.
@@ -68,7 +84,8 @@ class OrtRunner:
         BackendError: (on ``__enter__``) the session cannot be created.
     """
 
-    def __init__(self, model: onnx.ModelProto, providers: Sequence[str] = ("cpu",),
+    def __init__(self, model: onnx.ModelProto | str | os.PathLike,
+                 providers: Sequence[str] = ("cpu",),
                  provider_options: Sequence[Mapping[str, str]] | None = None,
                  name: str | None = None, graph_optimization: str = "all",
                  intra_op_threads: int = 0, strict_providers: bool = True,
@@ -86,6 +103,7 @@ class OrtRunner:
         self.cpu_mem_arena = cpu_mem_arena
         self._session = None
         self._tmp: tempfile.TemporaryDirectory | None = None
+        self._weights: list = []  # OrtValues ONNX Runtime reads from: alive as long as the session
 
     def __enter__(self) -> OrtRunner:
         ort = _import_ort()
@@ -105,14 +123,15 @@ class OrtRunner:
         options.intra_op_num_threads = self.intra_op_threads
         options.log_severity_level = 3
         options.enable_cpu_mem_arena = self.cpu_mem_arena
-        self._tmp = tempfile.TemporaryDirectory(prefix="precision-doctor-ort-")
-        source = ort_model_source(self.model, self._tmp.name)
         try:
+            source = self._source(ort, options)
             session = self._session = ort.InferenceSession(
                 source, sess_options=options, providers=self.providers,
                 provider_options=self.provider_options)
         except Exception as exc:
-            self._tmp.cleanup()
+            self.__exit__()
+            if isinstance(exc, PrecisionDoctorError):
+                raise
             raise BackendError(f"{self.name}: ONNX Runtime cannot create a session: {exc}",
                                runner=self.name) from exc
         used = session.get_providers()
@@ -122,8 +141,31 @@ class OrtRunner:
                 provider=self.providers[0])
         return self
 
+    def _source(self, ort, options) -> bytes | str:
+        """What ``InferenceSession`` opens: a path, or bytes (+ external initializers)."""
+        if not isinstance(self.model, onnx.ModelProto):
+            return os.fspath(self.model)
+        if has_external_data(self.model):
+            self._tmp = tempfile.TemporaryDirectory(prefix="precision-doctor-ort-")
+            try:  # hard links to the weight files: ONNX Runtime memory-maps them itself
+                return str(link_model(self.model, Path(self._tmp.name), copy=False))
+            except OSError:  # another file system: hand the weights over in memory
+                self._tmp.cleanup()
+                self._tmp = None
+        if has_external_data(self.model) and self.model.ByteSize() < PROTOBUF_LIMIT:
+            # ONNX Runtime drops unread initializers before it takes the external ones.
+            model = drop_unused_external(self.model)
+            names, arrays = external_initializers(model)
+            if len(names) == sum(1 for _ in iter_external(model)):
+                self._weights = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+                options.add_external_initializers(names, self._weights)
+                return model.SerializeToString()
+        self._tmp = tempfile.TemporaryDirectory(prefix="precision-doctor-ort-")
+        return ort_model_source(self.model, self._tmp.name)
+
     def __exit__(self, *exc: object) -> None:
         self._session = None
+        self._weights = []
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

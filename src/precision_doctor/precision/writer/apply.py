@@ -23,8 +23,12 @@ import onnx_ir as ir
 
 from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.formats import FORMATS
+from precision_doctor.graph.weight_store import STORE, ir_external_key
 from precision_doctor.precision.writer.decide import FLOAT, PRECISION_OF, Decisions
 from precision_doctor.precision.writer.schema import has_subgraph, subgraph_nodes
+
+# Warnings of conversions whose result the weight store already holds (same key).
+_CONVERT_WARNINGS: dict[tuple, str] = {}
 
 NUMPY_DTYPES = {ir.DataType.FLOAT16: np.dtype(np.float16),
                 ir.DataType.BFLOAT16: np.dtype(ml_dtypes.bfloat16)}
@@ -143,15 +147,33 @@ class _Writer:
             return v
         if (v, dtype) in self.copies:
             return self.copies[(v, dtype)]
-        array = self.d.constants.array(v)
-        assert array is not None
-        low, warning = convert_array(array, dtype, v.name or "")
-        if warning:
-            self.counts.flushed.append(warning)
         tensor_name = v.name if self.in_place.get(v) == dtype else \
             self.unique(f"{v.name}_{PRECISION_OF[dtype].value}")
-        tensor = ir.tensor(low, name=tensor_name)
         producer = v.producer()
+        const = v.const_value if producer is None else None
+        stored = ir_external_key(const, f"writer/{dtype.name}")
+        tensor: ir.TensorProtocol
+        if isinstance(const, ir.ExternalTensor) and stored is not None:
+            # A weight kept in an external data file: its copy goes to the weight store (once
+            # per process: a search with --runner writes a model per evaluation), so the
+            # written model stays a small proto (``graph.external``; saved with external data).
+            entry = STORE.get(stored)
+            if entry is None:
+                array = self.d.constants.array(v)
+                assert array is not None
+                low, _CONVERT_WARNINGS[stored] = convert_array(array, dtype, v.name or "")
+                entry = STORE.put(low, stored)
+                del low
+            tensor = ir.ExternalTensor(*entry, dtype, shape=ir.Shape(const.shape),
+                                       name=tensor_name or "")
+            warning = _CONVERT_WARNINGS.get(stored) or ""
+        else:
+            array = self.d.constants.array(v)
+            assert array is not None
+            low, warning = convert_array(array, dtype, v.name or "")
+            tensor = ir.tensor(low, name=tensor_name)
+        if warning:
+            self.counts.flushed.append(warning)
         if self.in_place.get(v) == dtype:
             new = v
             if producer is None:

@@ -18,6 +18,8 @@ import onnx
 import onnx_ir as ir
 
 from precision_doctor.errors import BackendError, UnsupportedModelError
+from precision_doctor.graph.external import has_external_data, is_external
+from precision_doctor.graph.external_files import link_model
 from precision_doctor.graph.load import PROTOBUF_LIMIT, ort_model_source
 
 
@@ -26,12 +28,39 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def without_external_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose external initializers are typed graph inputs instead.
+
+    onnx.checker refuses the in-memory form of external data (absolute locations, see
+    ``graph.external``) and hard-linked data files ("potential hardlink attack"), and the bytes
+    of the weights are not what it checks: names, types, shapes, graph structure and (full
+    check) shape inference are all kept.
+    """
+    skeleton = onnx.ModelProto()
+    skeleton.CopyFrom(model)
+    graph = skeleton.graph
+    inputs = {i.name for i in graph.input}
+    kept = []
+    for init in graph.initializer:
+        if not is_external(init):
+            kept.append(init)
+        elif init.name not in inputs:
+            graph.input.append(onnx.helper.make_tensor_value_info(
+                init.name, init.data_type, list(init.dims)))
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return skeleton
+
+
 def run_checker(model: onnx.ModelProto) -> None:
-    """``onnx.checker.check_model(full_check=True)``; models >= 2 GiB are checked from a file.
+    """``onnx.checker.check_model(full_check=True)``; external weights are checked as typed
+    inputs (``without_external_weights``); an in-memory model >= 2 GiB is checked from a file.
 
     Raises:
         onnx.checker.ValidationError / onnx.shape_inference.InferenceError: as the checker does.
     """
+    if has_external_data(model):
+        model = without_external_weights(model)
     if model.ByteSize() < PROTOBUF_LIMIT:
         onnx.checker.check_model(model, full_check=True)
         return
@@ -88,13 +117,25 @@ def check_written(written: onnx.ModelProto, original: onnx.ModelProto,
         has_bf16: The written model stores some tensors in BF16.
 
     Returns:
-        ``(ort_validated, warnings)``.
+        ``(ort_validated, warnings)``. ONNX Runtime opens a model with external data from its
+        files (``graph.external_files.link_model``), never from serialized bytes.
 
     Raises:
         UnsupportedModelError: The written model fails ``onnx.checker`` while the input passes.
         BackendError: ONNX Runtime CPU cannot create a session for the written model (ORT's
             message included), except for missing BF16 kernels (a warning then).
     """
+    if not has_external_data(written) and written.ByteSize() < PROTOBUF_LIMIT:
+        return _check(written, written, original, meant, has_bf16)
+    # External data: check and load the files, as a user will (data files hard-linked).
+    with tempfile.TemporaryDirectory(prefix="precision-doctor-check-") as folder:
+        return _check(written, link_model(written, Path(folder)), original, meant, has_bf16)
+
+
+def _check(written: onnx.ModelProto, source: onnx.ModelProto | Path,
+           original: onnx.ModelProto, meant: Iterable[tuple[str, ir.DataType]],
+           has_bf16: bool) -> tuple[bool, list[str]]:
+    """``check_written``; ONNX Runtime opens ``source``: the written proto or its saved path."""
     warnings: list[str] = []
     try:
         run_checker(written)
@@ -117,7 +158,7 @@ def check_written(written: onnx.ModelProto, original: onnx.ModelProto,
         warnings.append(f"{len(wrong)} tensor(s) have another element type than the writer "
                         f"meant (the report's node precisions may be off there): "
                         f"{', '.join(wrong[:5])}")
-    error = ort_cpu_session_error(written)
+    error = ort_cpu_session_error(source)
     if error is None:
         return True, warnings
     if has_bf16 and "NOT_IMPLEMENTED" in error:
@@ -130,8 +171,9 @@ def check_written(written: onnx.ModelProto, original: onnx.ModelProto,
                        f"cannot create a session: {error}", runner="ort-cpu")
 
 
-def ort_cpu_session_error(model: onnx.ModelProto) -> str | None:
-    """Create an ONNX Runtime CPU session for ``model`` (and drop it).
+def ort_cpu_session_error(model: onnx.ModelProto | Path) -> str | None:
+    """Create an ONNX Runtime CPU session for ``model`` or the saved model at that path (and
+    drop it); a proto with external data is opened from a folder of hard links to its files.
 
     Uses ``onnxruntime`` directly rather than a runner: the writer sits below the runners layer.
 
@@ -145,7 +187,8 @@ def ort_cpu_session_error(model: onnx.ModelProto) -> str | None:
     options.enable_cpu_mem_arena = False
     with tempfile.TemporaryDirectory(prefix="precision-doctor-ort-") as tmp:
         try:
-            ort.InferenceSession(ort_model_source(model, tmp), sess_options=options,
+            source = str(model) if isinstance(model, Path) else ort_model_source(model, tmp)
+            ort.InferenceSession(source, sess_options=options,
                                  providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated types
             return str(exc).strip() or type(exc).__name__
