@@ -50,7 +50,7 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
              candidate: Candidate, tolerances: Tolerance | Mapping[str, Tolerance] | None = None,
              layerwise: bool = True, noise: bool = True, measure_impact: bool = True,
              budget_bytes: int = 1 << 30, model_path: str | None = None,
-             progress: Progress | None = None) -> DiagnosisReport:
+             progress: Progress | None = None, stress: bool = False) -> DiagnosisReport:
     """Diagnose ``model`` in ``target`` precision on ``samples``.
 
     Args:
@@ -66,6 +66,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         budget_bytes: Memory budget of one layerwise chunk.
         model_path: Recorded in the report.
         progress: ``progress(stage, done, total)``.
+        stress: For transformers and an FP16 target, also run the stress probe
+            (``analysis.stress``: up to ~26 extra FP32 runs of the first sample).
 
     Returns:
         ``DiagnosisReport``.
@@ -140,6 +142,9 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
             return max(relative_l2(ref[n], outs[n]) for n in (o.name for o in outputs))
 
     baseline = max((o.metrics.rel_l2 for o in outputs), default=0.0)
+    t0 = time.perf_counter()
+    transformer = _transformer_section(model, samples, target, stress)
+    timings["transformer"] = time.perf_counter() - t0
     findings = rank_findings(findings, measure, baseline)
     timings["findings"] = time.perf_counter() - t0
     return DiagnosisReport(
@@ -149,7 +154,22 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
                       for s in samples),
         outputs=tuple(outputs), findings=tuple(findings), hazards=tuple(hazards), layerwise=lw,
         noise=floor, emulation=_emulation_info(candidate, model),
-        timings_s={k: round(v, 3) for k, v in timings.items()})
+        timings_s={k: round(v, 3) for k, v in timings.items()}, transformer=transformer)
+
+
+def _transformer_section(model: onnx.ModelProto, samples: Sequence[SampleLike],
+                         target: Precision, stress: bool) -> dict | None:
+    """Per-block FP16 headroom (``analysis.transformer``) plus the stress probe, as a dict."""
+    from precision_doctor.analysis.stress import stress_probe
+    from precision_doctor.analysis.transformer import analyze_transformer
+
+    feeds = [s.feeds for s in samples]
+    report = analyze_transformer(model, feeds)
+    if report is None:
+        return None
+    if stress and target is Precision.FP16:
+        report = report.with_stress(stress_probe(model, feeds, report).to_dict())
+    return report.to_dict()
 
 
 def _tolerance_for(name: str, tolerances, target: Precision) -> Tolerance:

@@ -101,6 +101,7 @@ class DiagnosisReport:
     timings_s: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     tool_version: str = __version__
+    transformer: dict | None = None  # analysis.transformer.TransformerReport.to_dict()
 
     @property
     def passed(self) -> bool:
@@ -119,6 +120,7 @@ class DiagnosisReport:
             "layerwise": self.layerwise.to_dict() if self.layerwise else None,
             "emulation": self.emulation, "timings_s": dict(self.timings_s),
             "warnings": list(self.warnings),
+            "transformer": self.transformer,
         }
 
     @classmethod
@@ -141,4 +143,4 @@ class DiagnosisReport:
             LayerwiseResult.from_dict(d["layerwise"]) if d.get("layerwise") else None,
             NoiseFloor.from_dict(d["noise"]) if d.get("noise") else None,
             d.get("emulation"), dict(d.get("timings_s", {})), tuple(d.get("warnings", ())),
-            d.get("tool_version", __version__))
+            d.get("tool_version", __version__), d.get("transformer"))
