@@ -209,7 +209,8 @@ def main() -> None:
         for n in onnx.load(str(path)).graph.node:
             ops[n.op_type] = ops.get(n.op_type, 0) + 1
         print(f"{path.name}: {path.stat().st_size / 2**20:.1f} MiB, max |ORT - torch| = "
-              f"{np.abs(got - ref).max():.3g}, LayerNormalization {ops.get('LayerNormalization', 0)}"
+              f"{np.abs(got - ref).max():.3g}, "
+              f"LayerNormalization {ops.get('LayerNormalization', 0)}"
               f", ReduceMean {ops.get('ReduceMean', 0)}, Softmax {ops.get('Softmax', 0)}")
 
 

@@ -215,12 +215,29 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
                      "emulation assumes FP32 statistics inside the op (what TensorRT and ONNX "
                      "Runtime CUDA compute). If your engine computes LayerNormalization in "
                      "FP16, add --keep LayerNormalization.")
+    notes.extend(rewrite_engine_notes(rw_report.to_dict()))
     return FixResult(written, fixed_src, result.plan, result, _metrics(reference, naive),
                      _metrics(reference, after), _metrics(reference, after_emulated),
                      score_before, score_after, share,
                      rw_report.to_dict(), writer_report.to_dict(), target.value,
                      objective.describe(), {k: round(v, 3) for k, v in seconds.items()},
                      tuple(warnings), tuple(notes), tuple(near_ties))
+
+
+def rewrite_engine_notes(rewrites: dict) -> list[str]:
+    """The engine settings the applied transformer rewrites rely on, one note per rule."""
+    applied = {r["rule"] for r in rewrites.get("records", ()) if r.get("applied")}
+    notes = []
+    if "prescale-attention" in applied:
+        notes.append("prescale-attention moved the 1/sqrt(d) attention scale onto Q before QK^T "
+                     "(folded into the Q projection where possible): no engine setting needed; "
+                     "the scores are never stored unscaled")
+    if "layernorm-fp32-stats" in applied:
+        notes.append("layernorm-fp32-stats set stash_type=1 on LayerNormalization: relies on the "
+                     "engine computing the statistics in FP32 as ONNX specifies (ONNX Runtime "
+                     "CPU/CUDA do); on TensorRT check the layer's precision in the built "
+                     "engine's layer information")
+    return notes
 
 
 def _is_fp32_node(name: str, plan: PrecisionPlan, writer_report: WriterReport) -> bool:
