@@ -32,7 +32,9 @@ from precision_doctor.inputs import load_samples
 from precision_doctor.precision.rewrites import apply_rewrites
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+# ../shared beside the checkout (a worktree under /work/wt has it two levels up)
+SHARED = next((p for p in (REPO.parent / "shared", REPO.parents[1] / "shared") if p.is_dir()),
+              REPO.parent / "shared")
 MODELS = REPO / ".models"
 CASES = {
     "rec": (SHARED / "models/ppocrv4/rec.onnx", SHARED / "data/ocr/rec_crops/*/*", "ppocr-rec",
