@@ -68,7 +68,7 @@ def run(name: str) -> dict:
     report = analyze_transformer(model, feeds)
     assert report is not None, f"{name}: no LayerNorm or attention found"
     t1 = time.perf_counter()
-    stress = stress_probe(model, feeds)
+    stress = stress_probe(model, feeds, report)
     t2 = time.perf_counter()
     ln = report.layernorms
     return {

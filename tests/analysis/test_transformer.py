@@ -125,6 +125,24 @@ def test_stress_factor_is_checked_by_the_emulator():
     assert StressResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
 
 
+def test_stress_scales_the_tightest_layernorm_input_of_a_token_model():
+    """Integer inputs (token ids -> embedding Gather): the residual entering the LayerNorm with
+    the least headroom is scaled; the factor is sqrt(65520) / max|x - mean| there."""
+    model = attention_block()
+    table = np.random.default_rng(5).normal(0, 30, (50, D)).astype(np.float32)
+    model.graph.initializer.append(tensor("emb", table))
+    model.graph.node.insert(0, helper.make_node("Gather", ["emb", "ids"], ["x"], name="embed"))
+    del model.graph.input[:]
+    model.graph.input.append(helper.make_tensor_value_info("ids", TensorProto.INT64, [1, T]))
+    ids = {"ids": np.arange(T, dtype=np.int64)[None] * 7 % 50}
+    report = analyze_transformer(model, [ids])
+    result = stress_probe(model, [ids], report)
+    assert result.scaled == "tensor: x" and result.node == "ln/mean" and result.verified
+    x = table[ids["ids"][0]]
+    dev = float(np.abs(x - x.mean(-1, keepdims=True)).max())
+    assert result.factor == pytest.approx(255.94 / dev, rel=0.03)
+
+
 def test_stress_on_attention_scores_when_layernorm_is_fused():
     """FP32 statistics: the first overflow is QK^T (scores grow as factor^0 after LN, so a
     large Wq is what pushes them): the probe reports no overflow up to its maximum."""

@@ -8,8 +8,11 @@ LayerNorm square (x - mean)^2 > 65520, or an attention QK^T max|s| > 65520. 6552
 round-to-nearest-even starts returning inf (values in (65504, 65520) round down to 65504).
 
 What is scaled: the floating graph inputs (image pixels, audio features). A model with only
-integer inputs (token ids) has its first LayerNorm input scaled instead (the embedding sum), by
-a ``Mul`` inserted in a copy of the graph.
+integer inputs (token ids) cannot be scaled at its inputs (and its embedding LayerNorm would
+undo a scaled embedding anyway); there the residual stream entering the LayerNorm with the least
+headroom (largest (x - mean)^2 under FP16 statistics, largest |x| under FP32 statistics, from the
+unscaled analysis) is scaled, by a ``Mul`` inserted in a copy of the graph: "this LayerNorm is a
+factor f from overflowing". Without an analysis, the first LayerNorm's input is scaled.
 
 Search: factors 2^(k/2), k = 0..20 (1 to 1024) until one overflows, then 5 bisection steps in
 log space between the last safe factor and it (factor known to within 2^(1/64), ~1%). Each step
@@ -81,8 +84,14 @@ class StressResult:
             "factor", "safe_factor", "peak", "max_factor") else v for k, v in d.items()})
 
 
-def scaled_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
-    """A copy that multiplies the first LayerNorm input by a new scalar graph input.
+def scaled_model(model: onnx.ModelProto, report: TransformerReport | None = None
+                 ) -> tuple[onnx.ModelProto, str | None]:
+    """A copy that multiplies one LayerNorm input by a new scalar graph input.
+
+    Args:
+        model: The model.
+        report: Its unscaled analysis; picks the LayerNorm with the least headroom (else the
+            first LayerNorm).
 
     Returns:
         ``(model, tensor)``; ``(model, None)`` unchanged when the model has floating inputs
@@ -95,6 +104,10 @@ def scaled_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
     if not lns:
         return model, None
     x = lns[0].input
+    if report is not None and report.layernorms:
+        tight = min(report.layernorms, key=lambda st: st.variance_headroom
+                    if st.statistics == "fp16" else st.input_headroom)
+        x = tight.input
     out = onnx.ModelProto()
     out.CopyFrom(model)
     scaled = f"{x}_stress_scaled"
@@ -139,8 +152,8 @@ def stress_probe(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarr
     Args:
         model: FP32 model (nodes named).
         samples: Real feeds; the first one is scaled.
-        report: The unscaled analysis when the caller has it (not needed; accepted so
-            ``diagnose`` can pass it).
+        report: The unscaled analysis (``analyze_transformer``); for integer-input models it
+            picks the LayerNorm whose input is scaled (see the module docstring).
 
     Returns:
         ``StressResult`` (checked with the FP16 emulator when an overflow is found).
@@ -149,10 +162,9 @@ def stress_probe(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarr
         ValueError: ``samples`` is empty.
         BackendError: ONNX Runtime fails on the model.
     """
-    del report
     if not samples:
         raise ValueError("the stress probe needs at least one sample")
-    probe, tensor = scaled_model(model)
+    probe, tensor = scaled_model(model, report)
     internal = tensor is not None
     base = dict(samples[0])
     scaled = f"tensor: {tensor}" if internal else "inputs: " + ", ".join(
