@@ -107,6 +107,8 @@ def test_headroom_table_names_the_limiting_site_and_round_trips():
     assert fused.layernorms[0].statistics == "fp32"
     assert fused.blocks[0].limiting != "variance"  # FP32 statistics: x itself fits
     assert any("FP32 statistics assumed" in s for s in fused.statistics)
+    stash0 = analyze_transformer(attention_block(fused=True, stash_type=0), [_x(200.0)])
+    assert stash0.layernorms[0].statistics == "fp16" and stash0.blocks[0].limiting == "variance"
 
 
 def test_stress_factor_is_checked_by_the_emulator():

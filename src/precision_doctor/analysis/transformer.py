@@ -19,9 +19,10 @@ reached 75% of FP16's largest finite value (MiniLM's layer-0 LayerNorm square: 4
 Which statistics precision the diagnosis *assumed* follows the emulator (``precision.emulate``):
 a decomposed chain is a row of ordinary nodes, each rounded to FP16 (FP16 statistics); a fused
 ``LayerNormalization`` runs on the rounded input in FP32 (FP32 statistics, as its ``stash_type``
-= 1 asks). Both are computed here for every LayerNorm, on the real input: the relative L2 error
-of the normalized output with FP16 statistics and with FP32 statistics, so the report can say
-what the other choice would have given.
+= 1 asks), unless its ``stash_type`` is 0: then the emulator expands it into the rounded chain
+(``precision.emulate_layernorm``) and FP16 statistics are assumed. Both are computed here for
+every LayerNorm, on the real input: the relative L2 error of the normalized output with FP16
+statistics and with FP32 statistics, so the report can say what the other choice would give.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ class LayerNormStat:
         input_max: max|x|, the residual stream's magnitude; ``input_headroom`` = 65504 / it.
         dev_max: max|x - mean|; ``square_peak`` = dev_max^2 is the peak of the variance's
             square; ``variance_headroom`` = 65504 / square_peak (< 1: FP16 statistics overflow).
-        statistics: What the diagnosis assumed: ``fp16`` (decomposed) or ``fp32`` (fused).
+        statistics: What the diagnosis assumed: ``fp16`` (decomposed, or fused with
+            ``stash_type`` != 1) or ``fp32`` (fused, ``stash_type`` = 1).
         fp16_stats_overflow: d^2 overflows with FP16 statistics on these inputs.
         fp16_stats_rel_l2 / fp32_stats_rel_l2: Worst-sample relative L2 error of the normalized
             output with FP16 / FP32 statistics (``layernorm_statistics``).
@@ -241,6 +243,9 @@ STATISTICS = {
     "fused": "fused LayerNormalization: FP32 statistics assumed (stash_type=1: ONNX Runtime "
              "CUDA and TensorRT compute mean and variance in FP32 on the FP16 input); if the "
              "engine computes them in FP16, see fp16_stats_overflow per LayerNorm",
+    "fused-stash0": "LayerNormalization with stash_type=0: FP16 statistics assumed (the "
+                    "emulator expands it into its statistics chain); layernorm-fp32-stats sets "
+                    "stash_type=1",
 }
 
 
@@ -300,14 +305,16 @@ def analyze_transformer(model: onnx.ModelProto, samples: Sequence[Mapping[str, n
     ln_stats = tuple(LayerNormStat(
         s.node, s.kind, s.input, blocks[s.node], a["input_max"], _headroom(a["input_max"]),
         a["dev_max"], a["square_peak"], _headroom(a["square_peak"]),
-        "fp16" if s.kind == "decomposed" else "fp32", bool(a["fp16_stats_overflow"]),
+        "fp16" if s.kind == "decomposed" or s.stash_type != 1 else "fp32",
+        bool(a["fp16_stats_overflow"]),
         a["fp16_stats_rel_l2"], a["fp32_stats_rel_l2"])
         for s in lns for a in (ln_acc[s.node],))
     att_stats = tuple(AttentionStat(
         a.softmax, a.matmul, a.scores, blocks[a.softmax], a.scale, m, _headroom(m), si,
         bool(m > FP16_MAX and a.scale is not None and m * abs(a.scale) <= FP16_MAX))
         for a in atts for m, si in (att_acc[a.softmax],))
-    kinds = sorted({s.kind for s in lns})
+    kinds = sorted({"fused-stash0" if s.kind == "fused" and s.stash_type != 1 else s.kind
+                    for s in lns})
     return TransformerReport(ln_stats, att_stats, _block_rows(ln_stats, att_stats),
                              tuple(STATISTICS[k] for k in kinds))
 

@@ -78,7 +78,7 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
                  keep: Sequence[str], tolerances: Sequence[str], max_samples: int | None,
                  layerwise: bool, noise: bool, budget_bytes: int, json_path: Path | None,
                  html_path: Path | None, force: bool, console: Console, quiet: bool = False,
-                 verbose: bool = False) -> DiagnosisReport:
+                 verbose: bool = False, stress: bool = False) -> DiagnosisReport:
     """Load everything, diagnose, render, and write the requested reports.
 
     Raises:
@@ -98,7 +98,7 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
         report = diagnose(model, samples, precision, candidate,
                           parse_tolerances(tolerances, precision), layerwise=layerwise,
                           noise=noise, budget_bytes=budget_bytes, model_path=str(model_path),
-                          progress=progress)
+                          progress=progress, stress=stress)
     if quiet:
         console.print(f"{report.verdict.upper()}: {model_path} in {report.target.upper()}",
                       markup=False)
