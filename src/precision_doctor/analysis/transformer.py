@@ -88,8 +88,8 @@ def layernorm_statistics(x: np.ndarray, axis: int, eps: float) -> dict[str, floa
     mean64 = x64.mean(axis=axes, keepdims=True)
     d64 = x64 - mean64
     exact = d64 / np.sqrt((d64 ** 2).mean(axis=axes, keepdims=True) + eps)
-    x16 = x.astype(_F16).astype(np.float32)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        x16 = x.astype(_F16).astype(np.float32)
         m = x16.mean(axis=axes, keepdims=True).astype(_F16).astype(np.float32)
         d = (x16 - m).astype(_F16).astype(np.float32)
         q = (d * d).astype(_F16)

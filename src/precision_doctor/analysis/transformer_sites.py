@@ -24,8 +24,9 @@ import onnx
 from onnx import numpy_helper
 
 # Nodes allowed between QK^T and Softmax (scale, mask, reshapes, casts).
+# Flatten: onnx.version_converter rewrites an opset < 13 Softmax as Flatten -> Softmax -> Reshape.
 _BETWEEN = frozenset({"Div", "Mul", "Add", "Sub", "Where", "Reshape", "Cast", "Transpose",
-                      "Squeeze", "Unsqueeze", "Identity"})
+                      "Squeeze", "Unsqueeze", "Identity", "Flatten"})
 _MAX_HOPS = 6
 
 

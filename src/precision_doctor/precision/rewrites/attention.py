@@ -36,7 +36,8 @@ from precision_doctor.precision.rewrites.graph_edit import (
 )
 from precision_doctor.precision.rewrites.report import RewriteRecord
 
-_MOVE = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Cast"})
+_MOVE = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Cast",
+                   "Flatten"})
 _PATH = _MOVE | {"Div", "Mul", "Add", "Sub", "Where"}
 _MAX_HOPS = 6
 
