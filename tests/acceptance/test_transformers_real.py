@@ -58,3 +58,21 @@ def test_whisper_defect_is_found_at_the_final_layernorm_pow_and_fusion_cures_it(
     with EmulatorRunner(fixed, PrecisionPlan(Precision.FP16)) as r:
         got = r.run(feeds)["last_hidden_state"]
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3  # all FP16, 0 FP32 nodes
+
+
+def test_minilm_attention_scale_is_folded_into_the_query_weights():
+    """all-MiniLM-L6-v2 (eager export: scores * 1/sqrt(32) after QK^T): prescale-attention
+    folds the scale into each layer's Q projection, 6 nodes fewer, FP32 output unchanged."""
+    path, data = MODELS / "minilm_op14.onnx", MODELS / "minilm_data" / "batch0.npz"
+    if not (path.is_file() and data.is_file()):
+        pytest.skip("run benchmarks/export_minilm.py to write .models/minilm_op14.onnx")
+    model, feeds = load_model(path), dict(np.load(data))
+    out, report = apply_rewrites(model, ["prescale-attention"])
+    applied = report.applied("prescale-attention")
+    assert len(applied) == 6 and all("weights of MatMul" in r.reason for r in applied)
+    assert len(out.graph.node) == len(model.graph.node) - 6
+    with OrtRunner(model) as r:
+        ref = r.run(feeds)["last_hidden_state"]
+    with OrtRunner(out) as r:
+        got = r.run(feeds)["last_hidden_state"]
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
