@@ -132,6 +132,9 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
     findings = build_findings(hazards, lw, target, verdict == "fail", producer_inputs(model),
                               candidate.tf32)
     t0 = time.perf_counter()
+    transformer = _transformer_section(model, samples, target, stress)
+    timings["transformer"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     measure = None
     if measure_impact and candidate.plan is not None and verdict == "fail":
         plan = candidate.plan
@@ -142,9 +145,6 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
             return max(relative_l2(ref[n], outs[n]) for n in (o.name for o in outputs))
 
     baseline = max((o.metrics.rel_l2 for o in outputs), default=0.0)
-    t0 = time.perf_counter()
-    transformer = _transformer_section(model, samples, target, stress)
-    timings["transformer"] = time.perf_counter() - t0
     findings = rank_findings(findings, measure, baseline)
     timings["findings"] = time.perf_counter() - t0
     return DiagnosisReport(

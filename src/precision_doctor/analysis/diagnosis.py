@@ -19,8 +19,12 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 1
                     "ref_max_abs", "cand_max_abs", "max_abs_err", "mean_abs_err", "rel_l2",
                     "cand_nan", "cand_inf", "ref_nonfinite", "overflow", "flush_to_zero",
                     "subnormal", "lost_to_zero", "headroom_bits"}]} | null,
-      "emulation": {...} | null, "timings_s": {stage: seconds}, "warnings": [str]
+      "emulation": {...} | null, "timings_s": {stage: seconds}, "warnings": [str],
+      "transformer": {"layernorms", "attention", "blocks", "statistics", "stress"} | null
     }
+
+``transformer``: per-block FP16 headroom of a model with LayerNorms or attention
+(``analysis.transformer.TransformerReport.to_dict``; ``stress`` from ``analysis.stress``).
 
 Non-finite floats are written as the strings "inf", "-inf", "nan" (JSON has no such numbers).
 """
