@@ -115,3 +115,24 @@ def test_decomposed_layernorm_overflow_is_cured_by_fusion_with_fp32_statistics()
 def test_all_rewrites_run_together_on_a_block(rules):
     out, report = apply_rewrites(attention_block(fused=False, q_gain=8000.0), rules)
     assert {r.rule for r in report.applied()} >= {"prescale-attention", "fuse-layernorm"}
+
+
+def test_fix_keeps_only_the_statistics_in_fp32_when_the_layernorm_is_not_fused():
+    """Opset 13 kept (fuse-layernorm not run): fix puts Casts around the statistics chain
+    (6 nodes: mean, Sub, Pow, variance, +eps, Sqrt) instead of searching; target met."""
+    from tiny_models import S
+
+    from precision_doctor.analysis.fix import fix
+    from precision_doctor.analysis.objective import Objective
+    from precision_doctor.compare.tolerance import Tolerance
+
+    model = attention_block(fused=False)
+    samples = [S(f"s{i}", {"x": _x(200.0)["x"] * (1 + i / 10)}) for i in range(2)]
+    result = fix(model, samples, Precision.FP16,
+                 Objective(tolerances={"*": Tolerance(rel_l2=1e-2)}),
+                 rewrites=["prescale-attention"])
+    assert result.passed
+    kept = {n for n, d in result.plan.overrides.items() if d.precision is Precision.FP32}
+    assert kept == {"ln/mean", "ln/sub", "ln/pow", "ln/var", "ln/add_eps", "ln/sqrt"}
+    assert all(result.plan.overrides[n].reason == "rewrite" for n in kept)
+    assert result.search.evaluations <= 1

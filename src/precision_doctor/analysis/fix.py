@@ -19,6 +19,7 @@ from precision_doctor.analysis.layerwise import compare_layerwise
 from precision_doctor.analysis.near_ties import NearTie, find_near_ties
 from precision_doctor.analysis.objective import Objective, Outputs, Score
 from precision_doctor.analysis.search import SearchResult, rank_by_sensitivity, search_fp32_set
+from precision_doctor.analysis.transformer import fp32_statistics_nodes
 from precision_doctor.compare.metrics import compute_metrics
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision
@@ -161,6 +162,9 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     for h in hazards:
         if h.kind == "parameter-out-of-range":
             base = base.keep_fp32([h.node], "hazard", h.detail)
+    for ln, stats in fp32_statistics_nodes(fixed_src, [s.feeds for s in samples]).items():
+        base = base.keep_fp32(stats, "rewrite", f"FP32 statistics of the decomposed LayerNorm "
+                              f"'{ln}' ((x - mean)^2 overflows FP16; not fused)")
     low = set(select_nodes(fixed_src, force_low, "--force-low", REWRITE_HINT))
     fixed_nodes = set(base.overrides)
     candidates = [n.name for n in compute_nodes(fixed_src)

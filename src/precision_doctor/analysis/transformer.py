@@ -346,5 +346,30 @@ def _block_rows(lns: Sequence[LayerNormStat], atts: Sequence[AttentionStat]
     return tuple(rows)
 
 
+def fp32_statistics_nodes(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]]
+                          ) -> dict[str, tuple[str, ...]]:
+    """The statistics nodes of every decomposed LayerNorm whose FP16 statistics overflow.
+
+    Keeping exactly these nodes (mean, ``x - mean``, its square, the variance, ``+ eps``,
+    ``Sqrt``) in FP32 gives the LayerNorm FP32 statistics without fusing it: the strongly typed
+    writer puts Casts around the reduction only, and the normalization ``d / std``, the scale
+    and the bias stay FP16. It is the fallback for models that must stay below opset 17.
+
+    Args:
+        model: FP32 model (nodes named).
+        samples: Real feeds (one FP32 run each, LayerNorm inputs only).
+
+    Returns:
+        LayerNorm first-node name -> its statistics node names, for the overflowing ones.
+    """
+    sites = {s.node: s for s in find_layernorms(model) if s.kind == "decomposed"}
+    if not sites:
+        return {}
+    report = analyze_transformer(model, samples)
+    assert report is not None
+    return {s.node: sites[s.node].stats_nodes for s in report.layernorms
+            if s.node in sites and s.fp16_stats_overflow and sites[s.node].stats_nodes}
+
+
 __all__ = ["FP16_MAX", "STATISTICS", "AttentionStat", "BlockRow", "LayerNormStat",
-           "TransformerReport", "analyze_transformer", "is_transformer", "layernorm_statistics"]
+           "TransformerReport", "analyze_transformer", "fp32_statistics_nodes", "is_transformer", "layernorm_statistics"]

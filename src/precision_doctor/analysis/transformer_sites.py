@@ -45,6 +45,8 @@ class LayerNormSite:
         index: Graph position of ``node``.
         epsilon: The variance epsilon (attribute, or the constant added to the variance;
             1e-5, the ONNX default, when it cannot be read).
+        stats_nodes: Decomposed only: the statistics nodes (mean, Sub, square, variance,
+            ``+ eps``, Sqrt), the ones to keep in FP32 for "FP32 statistics" without fusing.
     """
 
     node: str
@@ -56,6 +58,7 @@ class LayerNormSite:
     stash_type: int | None
     index: int
     epsilon: float = 1e-5
+    stats_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -150,14 +153,19 @@ def find_layernorms(model: onnx.ModelProto) -> list[LayerNormSite]:
                 var = [c for _, c in consumers.get(sq.output[0], []) if c.op_type == "ReduceMean"]
                 if not var:
                     continue
-                eps = next((e for _, c in consumers.get(var[0].output[0], [])
-                            if c.op_type == "Add" for e in (_scalar(consts, c.input[1]),
-                                                            _scalar(consts, c.input[0]))
+                adds = [c for _, c in consumers.get(var[0].output[0], []) if c.op_type == "Add"]
+                eps = next((e for c in adds for e in (_scalar(consts, c.input[1]),
+                                                      _scalar(consts, c.input[0]))
                             if e is not None), 1e-5)
+                stats = [n.name, sub.name, sq.name, var[0].name]
+                if adds:
+                    stats.append(adds[0].name)
+                    stats += [c.name for _, c in consumers.get(adds[0].output[0], [])
+                              if c.op_type == "Sqrt"][:1]
                 axes = _reduce_axes(n, consts)
                 axis = min(axes) if axes else -1
                 sites.append(LayerNormSite(n.name, "decomposed", x, axis, sq.output[0], sq.name,
-                                           None, i, eps))
+                                           None, i, eps, tuple(stats)))
                 break
             else:
                 continue
