@@ -162,7 +162,10 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     for h in hazards:
         if h.kind == "parameter-out-of-range":
             base = base.keep_fp32([h.node], "hazard", h.detail)
-    for ln, stats in fp32_statistics_nodes(fixed_src, [s.feeds for s in samples]).items():
+    # layernorm-fp32-stats for a LayerNorm left unfused: FP32 statistics via the plan
+    stats_fp32 = rewrites is None or "layernorm-fp32-stats" in rewrites
+    for ln, stats in (fp32_statistics_nodes(fixed_src, [s.feeds for s in samples]).items()
+                      if stats_fp32 else ()):
         base = base.keep_fp32(stats, "rewrite", f"FP32 statistics of the decomposed LayerNorm "
                               f"'{ln}' ((x - mean)^2 overflows FP16; not fused)")
     low = set(select_nodes(fixed_src, force_low, "--force-low", REWRITE_HINT))

@@ -372,4 +372,5 @@ def fp32_statistics_nodes(model: onnx.ModelProto, samples: Sequence[Mapping[str,
 
 
 __all__ = ["FP16_MAX", "STATISTICS", "AttentionStat", "BlockRow", "LayerNormStat",
-           "TransformerReport", "analyze_transformer", "fp32_statistics_nodes", "is_transformer", "layernorm_statistics"]
+           "TransformerReport", "analyze_transformer", "fp32_statistics_nodes", "is_transformer",
+           "layernorm_statistics"]

@@ -15,6 +15,10 @@ accumulation; check the built engine's layer information when in doubt).
 
 Checks: ``stash_type`` is already 1 (nothing to do), or the node is not in the default domain.
 Decomposed LayerNorms are fused first by ``fuse-layernorm``, which writes ``stash_type`` = 1.
+One that stays decomposed (``fuse-layernorm`` not selected, or its check failed) and whose FP16
+statistics overflow on the calibration data gets FP32 statistics from ``fix`` instead: its six
+statistics nodes are kept FP32 in the plan (Casts around the reduction only; see
+``analysis.transformer.fp32_statistics_nodes``), when this rule is selected.
 """
 
 from __future__ import annotations
