@@ -72,10 +72,10 @@ def convert_opset(model: onnx.ModelProto, target: int,
     try:
         converted = version_converter.convert_version(model, target)
     except Exception as exc:  # noqa: BLE001 - the converter raises many error types
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return model, RewriteRecord(CONVERT_OPSET, False, (), (), f"onnx.version_converter "
                                     f"could not convert opset {source} -> {target} ({why}): "
-                                    f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-                                    {"from_opset": source, "to_opset": target})
+                                    f"{first}", {"from_opset": source, "to_opset": target})
     name_nodes(converted)
     for field in ("producer_name", "producer_version", "doc_string", "domain", "model_version"):
         setattr(converted, field, getattr(model, field))
