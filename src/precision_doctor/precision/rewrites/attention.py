@@ -71,8 +71,8 @@ class PrescaleAttention(ir.passes.InPlacePass):
 
     def _try(self, graph: ir.Graph, softmax: ir.Node, taken: set[str]) -> RewriteRecord | None:
         path: list[ir.Node] = []
-        value = softmax.inputs[0]
-        matmul = None
+        value: ir.Value | None = softmax.inputs[0]
+        matmul: ir.Node | None = None
         for _ in range(_MAX_HOPS):
             node = value.producer() if value is not None else None
             if node is None:
@@ -83,15 +83,17 @@ class PrescaleAttention(ir.passes.InPlacePass):
             if node.op_type not in _PATH:
                 break
             path.append(node)
-            nxt = [v for v in node.inputs if _is_activation(v) and v.producer() is not None]
+            nxt = [v for v in node.inputs
+                   if v is not None and _is_activation(v) and v.producer() is not None]
             if node.op_type == "Where":
                 nxt = nxt[1:] or nxt
             if not nxt:
                 break
-            value = next((v for v in nxt if v.producer().op_type == "MatMul"), nxt[0])
+            value = next((v for v in nxt if getattr(v.producer(), "op_type", "") == "MatMul"),
+                         nxt[0])
         if matmul is None or not all(_is_activation(v) for v in matmul.inputs[:2]):
             return None  # not attention (a classifier head's Softmax, ...): no candidate
-        names = (matmul.name or "", softmax.name or "")
+        names: tuple[str, ...] = (matmul.name or "", softmax.name or "")
         scale_at = next((i for i, n in enumerate(reversed(path)) if n.op_type in ("Div", "Mul")
                          and _scalar(n.inputs[1]) is not None), None)
         if scale_at is None:
@@ -122,10 +124,12 @@ class PrescaleAttention(ir.passes.InPlacePass):
             return RewriteRecord(self.rule, False, names, (),
                                  f"the scaled scores '{scale_node.outputs[0].name}' are a graph "
                                  "output")
-        where = self._fold_into_weights(graph, matmul.inputs[0], s, taken)
+        q = matmul.inputs[0]
+        data = scale_node.inputs[0]
+        assert q is not None and data is not None  # both are activations (checked above)
+        where = self._fold_into_weights(graph, q, s, taken)
         new_nodes: tuple[str, ...] = ()
         if where is None:
-            q = matmul.inputs[0]
             dtype = q.dtype.numpy() if q.dtype is not None else np.float32
             const = add_initializer(graph, np.asarray(s, dtype=dtype),
                                     unique_name(f"{matmul.name}_prescale", taken))
@@ -137,7 +141,7 @@ class PrescaleAttention(ir.passes.InPlacePass):
             graph.insert_before(matmul, mul)
             matmul.replace_input_with(0, mul.outputs[0])
             where, new_nodes = f"a Mul '{mul.name}' on Q", (mul.name or "",)
-        scale_node.outputs[0].replace_all_uses_with(scale_node.inputs[0])
+        scale_node.outputs[0].replace_all_uses_with(data)
         graph.remove(scale_node, safe=True)
         return RewriteRecord(self.rule, True, names, new_nodes,
                              f"attention scale {s:.6g} moved from {scale_node.op_type} "
@@ -146,8 +150,10 @@ class PrescaleAttention(ir.passes.InPlacePass):
     def _fold_into_weights(self, graph: ir.Graph, q: ir.Value, s: float,
                            taken: set[str]) -> str | None:
         """Scale Q's projection ``[Add(] MatMul(x, W) [, b)]`` in place; None when impossible."""
-        value = q
+        value: ir.Value | None = q
         for _ in range(_MAX_HOPS):
+            if value is None:
+                return None
             node = value.producer()
             if node is None or len(value.uses()) != 1 or value.is_graph_output():
                 return None
@@ -155,6 +161,8 @@ class PrescaleAttention(ir.passes.InPlacePass):
                 value = node.inputs[0]
                 continue
             break
+        if value is None:
+            return None
         node = value.producer()
         add = None
         if node is not None and node.op_type == "Add":
@@ -169,21 +177,23 @@ class PrescaleAttention(ir.passes.InPlacePass):
         if node is None or node.op_type not in ("MatMul", "Gemm"):
             return None
         w_idx = 1
-        w = constant_array(node.inputs[w_idx])
-        if w is None or len(node.inputs[w_idx].uses()) != 1 or w.dtype.kind != "f":
+        w_value = node.inputs[w_idx]
+        w = constant_array(w_value)
+        if w is None or w_value is None or len(w_value.uses()) != 1 or w.dtype.kind != "f":
             return None
         if node.op_type == "Gemm" and len(node.inputs) > 2:
             return None  # Gemm's own bias: keep the simple MatMul/Add case only
         new_w = add_initializer(graph, (w.astype(np.float64) * s).astype(w.dtype),
-                                unique_name(f"{node.inputs[w_idx].name}_prescaled", taken))
+                                unique_name(f"{w_value.name}_prescaled", taken))
         node.replace_input_with(w_idx, new_w)
         folded = f"weights of {node.op_type} '{node.name}'"
         if add is not None:
             add_node, b_idx = add
-            b = constant_array(add_node.inputs[b_idx])
-            assert b is not None
+            b_value = add_node.inputs[b_idx]
+            b = constant_array(b_value)
+            assert b is not None and b_value is not None
             new_b = add_initializer(graph, (b.astype(np.float64) * s).astype(b.dtype),
-                                    unique_name(f"{add_node.inputs[b_idx].name}_prescaled", taken))
+                                    unique_name(f"{b_value.name}_prescaled", taken))
             add_node.replace_input_with(b_idx, new_b)
             folded += f" and bias of Add '{add_node.name}'"
         return folded
