@@ -84,6 +84,8 @@ def diagnose(
     force: bool = typer.Option(False, "--force", help="Overwrite existing report files"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the verdict line"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Longer tables"),
+    stress: bool = typer.Option(False, "--stress", help="Transformers in FP16: find the input "
+                                "scale factor at which a LayerNorm or attention overflows"),
 ) -> None:
     """Diagnose MODEL in reduced precision against its FP32 reference, layer by layer."""
     from precision_doctor.workflows.diagnose import run_diagnose
@@ -95,7 +97,8 @@ def diagnose(
             max_samples=max_samples, layerwise=layerwise, noise=noise,
             budget_bytes=budget_mb << 20, json_path=json_path, html_path=html_path,
             force=force, console=console, quiet=quiet, verbose=verbose,
-            candidate_results=candidate_results, candidate_log=candidate_log)
+            candidate_results=candidate_results, candidate_log=candidate_log,
+            stress=stress)
     except PrecisionDoctorError as exc:
         _fail(exc)
     raise typer.Exit(0 if report.passed else 1)

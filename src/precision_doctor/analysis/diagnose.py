@@ -77,7 +77,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
              progress: Progress | None = None, rewritten: bool = True,
              decisions: bool = True,
              candidate_results: str | Path | Recording | None = None,
-             candidate_log: str | Path | None = None) -> DiagnosisReport:
+             candidate_log: str | Path | None = None,
+             stress: bool = False) -> DiagnosisReport:
     """Diagnose ``model`` in ``target`` precision on ``samples``.
 
     Args:
@@ -104,6 +105,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
             rewrites an engine applies anyway (BatchNorm folding, LayerNorm fusion), when they
             change the model (one extra evaluation); reported as ``rewritten``.
         decisions: Detect decision outputs and report their flips.
+        stress: For transformers and an FP16 target, also run the stress probe
+            (``analysis.stress``: up to ~26 extra FP32 runs of the first sample).
 
     Returns:
         ``DiagnosisReport``.
@@ -176,6 +179,9 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
     hazards = scan_hazards(model, target)
     findings = build_findings(hazards, lw, target, verdict == "fail", inputs_of, candidate.tf32)
     t0 = time.perf_counter()
+    transformer = _transformer_section(model, samples, target, stress)
+    timings["transformer"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     measure = None
     if measure_impact and candidate.plan is not None and verdict == "fail":
         plan = candidate.plan
@@ -221,7 +227,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         timings_s={k: round(v, 3) for k, v in timings.items()}, warnings=tuple(warnings),
         assessment=assessment, explained_share=explained, decision_flips=tuple(flips),
         decisions=tuple(summaries), rewritten=rw,
-        largest_jump=jump.record.tensor if jump is not None else None, recording=recording)
+        largest_jump=jump.record.tensor if jump is not None else None, recording=recording,
+        transformer=transformer)
 
 
 def _judge(out_names: Sequence[str], ref, cand, tolerances, target: Precision, floor
@@ -305,6 +312,22 @@ def _rewritten_run(model, samples, out_names, ref, candidate: Candidate, toleran
 def _layer_threshold(tol: Tolerance, target: Precision) -> float:
     """rel L2 above which a tensor counts as diverged: the output tolerance, or the default."""
     return float(tol.rel_l2 or default_tolerance(target).rel_l2 or 1e-2)
+
+
+
+def _transformer_section(model: onnx.ModelProto, samples: Sequence[SampleLike],
+                         target: Precision, stress: bool) -> dict | None:
+    """Per-block FP16 headroom (``analysis.transformer``) plus the stress probe, as a dict."""
+    from precision_doctor.analysis.stress import stress_probe
+    from precision_doctor.analysis.transformer import analyze_transformer
+
+    feeds = [s.feeds for s in samples]
+    report = analyze_transformer(model, feeds)
+    if report is None:
+        return None
+    if stress and target is Precision.FP16:
+        report = report.with_stress(stress_probe(model, feeds, report).to_dict())
+    return report.to_dict()
 
 
 def _tolerance_for(name: str, tolerances, target: Precision) -> Tolerance:

@@ -37,7 +37,11 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 2
                   "matched_tensors", "missing": {tensor: reason}, "missing_by_reason",
                   "unmatched", "cross_check": {"emulator", "fp32_nodes", "outputs", "layers",
                   "worse_than_emulated"} | null}   (``analysis.recorded.recording_section``)
+      "transformer": {"layernorms", "attention", "blocks", "statistics", "stress"} | null
     }
+
+``transformer``: per-block FP16 headroom of a model with LayerNorms or attention
+(``analysis.transformer.TransformerReport.to_dict``; ``stress`` from ``analysis.stress``).
 
 Non-finite floats are written as the strings "inf", "-inf", "nan" (JSON has no such numbers).
 
@@ -134,6 +138,7 @@ class DiagnosisReport:
     rewritten: dict | None = None
     largest_jump: str | None = None
     recording: dict | None = None  # recorded candidate: runner, version, cross-check
+    transformer: dict | None = None  # analysis.transformer.TransformerReport.to_dict()
 
     @property
     def passed(self) -> bool:
@@ -159,6 +164,7 @@ class DiagnosisReport:
             "decisions": [d.to_dict() for d in self.decisions],
             "rewritten": self.rewritten,
             "recording": self.recording,
+            "transformer": self.transformer,
         }
 
     @classmethod
@@ -187,4 +193,4 @@ class DiagnosisReport:
             tuple(DecisionFlip.from_dict(f) for f in d.get("decision_flips", ())),
             tuple(DecisionSummary.from_dict(x) for x in d.get("decisions", ())),
             d.get("rewritten"), (d.get("layerwise") or {}).get("largest_jump"),
-            recording=d.get("recording"))
+            recording=d.get("recording"), transformer=d.get("transformer"))

@@ -19,6 +19,7 @@ from precision_doctor.analysis.layerwise import compare_layerwise
 from precision_doctor.analysis.near_ties import NearTie, find_near_ties
 from precision_doctor.analysis.objective import Objective, Outputs, Score
 from precision_doctor.analysis.search import SearchResult, rank_by_sensitivity, search_fp32_set
+from precision_doctor.analysis.transformer import fp32_statistics_nodes
 from precision_doctor.compare.metrics import compute_metrics
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision
@@ -166,6 +167,12 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     for h in hazards:
         if h.kind == "parameter-out-of-range":
             base = base.keep_fp32([h.node], "hazard", h.detail)
+    # layernorm-fp32-stats for a LayerNorm left unfused: FP32 statistics via the plan
+    stats_fp32 = rewrites is None or "layernorm-fp32-stats" in rewrites
+    for ln, stats in (fp32_statistics_nodes(fixed_src, [s.feeds for s in samples]).items()
+                      if stats_fp32 else ()):
+        base = base.keep_fp32(stats, "rewrite", f"FP32 statistics of the decomposed LayerNorm "
+                              f"'{ln}' ((x - mean)^2 overflows FP16; not fused)")
     low = set(select_nodes(fixed_src, force_low, "--force-low", REWRITE_HINT))
     fixed_nodes = set(base.overrides)
     candidates = [n.name for n in compute_nodes(fixed_src)
@@ -220,6 +227,7 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
                      "emulation assumes FP32 statistics inside the op (what TensorRT and ONNX "
                      "Runtime CUDA compute). If your engine computes LayerNormalization in "
                      "FP16, add --keep LayerNormalization.")
+    notes.extend(rewrite_engine_notes(rw_report.to_dict()))
     return FixResult(written, fixed_src, result.plan, result, _metrics(reference, naive),
                      _metrics(reference, after), _metrics(reference, after_emulated),
                      score_before, score_after, share,
@@ -227,6 +235,22 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
                      objective.describe(), {k: round(v, 3) for k, v in seconds.items()},
                      tuple(warnings), tuple(notes), tuple(near_ties), objective.score_label(),
                      objective.pass_mark())
+
+
+def rewrite_engine_notes(rewrites: dict) -> list[str]:
+    """The engine settings the applied transformer rewrites rely on, one note per rule."""
+    applied = {r["rule"] for r in rewrites.get("records", ()) if r.get("applied")}
+    notes = []
+    if "prescale-attention" in applied:
+        notes.append("prescale-attention moved the 1/sqrt(d) attention scale onto Q before QK^T "
+                     "(folded into the Q projection where possible): no engine setting needed; "
+                     "the scores are never stored unscaled")
+    if "layernorm-fp32-stats" in applied:
+        notes.append("layernorm-fp32-stats set stash_type=1 on LayerNormalization: relies on the "
+                     "engine computing the statistics in FP32 as ONNX specifies (ONNX Runtime "
+                     "CPU/CUDA do); on TensorRT check the layer's precision in the built "
+                     "engine's layer information")
+    return notes
 
 
 def _is_fp32_node(name: str, plan: PrecisionPlan, writer_report: WriterReport) -> bool:

@@ -40,7 +40,8 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
              candidate_model: ModelLike | None = None, max_samples: int | None = None,
              budget_mb: int = 2048, progress: Progress | None = None,
              quiet: bool = False, candidate_results: str | os.PathLike | None = None,
-             candidate_log: str | os.PathLike | None = None) -> Diagnosis:
+             candidate_log: str | os.PathLike | None = None,
+             stress: bool = False) -> Diagnosis:
     """Run ``model`` in reduced precision next to its FP32 reference and explain the difference.
 
     The reference is ONNX Runtime CPU in FP32. The candidate is, by default, a CPU emulation
@@ -90,6 +91,9 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
             sample i. The emulator of ``target``/``plan``/``keep`` becomes the cross-check.
         candidate_log: That engine's trtexec/Polygraphy ``--verbose`` build log (TensorRT
             version, GPU, FP16/TF32/strongly typed settings), with ``candidate_results``.
+        stress: For a transformer and an FP16 target, also run the stress probe: the factor
+            by which the real inputs can be scaled before an activation overflows, and where
+            (``Diagnosis.transformer["stress"]``; up to ~26 extra FP32 runs of one sample).
 
     Returns:
         :class:`Diagnosis`: ``verdict`` (``"pass"``/``"fail"``), ``outputs`` (metrics per
@@ -133,7 +137,8 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
                                 candidate_results=(str(candidate_results)
                                                    if candidate_results is not None else None),
                                 candidate_log=(str(candidate_log)
-                                               if candidate_log is not None else None))
+                                               if candidate_log is not None else None),
+                                stress=stress)
         task = (task_score(proto, samples, candidate, objective, callback)
                 if objective is not None else None)
     return convert(Diagnosis, report, task=task)

@@ -25,6 +25,10 @@ mantissa: c = x*(2^s+1), hi = c - (c - x) (Dekker 1971, "A floating-point techni
 extending the available precision"), which is round-to-nearest except that exact ties may round
 away from even and |x| > FLT_MAX / 2^s overflows.
 
+A ``LayerNormalization`` with ``stash_type`` != 1 on an FP16/BF16 node is expanded into its
+statistics chain first (``emulate_layernorm``), so its statistics are rounded like the engine's;
+with ``stash_type`` = 1 (the default) the op runs in FP32 on its rounded input.
+
 Nodes inside subgraphs (If/Loop/Scan bodies) are left in FP32; ``EmulationInfo`` counts them.
 
 Weights kept in external data files (``graph.external``) are rounded into the process's weight
@@ -44,6 +48,7 @@ from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.formats import Precision, round_to
 from precision_doctor.graph.load import opset_of
 from precision_doctor.graph.weight_store import STORE, ir_external_key, stored_ir_tensor
+from precision_doctor.precision.emulate_layernorm import expand_low_precision_stats
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
 
 TF32_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
@@ -240,6 +245,7 @@ def emulate(model: onnx.ModelProto, plan: PrecisionPlan) -> tuple[onnx.ModelProt
         UnsupportedModelError: Shape/type inference of the model failed.
     """
     plan.validate(model)
+    model, plan = expand_low_precision_stats(model, plan)  # stash_type=0 LayerNorms
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception as exc:  # inference can fail on custom ops; fall back to the bare model

@@ -217,6 +217,15 @@ def layerwise_section(report: DiagnosisReport) -> Section | None:
         total=len(recs), collapse=len(recs) > COLLAPSE_ROWS, counts=_layer_counts(lw.records)))
 
 
+def transformer_section(report: DiagnosisReport) -> Section | None:
+    """Per-block FP16 headroom of a transformer (``analysis.transformer``), if measured."""
+    t = report.transformer
+    if not t:
+        return None
+    return Section("transformer", "Transformer", _render(
+        "transformer.j2", t=t, collapse=len(t.get("layernorms", ())) > COLLAPSE_ROWS))
+
+
 def reproduce_section(report: DiagnosisReport, command: str | None) -> Section:
     """The exact command (or, when it was not recorded, the shape of one)."""
     path = report.model.get("path") or "MODEL.onnx"
@@ -305,7 +314,8 @@ def report_sections(report: DiagnosisReport, fix: Mapping[str, Any] | None = Non
                 render_fix_section(fix) if fix is not None else None]
     sections = [*head,
                 findings_section(report), plots_section(report), hazards_section(report),
-                layerwise_section(report), reproduce_section(report, command),
+                layerwise_section(report), transformer_section(report),
+                reproduce_section(report, command),
                 details_section(report)]
     return [s for s in sections if s is not None]
 

@@ -27,7 +27,8 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
                  layerwise: bool, noise: bool, budget_bytes: int, json_path: Path | None,
                  html_path: Path | None, force: bool, console: Console, quiet: bool = False,
                  verbose: bool = False, candidate_results: str | None = None,
-                 candidate_log: Path | None = None) -> DiagnosisReport:
+                 candidate_log: Path | None = None,
+                 stress: bool = False) -> DiagnosisReport:
     """Load everything, diagnose, render, and write the requested reports.
 
     Raises:
@@ -49,7 +50,7 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
                           max_samples=max_samples, budget_mb=budget_bytes >> 20,
                           progress=progress, quiet=progress is None,
                           candidate_results=candidate_results,
-                          candidate_log=candidate_log)
+                          candidate_log=candidate_log, stress=stress)
     if quiet:
         console.print(f"{report.verdict.upper()}: {model_path} in {report.target.upper()}",
                       markup=False)

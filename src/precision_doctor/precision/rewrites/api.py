@@ -18,11 +18,13 @@ from onnx import version_converter
 
 from precision_doctor.errors import PlanError
 from precision_doctor.graph.load import name_nodes, opset_of
+from precision_doctor.precision.rewrites.attention import PrescaleAttention
 from precision_doctor.precision.rewrites.batchnorm import FoldBatchNorm
 from precision_doctor.precision.rewrites.bias_add import FoldBiasAdd
 from precision_doctor.precision.rewrites.constant_folding import FoldConstants
 from precision_doctor.precision.rewrites.graph_edit import RewritePassResult
 from precision_doctor.precision.rewrites.layernorm import MIN_OPSET, FuseLayerNorm
+from precision_doctor.precision.rewrites.layernorm_stats import LayerNormFp32Stats
 from precision_doctor.precision.rewrites.report import RewriteRecord, RewriteReport
 
 # Rule name -> pass factory (each pass returns a ``RewritePassResult``), in run order.
@@ -30,7 +32,9 @@ REWRITES: dict[str, Callable[[], ir.passes.InPlacePass]] = {
     FoldConstants.rule: FoldConstants,
     FoldBiasAdd.rule: FoldBiasAdd,
     FoldBatchNorm.rule: FoldBatchNorm,
+    PrescaleAttention.rule: PrescaleAttention,
     FuseLayerNorm.rule: FuseLayerNorm,
+    LayerNormFp32Stats.rule: LayerNormFp32Stats,
 }
 CONVERT_OPSET = "convert-opset"
 
@@ -71,8 +75,7 @@ def convert_opset(model: onnx.ModelProto, target: int,
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return model, RewriteRecord(CONVERT_OPSET, False, (), (), f"onnx.version_converter "
                                     f"could not convert opset {source} -> {target} ({why}): "
-                                    f"{first}",
-                                    {"from_opset": source, "to_opset": target})
+                                    f"{first}", {"from_opset": source, "to_opset": target})
     name_nodes(converted)
     for field in ("producer_name", "producer_version", "doc_string", "domain", "model_version"):
         setattr(converted, field, getattr(model, field))
