@@ -250,3 +250,16 @@ def test_compare_inputs_names_the_channel_order():
 def test_every_error_is_a_precision_doctor_error():
     with pytest.raises(PrecisionDoctorError):
         pd.diagnose(transformer_block(), [{"x": np.zeros((1, 8), np.float32)}])
+
+
+def test_audit_reads_a_build_log_beside_the_layer_info(tmp_path: Path):
+    log = tmp_path / "build.log"
+    log.write_text(
+        "&&&& RUNNING TensorRT.trtexec [TensorRT v101000] # trtexec --onnx=m.onnx --fp16\n"
+        "[06/18/2025-03:48:34] [I] TensorRT version: 10.10.0\n"
+        "[06/18/2025-03:48:34] [W] [TRT] Detected layernorm nodes in FP16.\n")
+    a = pd.audit(_layer_info(), onnx=conv_bn(), log=log)
+    assert a.build_log is not None and a.build_log["tensorrt_version"] == "10.10.0"
+    assert "links" in a.build_log
+    again = pd.Audit.from_dict(json.loads(a.to_json()))
+    assert again == a and again.build_log == a.build_log

@@ -3,6 +3,7 @@ differs between two inputs meant to be the same sample)."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -11,15 +12,18 @@ import numpy as np
 from precision_doctor.api.options import ModelLike, as_model, parse_precision
 from precision_doctor.api.results import Audit, InputComparison, convert
 from precision_doctor.audit import audit_engine
+from precision_doctor.audit.buildlog import link_to_audit, read_build_log
 from precision_doctor.audit.profile import Profile
 from precision_doctor.forensics import compare_inputs as compare_tensors
 from precision_doctor.inputs import PreprocessSpec
+from precision_doctor.jsonable import dumps
 from precision_doctor.precision.plan import PrecisionPlan
 
 
 def audit(layer_info: str | os.PathLike | Mapping | list, *,
           onnx: ModelLike | None = None,
           profile: str | os.PathLike | Sequence[Any] | Profile | None = None,
+          log: str | os.PathLike | None = None,
           plan: PrecisionPlan | str | os.PathLike | None = None,
           expect_fp32: Iterable[str] = ()) -> Audit:
     """Audit a built TensorRT engine: the precision each layer actually ran in, mapped back to
@@ -36,6 +40,10 @@ def audit(layer_info: str | os.PathLike | Mapping | list, *,
         onnx: The ONNX model the engine was built from (path, ``onnx.ModelProto`` or
             ``onnx_ir.Model``): resolves the nodes inside fused regions and their op types.
         profile: ``trtexec --exportProfile`` JSON for per-layer times (ms per inference).
+        log: The engine's trtexec/Polygraphy ``--verbose`` build log: its precision lines
+            (TensorRT version, GPU, FP16/TF32/strongly typed, "Detected layernorm nodes in
+            FP16", layers forced to FP32, Myelin regions) tied to ONNX nodes and to these
+            layers, in ``Audit.build_log``.
         plan: A ``PrecisionPlan`` (e.g. ``Fix.plan``) or its JSON file: its FP32 nodes are
             checked.
         expect_fp32: Node names or glob patterns (``"*LayerNorm*"``) meant to run in FP32.
@@ -53,7 +61,12 @@ def audit(layer_info: str | os.PathLike | Mapping | list, *,
     """
     model = as_model(onnx)[0] if onnx is not None else None
     report = audit_engine(layer_info, profile, model, plan, tuple(expect_fp32))
-    return convert(Audit, report)
+    build = None
+    if log is not None:
+        parsed = read_build_log(log, model)
+        # JSON-normalized, so that Audit.from_dict(to_dict()) gives an equal record
+        build = json.loads(dumps({**parsed.to_dict(), "links": link_to_audit(parsed, report)}))
+    return convert(Audit, report, build_log=build)
 
 
 def compare_inputs(a: str | os.PathLike | np.ndarray, b: str | os.PathLike | np.ndarray, *,

@@ -109,17 +109,32 @@ class Diagnosis(DiagnosisReport, _Views):
 class Audit(AuditReport, _Views):
     """What ``audit`` found in a TensorRT engine's layer information: ``AuditReport`` (the
     precision every layer ran in, fused regions, findings such as ``fp32-not-honored``) with
-    JSON/HTML views."""
+    JSON/HTML views.
+
+    Attributes:
+        build_log: With ``audit(log=...)``: the build log's precision-relevant facts
+            (``audit.buildlog.BuildLog.to_dict``: TensorRT version, GPU, FP16/TF32/strongly
+            typed settings, LayerNorm FP16 warnings, per-layer precisions) and ``links``: each
+            warned ONNX node with the engine layer that ran it and its precision.
+    """
+
+    build_log: Mapping[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
         """False when an FP32 request was not honored by the engine."""
         return not any(f.kind == "fp32-not-honored" for f in self.findings)
 
+    def to_dict(self) -> dict:
+        data = AuditReport.to_dict(self)
+        if self.build_log is not None:
+            data["build_log"] = dict(self.build_log)
+        return data
+
     @classmethod
     def from_dict(cls, data: Mapping) -> Audit:
         """Inverse of ``to_dict``."""
-        return convert(cls, AuditReport.from_dict(data))
+        return convert(cls, AuditReport.from_dict(data), build_log=data.get("build_log"))
 
     def _page(self) -> str:
         from precision_doctor.audit.render import render_audit
