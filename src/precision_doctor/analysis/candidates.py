@@ -33,18 +33,22 @@ class Candidate:
             impact of each finding); None for real engines.
         tf32: Whether the engine may use TF32 for FP32 MatMul/Conv (None: not applicable).
             ONNX Runtime's CUDA EP enables TF32 unless ``use_tf32=0`` (CUDA EP docs).
+        segments: The factory runs the sub-models it is given (segments of the diagnosed
+            model), so layerwise comparison can run each node once; False for candidates
+            that run a model of their own (rewritten, FP16), which need marked outputs.
     """
 
     name: str
     factory: RunnerFactory
     plan: PrecisionPlan | None = None
     tf32: bool | None = None
+    segments: bool = False
 
 
 def emulated(plan: PrecisionPlan) -> Candidate:
     """The CPU emulation of ``plan``."""
     name = f"emulate-{plan.default.value}"
-    return Candidate(name, lambda m: EmulatorRunner(m, plan, name=name), plan)
+    return Candidate(name, lambda m: EmulatorRunner(m, plan, name=name), plan, segments=True)
 
 
 def emulated_fused(model: onnx.ModelProto, plan: PrecisionPlan) -> Candidate:
@@ -86,7 +90,7 @@ def onnxruntime(providers: Sequence[str], provider_options: Sequence[Mapping[str
     if providers and resolve_provider(providers[0]) == "CUDAExecutionProvider":
         opts = (provider_options or [{}])[0]
         tf32 = str(opts.get("use_tf32", "1")).lower() not in ("0", "false")
-    return Candidate(label, factory, tf32=tf32)
+    return Candidate(label, factory, tf32=tf32, segments=model is None)
 
 
 def reference_factory(model: onnx.ModelProto) -> OrtRunner:

@@ -123,7 +123,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         lw = compare_layerwise(
             model, [s.feeds for s in samples], reference_factory, candidate.factory, target,
             default_tol.rel_l2 or default_tolerance(target).rel_l2, budget_bytes,
-            progress=(lambda d, t: progress("layerwise", d, t)) if progress else None)
+            progress=(lambda d, t: progress("layerwise", d, t)) if progress else None,
+            segments=candidate.segments)
         timings["layerwise"] = time.perf_counter() - t0
 
     hazards = scan_hazards(model, target)

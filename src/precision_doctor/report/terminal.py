@@ -64,10 +64,13 @@ def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12
 
     lw = report.layerwise
     if lw is not None and layers:
-        console.print(f"Layerwise: {len(lw.records)} tensors in {lw.chunks} chunk(s); first "
+        unit = "segment" if lw.mode == "segments" else "marked-output chunk"
+        console.print(f"Layerwise: {len(lw.records)} tensors in {lw.chunks} {unit}(s); first "
                       f"divergence (rel L2 > {lw.threshold:g}): "
                       f"[bold]{escape(lw.first_divergence or 'none')}[/]; NaN/Inf born at: "
                       f"[bold]{escape(lw.nan_birth or 'nowhere')}[/]")
+        if lw.fallback_reason:
+            console.print(f"  (each chunk re-ran the whole model: {escape(lw.fallback_reason)})")
         idx = {r.tensor: i for i, r in enumerate(lw.records)}
         start = max(0, idx.get(lw.first_divergence, len(lw.records)) - layers // 2)
         rows = lw.records[start:start + layers] if lw.first_divergence else sorted(
