@@ -22,7 +22,7 @@ from precision_doctor.analysis.candidates import (
 )
 from precision_doctor.analysis.diagnosis import DiagnosisReport, OutputResult
 from precision_doctor.analysis.hazards import scan_hazards
-from precision_doctor.analysis.layerwise import compare_layerwise
+from precision_doctor.analysis.layerwise import LAYERWISE_BUDGET, compare_layerwise
 from precision_doctor.analysis.noise import measure_noise_floor
 from precision_doctor.analysis.rootcause import build_findings, rank_findings
 from precision_doctor.compare.metrics import compute_metrics, relative_l2
@@ -49,7 +49,7 @@ class SampleLike(Protocol):
 def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Precision,
              candidate: Candidate, tolerances: Tolerance | Mapping[str, Tolerance] | None = None,
              layerwise: bool = True, noise: bool = True, measure_impact: bool = True,
-             budget_bytes: int = 1 << 30, model_path: str | None = None,
+             budget_bytes: int = LAYERWISE_BUDGET, model_path: str | None = None,
              progress: Progress | None = None) -> DiagnosisReport:
     """Diagnose ``model`` in ``target`` precision on ``samples``.
 
@@ -63,7 +63,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         noise: Measure the FP32 noise floor.
         measure_impact: For emulated candidates, measure each finding's impact (one extra
             evaluation per finding, at most 12).
-        budget_bytes: Memory budget of one layerwise chunk.
+        budget_bytes: Memory budget of one layerwise segment (outputs and weights, both
+            runners, one sample).
         model_path: Recorded in the report.
         progress: ``progress(stage, done, total)``.
 

@@ -32,10 +32,15 @@ from precision_doctor.graph.outputs import float_activations, producer_inputs
 from precision_doctor.graph.segments import missing_types, plan_segments, why_not_segmentable
 from precision_doctor.graph.shapes import infer_types
 
-__all__ = ["LayerRecord", "LayerwiseResult", "Progress", "RunnerFactory", "_Accumulator",
-           "compare_layerwise"]
+__all__ = ["LAYERWISE_BUDGET", "LayerRecord", "LayerwiseResult", "Progress", "RunnerFactory",
+           "_Accumulator", "compare_layerwise"]
 
 MODES = ("segments", "marking")
+# Default bytes of one segment (outputs + weights, both runners, one sample). Segments cost one
+# session each, not a model run, so a small budget is cheap: on PP-OCRv4 det at 640x640 (690 MB
+# of activations per sample and runner) 256 MiB gives 6 segments and a `diagnose` peak RSS of
+# 0.74 GB, against 1.77 GB with one segment (measured 2026-11-24, BENCHMARKS.md).
+LAYERWISE_BUDGET = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,7 @@ class LayerwiseResult:
 
 def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]],
                       make_reference: RunnerFactory, make_candidate: RunnerFactory,
-                      target: Precision, threshold: float, budget_bytes: int = 1 << 30,
+                      target: Precision, threshold: float, budget_bytes: int = LAYERWISE_BUDGET,
                       tensors: Iterable[str] | None = None, progress: Progress | None = None,
                       *, segments: bool = True, stats_threads: int | None = None
                       ) -> LayerwiseResult:
