@@ -129,6 +129,12 @@ def test_a_candidate_running_its_own_model_uses_marking():
     report = diagnose(conv_bn(), random_samples((1, 3, 8, 8)), FP16,
                       emulated_fused(conv_bn(), PrecisionPlan(FP16)), noise=False)
     assert report.layerwise.mode == "marking" and report.layerwise.fallback_reason
+    direct = compare_layerwise(conv_bn(), [s.feeds for s in random_samples((1, 3, 8, 8))],
+                               reference_factory,
+                               emulated_fused(conv_bn(), PrecisionPlan(FP16)).factory, FP16,
+                               1e-3)  # segments asked for, refused by the candidate
+    assert direct.mode == "marking" and "runs a model of its own" in direct.fallback_reason
+    assert direct.records == report.layerwise.records
     plain = diagnose(conv_bn(), random_samples((1, 3, 8, 8)), FP16,
                      emulated(PrecisionPlan(FP16)), noise=False, measure_impact=False)
     assert plain.layerwise.mode == "segments"

@@ -13,8 +13,10 @@ import numpy as np
 import onnx
 
 from precision_doctor.analysis.layerwise import RunnerFactory
+from precision_doctor.analysis.layerwise_engines import SegmentFallback
 from precision_doctor.errors import BackendError
 from precision_doctor.graph.outputs import mark_outputs
+from precision_doctor.graph.segments import is_segment
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.base import Runner
 from precision_doctor.runners.emulator import EmulatorRunner
@@ -65,6 +67,7 @@ def emulated_fused(model: onnx.ModelProto, plan: PrecisionPlan) -> Candidate:
     name = f"emulate-fused-{plan.default.value}"
 
     def factory(marked: onnx.ModelProto) -> EmulatorRunner:
+        _refuse_segments(marked, name)
         target = mark_outputs(rewritten, [o.name for o in marked.graph.output])
         return EmulatorRunner(target, fused_plan, name=name)
 
@@ -82,6 +85,8 @@ def onnxruntime(providers: Sequence[str], provider_options: Sequence[Mapping[str
     label = name or "ort-" + "+".join(providers)
 
     def factory(marked: onnx.ModelProto) -> OrtRunner:
+        if model is not None:
+            _refuse_segments(marked, label)
         target = marked if model is None else mark_outputs(
             model, [o.name for o in marked.graph.output])
         return OrtRunner(target, providers, provider_options, name=label)
@@ -91,6 +96,13 @@ def onnxruntime(providers: Sequence[str], provider_options: Sequence[Mapping[str
         opts = (provider_options or [{}])[0]
         tf32 = str(opts.get("use_tf32", "1")).lower() not in ("0", "false")
     return Candidate(label, factory, tf32=tf32, segments=model is None)
+
+
+def _refuse_segments(model: onnx.ModelProto, name: str) -> None:
+    """A candidate running a model of its own cannot run a segment of the diagnosed one."""
+    if is_segment(model):
+        raise SegmentFallback(f"the candidate {name} runs a model of its own, not segments of "
+                              "the diagnosed model")
 
 
 def reference_factory(model: onnx.ModelProto) -> OrtRunner:
