@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
@@ -75,6 +76,20 @@ _FLOAT_FIELDS = {"ref_max_abs", "cand_max_abs", "max_abs_err", "mean_abs_err", "
                  "headroom_bits"}
 
 
+class Scratch:
+    """Reusable temporary arrays of one thread (grown to the largest tensor seen)."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def get(self, slot: str, size: int, dtype: np.dtype | type) -> np.ndarray:
+        """A 1-D array of ``size`` elements of ``dtype`` (contents undefined)."""
+        buf = self._arrays.get(slot)
+        if buf is None or buf.size < size or buf.dtype != np.dtype(dtype):
+            buf = self._arrays[slot] = np.empty(size, dtype)
+        return buf[:size]
+
+
 class _Accumulator:
     """Streaming statistics of one tensor."""
 
@@ -88,15 +103,20 @@ class _Accumulator:
         self.ref_max = self.cand_max = self.err_max = self.err_sum = self.err2 = self.ref2 = 0.0
 
     def add(self, ref: np.ndarray, cand: np.ndarray, fmt_max: float, fmt_min_sub: float,
-            fmt_min_normal: float) -> None:
-        """Fold one sample of the tensor in (shapes must match; otherwise it is skipped)."""
+            fmt_min_normal: float, scratch: Scratch | None = None) -> None:
+        """Fold one sample of the tensor in (shapes must match; otherwise it is skipped).
+
+        ``scratch`` (one per thread) holds the temporaries, so that large tensors do not
+        allocate (and page-fault) fresh memory for each of them.
+        """
         r = np.asarray(ref).ravel()
         c = np.asarray(cand).ravel()
         if r.shape != c.shape or r.size == 0:
             return
         if r.dtype != c.dtype or r.dtype.kind != "f":
             r, c = r.astype(np.float64), c.astype(np.float64)
-        ar = np.abs(r)
+        scratch = scratch or Scratch()
+        ar = np.abs(r, out=scratch.get("abs", r.size, r.dtype))
         r_top, c_hi, c_lo = float(ar.max()), float(c.max()), float(c.min())  # NaN propagates
         if not (math.isfinite(r_top) and math.isfinite(c_hi) and math.isfinite(c_lo)):
             self._add_nonfinite(r, c, fmt_max, fmt_min_sub, fmt_min_normal)
@@ -107,23 +127,29 @@ class _Accumulator:
         self.ref_max = max(self.ref_max, r_top)
         if r_top > fmt_max:
             self.overflow += int(np.count_nonzero(ar > fmt_max))
-        small = ar < fmt_min_normal
+        small = np.less(ar, fmt_min_normal, out=scratch.get("small", r.size, np.bool_))
         n_small = int(np.count_nonzero(small))
         if n_small:
-            zero, c_zero = ar == 0, c == 0
-            n_zero = int(np.count_nonzero(zero))
-            n_half = int(np.count_nonzero(ar < fmt_min_sub / 2))
+            mask = scratch.get("mask", r.size, np.bool_)
+            n_zero = int(np.count_nonzero(np.equal(ar, 0, out=mask)))
+            n_half = int(np.count_nonzero(np.less(ar, fmt_min_sub / 2, out=mask)))
             self.flush += n_half - n_zero
             self.subnormal += n_small - n_half
-            self.lost += int(np.count_nonzero(small & c_zero)) - int(
-                np.count_nonzero(zero & c_zero))
-        del ar, small
-        c_top = max(c_hi, -c_lo)
-        d = c - r
+            if n_zero:  # lost = small & c == 0 minus zero & c == 0 (zero is inside small)
+                c_zero = np.equal(c, 0, out=mask)
+                np.logical_and(small, c_zero, out=small)
+                lost = int(np.count_nonzero(small))
+                np.equal(ar, 0, out=small)
+                lost -= int(np.count_nonzero(np.logical_and(small, c_zero, out=small)))
+            else:
+                lost = int(np.count_nonzero(np.logical_and(small, np.equal(c, 0, out=mask),
+                                                           out=small)))
+            self.lost += lost
+        d = np.subtract(c, r, out=scratch.get("diff", r.size, r.dtype))
         self.err2 += float(np.dot(d, d))
         self.ref2 += float(np.dot(r, r))
         np.abs(d, out=d)
-        self.cand_max = max(self.cand_max, c_top)
+        self.cand_max = max(self.cand_max, max(c_hi, -c_lo))
         self.err_max = max(self.err_max, float(d.max()))
         self.err_sum += float(d.sum(dtype=np.float64))
 
@@ -195,29 +221,35 @@ class StatsPool:
                  threads: int | None = None) -> None:
         self.accs = {s.name: _Accumulator(s) for s in sites}
         self.fmt = fmt
+        self._local = threading.local()
         workers = threads if threads is not None else min(2, os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(workers) if workers > 1 else None
 
     def add(self, names: Sequence[str], ref: Mapping[str, np.ndarray],
             cand: Mapping[str, np.ndarray]) -> None:
         """Fold the ``names`` present in both result dicts into their accumulators."""
-        f = self.fmt
         todo = [n for n in names if n in ref and n in cand]
         if self._pool is None:
             for n in todo:
-                self.accs[n].add(ref[n], cand[n], f.max, f.min_subnormal, f.min_normal)
+                self._add(n, ref[n], cand[n])
             return
-        jobs = [self._pool.submit(self.accs[n].add, ref[n], cand[n], f.max, f.min_subnormal,
-                                  f.min_normal) for n in todo]
-        for job in jobs:
+        for job in [self._pool.submit(self._add, n, ref[n], cand[n]) for n in todo]:
             job.result()
+
+    def _add(self, name: str, ref: np.ndarray, cand: np.ndarray) -> None:
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = Scratch()
+        f = self.fmt
+        self.accs[name].add(ref, cand, f.max, f.min_subnormal, f.min_normal, scratch)
 
     def records(self, sites: Sequence[TensorSite], skip: set[str]) -> tuple[LayerRecord, ...]:
         """Records of ``sites`` (minus ``skip``), in the given order."""
         return tuple(self.accs[s.name].record(self.fmt.max) for s in sites if s.name not in skip)
 
     def close(self) -> None:
-        """Stop the worker threads."""
+        """Stop the worker threads and free the temporaries."""
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+        self._local = threading.local()

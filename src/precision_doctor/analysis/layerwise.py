@@ -28,7 +28,7 @@ from precision_doctor.analysis.layerwise_engines import (
     run_segments,
 )
 from precision_doctor.formats import FORMATS, Precision
-from precision_doctor.graph.outputs import float_activations, producer_inputs
+from precision_doctor.graph.outputs import TensorSite, float_activations, producer_inputs
 from precision_doctor.graph.segments import missing_types, plan_segments, why_not_segmentable
 from precision_doctor.graph.shapes import infer_types
 
@@ -135,25 +135,17 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
         "the candidate runner runs a model of its own, not sub-models of this one")
     stats = StatsPool(sites, fmt, stats_threads)
     try:
-        if reason is None:
-            cut = plan_segments(model, node_output_bytes(model, all_sites), budget_bytes // 2)
-            types = infer_types(model)
-            unknown = missing_types(cut, types)
-            if unknown:
-                reason = (f"ONNX shape inference cannot type boundary tensor {unknown[0]!r}, "
-                          "so it cannot be a segment input")
-            else:
-                try:
-                    missing = run_segments(model, cut, types, samples, make_reference,
-                                           make_candidate, sites, stats, progress)
-                    count = len(cut)
-                except SegmentFallback as exc:
-                    reason = str(exc)
-                    stats.close()
-                    stats = StatsPool(sites, fmt, stats_threads)
-        if reason is not None:
+        outcome = reason if reason is not None else _by_segments(
+            model, samples, make_reference, make_candidate, all_sites, sites, stats,
+            budget_bytes, progress)
+        if isinstance(outcome, str):  # marking, with fresh accumulators
+            reason = outcome
+            stats.close()
+            stats = StatsPool(sites, fmt, stats_threads)
             count, missing = run_marking(model, samples, make_reference, make_candidate, sites,
                                          stats, budget_bytes, progress)
+        else:
+            count, missing = outcome
         records = stats.records(sites, set(missing))
     finally:
         stats.close()
@@ -161,6 +153,25 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
     return LayerwiseResult(target.value, threshold, records, first, _nan_birth(model, records),
                            count, tuple(sorted(set(missing))),
                            "segments" if reason is None else "marking", reason)
+
+
+def _by_segments(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]],
+                 make_reference: RunnerFactory, make_candidate: RunnerFactory,
+                 all_sites: Sequence[TensorSite], sites: Sequence[TensorSite],
+                 stats: StatsPool, budget_bytes: int, progress: Progress | None
+                 ) -> tuple[int, list[str]] | str:
+    """(segments run, sites missing) or, when segments cannot be used, the reason."""
+    cut = plan_segments(model, node_output_bytes(model, all_sites), budget_bytes // 2)
+    types = infer_types(model)
+    unknown = missing_types(cut, types)
+    if unknown:
+        return (f"ONNX shape inference cannot type boundary tensor {unknown[0]!r}, so it "
+                "cannot be a segment input")
+    try:
+        return len(cut), run_segments(model, cut, types, samples, make_reference,
+                                      make_candidate, sites, stats, progress)
+    except SegmentFallback as exc:
+        return str(exc)
 
 
 def _nan_birth(model: onnx.ModelProto, records: Sequence[LayerRecord]) -> str | None:

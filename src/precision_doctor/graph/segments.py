@@ -101,7 +101,7 @@ def plan_segments(model: onnx.ModelProto, output_bytes: Sequence[int], budget_by
     nodes = list(graph.node)
     init_bytes = {t.name: _initializer_bytes(t) for t in graph.initializer}
     cuts = [0]
-    used, seen = 0, set()
+    used, seen = 0, set[str]()
     for i, node in enumerate(nodes):
         new_inits = {n for n in node.input if n in init_bytes and n not in seen}
         size = output_bytes[i] + sum(init_bytes[n] for n in new_inits)
