@@ -121,8 +121,7 @@ class _Accumulator:
         if not (math.isfinite(r_top) and math.isfinite(c_hi) and math.isfinite(c_lo)):
             self._add_nonfinite(r, c, fmt_max, fmt_min_sub, fmt_min_normal)
             return
-        # Every element finite: the same statistics as ``_add_nonfinite`` in fewer passes
-        # (counts by differences of comparisons: boolean indexing is slow on dense masks).
+        # Every element finite: the same statistics as ``_add_nonfinite`` in fewer passes.
         self.numel += r.size
         self.ref_max = max(self.ref_max, r_top)
         if r_top > fmt_max:
@@ -130,28 +129,43 @@ class _Accumulator:
         small = np.less(ar, fmt_min_normal, out=scratch.get("small", r.size, np.bool_))
         n_small = int(np.count_nonzero(small))
         if n_small:
-            mask = scratch.get("mask", r.size, np.bool_)
-            n_zero = int(np.count_nonzero(np.equal(ar, 0, out=mask)))
-            n_half = int(np.count_nonzero(np.less(ar, fmt_min_sub / 2, out=mask)))
-            self.flush += n_half - n_zero
-            self.subnormal += n_small - n_half
-            if n_zero:  # lost = small & c == 0 minus zero & c == 0 (zero is inside small)
-                c_zero = np.equal(c, 0, out=mask)
-                np.logical_and(small, c_zero, out=small)
-                lost = int(np.count_nonzero(small))
-                np.equal(ar, 0, out=small)
-                lost -= int(np.count_nonzero(np.logical_and(small, c_zero, out=small)))
-            else:
-                lost = int(np.count_nonzero(np.logical_and(small, np.equal(c, 0, out=mask),
-                                                           out=small)))
-            self.lost += lost
+            self._small_values(ar, c, small, n_small, fmt_min_sub / 2, scratch)
         d = np.subtract(c, r, out=scratch.get("diff", r.size, r.dtype))
         self.err2 += float(np.dot(d, d))
         self.ref2 += float(np.dot(r, r))
         np.abs(d, out=d)
         self.cand_max = max(self.cand_max, max(c_hi, -c_lo))
         self.err_max = max(self.err_max, float(d.max()))
-        self.err_sum += float(d.sum(dtype=np.float64))
+        self.err_sum += float(d.sum())  # float32 pairwise sum: relative error ~1e-7 * log2(n)
+
+    def _small_values(self, ar: np.ndarray, c: np.ndarray, small: np.ndarray, n_small: int,
+                      half_sub: float, scratch: Scratch) -> None:
+        """Flush/subnormal/lost counts of the ``small`` elements (|ref| < min normal).
+
+        flush = #(0 < |r| < half_sub), subnormal = #(half_sub <= |r| < min normal),
+        lost = #(small, r != 0, c == 0). Few small elements: gathered by index. Many (exact
+        zeros after ReLU): by differences of mask counts, skipped when all are exact zeros.
+        """
+        if n_small * 8 <= ar.size:  # sparse: gather the few small elements
+            idx = np.flatnonzero(small)
+            rs, cs = ar[idx], c[idx]
+            nonzero = rs > 0
+            self.flush += int(np.count_nonzero(nonzero & (rs < half_sub)))
+            self.subnormal += int(np.count_nonzero(rs >= half_sub))
+            self.lost += int(np.count_nonzero(nonzero & (cs == 0)))
+            return
+        mask = scratch.get("mask", ar.size, np.bool_)
+        n_zero = int(np.count_nonzero(np.equal(ar, 0, out=mask)))
+        if n_zero == n_small:  # every small element is an exact zero: nothing flushed or lost
+            return
+        n_half = int(np.count_nonzero(np.less(ar, half_sub, out=mask)))
+        self.flush += n_half - n_zero
+        self.subnormal += n_small - n_half
+        c_zero = np.equal(c, 0, out=mask)
+        lost = int(np.count_nonzero(np.logical_and(small, c_zero, out=small)))
+        np.equal(ar, 0, out=small)
+        lost -= int(np.count_nonzero(np.logical_and(small, c_zero, out=small)))
+        self.lost += lost
 
     def _add_nonfinite(self, r: np.ndarray, c: np.ndarray, fmt_max: float, fmt_min_sub: float,
                        fmt_min_normal: float) -> None:
@@ -170,7 +184,7 @@ class _Accumulator:
         ad = np.abs(d)
         self.cand_max = max(self.cand_max, float(np.abs(c).max()))
         self.err_max = max(self.err_max, float(ad.max()))
-        self.err_sum += float(ad.sum(dtype=np.float64))
+        self.err_sum += float(ad.sum())
         self.err2 += float(np.dot(d, d))
         self.ref2 += float(np.dot(r, r))
         small = np.abs(r) < fmt_min_normal
