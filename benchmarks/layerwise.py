@@ -100,7 +100,56 @@ def measure(cmd: list[str], log: Path, result: Path | None, ok: tuple[int, ...] 
             "file_mb": round(result.stat().st_size / 1e6, 3) if result else None}
 
 
-def run_case(name: str, model_path: Path, samples: list, work: Path, polygraphy: bool) -> dict:
+def cast_cost(model: onnx.ModelProto, samples: list) -> dict:
+    """Share of the FP16 emulator's ONNX Runtime kernel time spent in its Cast round trips,
+    with and without skipping the round trips of exact ops (Relu, Clip, ...), from ORT's
+    profiler over every sample (after one warm-up run); outputs compared bit for bit."""
+    import onnxruntime as ort
+
+    from precision_doctor.formats import Precision
+    from precision_doctor.precision import emulate as emulate_module
+    from precision_doctor.precision.plan import PrecisionPlan
+
+    exact_ops = emulate_module.EXACT_OPS
+    out, results = {}, {}
+    for label, ops in (("skip_exact_ops", exact_ops), ("every_op", frozenset())):
+        emulate_module.EXACT_OPS = ops
+        try:
+            emulated, _ = emulate_module.emulate(model, PrecisionPlan(Precision.FP16))
+        finally:
+            emulate_module.EXACT_OPS = exact_ops
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(Path(tempfile.gettempdir()) / "pd_cast_profile")
+        sess = ort.InferenceSession(emulated.SerializeToString(), opts,
+                                    providers=["CPUExecutionProvider"])
+        sess.run(None, samples[0].feeds)
+        t0 = time.perf_counter()
+        results[label] = [sess.run(None, x.feeds) for x in samples]
+        wall = time.perf_counter() - t0
+        prof = Path(sess.end_profiling())
+        events = json.loads(prof.read_text())
+        prof.unlink()
+        runs = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
+        start = runs[1]["ts"] if len(runs) > 1 else 0  # skip the warm-up run
+        kernel = {}
+        for e in events:
+            if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= start:
+                op = e["args"]["op_name"]
+                kernel[op] = kernel.get(op, 0) + e["dur"]
+        total = sum(kernel.values())
+        out[label] = {"casts": sum(1 for n in emulated.graph.node if n.op_type == "Cast"),
+                      "cast_share_of_kernel_time": round(kernel.get("Cast", 0) / total, 3),
+                      "kernel_s": round(total / 1e6, 3), "wall_s": round(wall, 3)}
+    out["identical_outputs"] = all(
+        np.array_equal(a, b) for ra, rb in zip(results["skip_exact_ops"], results["every_op"])
+        for a, b in zip(ra, rb))
+    return out
+
+
+def run_case(name: str, model_path: Path, samples: list, work: Path, polygraphy: bool,
+             repeat: int = 1) -> dict:
     inputs = save_polygraphy_inputs(samples, work / f"{name}_inputs.json", overwrite=True)
     pd = [sys.executable, "-m", "precision_doctor", "diagnose", str(model_path), "--data",
           str(inputs)]
@@ -124,13 +173,24 @@ def run_case(name: str, model_path: Path, samples: list, work: Path, polygraphy:
                                      "--save-outputs", str(outputs)],
                                     work / f"{name}_polygraphy.log", outputs)
         outputs.unlink()
-    t = row["timings_s"]
-    row["layerwise_over_plain_runs"] = round(t["layerwise"] / (t["reference"] + t["candidate"]),
-                                             2)
+    ratios = [_ratio(row["timings_s"])]
+    for i in range(1, repeat):  # the ratio again, on a machine others may be loading
+        again = work / f"{name}_report{i}.json"
+        measure([*pd, "--json", str(again), "--force"], work / f"{name}_{i}.log", again, (0, 1))
+        ratios.append(_ratio(json.loads(again.read_text())["timings_s"]))
+    row["layerwise_over_plain_runs"] = ratios[0]
+    if repeat > 1:
+        row["layerwise_over_plain_runs_repeats"] = ratios
+        row["layerwise_over_plain_runs_median"] = float(np.median(ratios))
     if polygraphy:
         row["polygraphy_rss_over_ours"] = round(
             row["polygraphy"]["peak_rss_mb"] / row["diagnose"]["peak_rss_mb"], 1)
     return row
+
+
+def _ratio(t: dict) -> float:
+    """layerwise / (reference + candidate) from a diagnosis' ``timings_s``."""
+    return round(t["layerwise"] / (t["reference"] + t["candidate"]), 2)
 
 
 def main() -> None:
@@ -140,6 +200,8 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=12, help="depth of the shallower generated model")
     ap.add_argument("--skip-polygraphy", action="store_true")
     ap.add_argument("--models", default="det,minilm,gen", help="comma-separated subset")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="diagnose runs on det for the time ratio (median printed)")
     ap.add_argument("--out", type=Path,
                     default=REPO / f"benchmarks/results/layerwise_{datetime.date.today()}.json")
     args = ap.parse_args()
@@ -152,7 +214,9 @@ def main() -> None:
             samples = load_samples(args.shared / "data/ocr/full_images",
                                    input_metadata(load_model(det)),
                                    "ppocr-det:resize=fixed,size=640x640")
-            rows.append(run_case("det", det, samples, work, not args.skip_polygraphy))
+            rows.append(run_case("det", det, samples, work, not args.skip_polygraphy,
+                                 args.repeat))
+            rows[-1]["emulator_cast_cost"] = cast_cost(load_model(det), samples)
         if "minilm" in chosen and args.minilm.is_file():
             data = args.minilm.parent / "minilm_inputs.npz"
             samples = load_samples(data, input_metadata(load_model(args.minilm)))
@@ -202,8 +266,12 @@ def _print(rows: list[dict], summary: dict) -> None:
             file_mb = f"{m['file_mb']:.3f}" if m["file_mb"] is not None else "-"
             print(f"{r['model']:<8} {run:<11} {m['wall_s']:>7.2f} {m['cpu_s']:>7.2f} "
                   f"{m['peak_rss_mb']:>7} {file_mb:>8}   {notes[run]}")
+    for r in rows:
+        if "emulator_cast_cost" in r:
+            print(f"{r['model']} FP16 emulator Cast round trips:",
+                  json.dumps(r["emulator_cast_cost"]))
     print("ratios:", json.dumps({r["model"]: {k: r[k] for k in r if k.endswith(("_plain_runs",
-                                                                          "_over_ours"))}
+                                                                          "_median", "_over_ours"))}
                                  for r in rows}), json.dumps(summary))
 
 

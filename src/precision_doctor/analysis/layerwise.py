@@ -12,6 +12,7 @@ its smallest subnormal, subnormals) and the headroom in bits, log2(format max / 
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -26,6 +27,7 @@ from precision_doctor.analysis.layerwise_engines import (
     node_output_bytes,
     run_marking,
     run_segments,
+    side_thread,
 )
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.outputs import TensorSite, float_activations, producer_inputs
@@ -116,7 +118,8 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
         progress: Called as ``progress(done_runs, total_runs)``.
         segments: False when ``make_candidate`` cannot run sub-models of ``model`` (it runs a
             model of its own, e.g. a rewritten or FP16 model): marking is used.
-        stats_threads: Threads computing the statistics (default: up to 2).
+        stats_threads: Threads computing the statistics (default: up to 2); 1 also runs the
+            candidate after the reference instead of at the same time.
 
     Returns:
         ``LayerwiseResult`` (``mode`` and ``fallback_reason`` say which engine ran).
@@ -134,21 +137,24 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
     reason = why_not_segmentable(model) if segments else (
         "the candidate runner runs a model of its own, not sub-models of this one")
     stats = StatsPool(sites, fmt, stats_threads)
+    side = side_thread() if stats_threads != 1 else None
     try:
         outcome = reason if reason is not None else _by_segments(
             model, samples, make_reference, make_candidate, all_sites, sites, stats,
-            budget_bytes, progress)
+            budget_bytes, progress, side)
         if isinstance(outcome, str):  # marking, with fresh accumulators
             reason = outcome
             stats.close()
             stats = StatsPool(sites, fmt, stats_threads)
             count, missing = run_marking(model, samples, make_reference, make_candidate, sites,
-                                         stats, budget_bytes, progress)
+                                         stats, budget_bytes, progress, side)
         else:
             count, missing = outcome
         records = stats.records(sites, set(missing))
     finally:
         stats.close()
+        if side is not None:
+            side.shutdown()
     first = next((r.tensor for r in records if r.rel_l2 > threshold), None)
     return LayerwiseResult(target.value, threshold, records, first, _nan_birth(model, records),
                            count, tuple(sorted(set(missing))),
@@ -158,8 +164,8 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
 def _by_segments(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]],
                  make_reference: RunnerFactory, make_candidate: RunnerFactory,
                  all_sites: Sequence[TensorSite], sites: Sequence[TensorSite],
-                 stats: StatsPool, budget_bytes: int, progress: Progress | None
-                 ) -> tuple[int, list[str]] | str:
+                 stats: StatsPool, budget_bytes: int, progress: Progress | None,
+                 side: ThreadPoolExecutor | None) -> tuple[int, list[str]] | str:
     """(segments run, sites missing) or, when segments cannot be used, the reason."""
     cut = plan_segments(model, node_output_bytes(model, all_sites), budget_bytes // 2)
     types = infer_types(model)
@@ -169,7 +175,7 @@ def _by_segments(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]
                 "cannot be a segment input")
     try:
         return len(cut), run_segments(model, cut, types, samples, make_reference,
-                                      make_candidate, sites, stats, progress)
+                                      make_candidate, sites, stats, progress, side)
     except SegmentFallback as exc:
         return str(exc)
 
