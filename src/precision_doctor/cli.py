@@ -137,7 +137,7 @@ def fix_command(
                          console=console, quiet=quiet)
     except TargetNotMetError as exc:
         err_console.print(f"target not met: {exc}", style="red", markup=False)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     except PrecisionDoctorError as exc:
         _fail(exc)
     raise typer.Exit(0 if result.passed else 1)
