@@ -77,8 +77,8 @@ def diagnose(
     layerwise: bool = typer.Option(True, "--layerwise/--no-layerwise", help="Compare every "
                                    "intermediate tensor"),
     noise: bool = typer.Option(True, "--noise/--no-noise", help="Measure the FP32 noise floor"),
-    budget_mb: int = typer.Option(2048, "--budget-mb", help="Memory budget of one layerwise "
-                                  "chunk (MiB)"),
+    budget_mb: int = typer.Option(256, "--budget-mb", help="Memory budget of one layerwise "
+                                  "segment: its outputs and weights, both runners (MiB)"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the JSON report here"),
     html_path: Optional[Path] = typer.Option(None, "--html", help="Write the HTML report here"),
     force: bool = typer.Option(False, "--force", help="Overwrite existing report files"),

@@ -88,3 +88,23 @@ def test_rec_passes_fp16_with_layernorm_hazards_measured(shared_dir):
     for h in ln:
         rec = report.layerwise.record(h.tensor)
         assert rec is not None and rec.headroom_bits > 0  # measured, no overflow
+
+
+def test_det_segments_give_the_records_of_one_marked_run(shared_dir):
+    """Issue 11: 15+ segments (each node once per precision) == the whole model with every
+    tensor marked, tensor for tensor, on a real image."""
+    from precision_doctor.analysis.candidates import reference_factory
+    from precision_doctor.analysis.layerwise import compare_layerwise
+
+    model = load_model(shared_dir / "models/ppocrv4/det.onnx")
+    samples = load_samples(shared_dir / "data/ocr/full_images", input_metadata(model),
+                           "ppocr-det:resize=fixed,size=320x320", max_samples=1)
+    feeds = [s.feeds for s in samples]
+    factory = emulated(PrecisionPlan(Precision.FP16)).factory
+    marked = compare_layerwise(model, feeds, reference_factory, factory, Precision.FP16, 1e-2,
+                               4 << 30, segments=False)
+    segments = compare_layerwise(model, feeds, reference_factory, factory, Precision.FP16, 1e-2,
+                                 8 << 20)
+    assert marked.chunks == 1 and segments.mode == "segments" and segments.chunks >= 15
+    assert segments.records == marked.records
+    assert segments.first_divergence == marked.first_divergence

@@ -70,3 +70,40 @@ def test_emulation_keeps_names_and_model_untouched():
     assert [o.name for o in emulated.graph.output] == ["y"]
     produced = {o for n in emulated.graph.node for o in n.output}
     assert {"c", "bn", "y"} <= produced  # rounded values keep the original tensor names
+
+
+@pytest.mark.parametrize("precision", [Precision.FP16, Precision.BF16])
+def test_exact_ops_skip_their_output_round_trip_with_identical_values(precision, monkeypatch):
+    """Relu/Clip/MaxPool/Max/Abs/Neg outputs of rounded inputs are already in the format."""
+    import precision_doctor.precision.emulate as emulate_module
+
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("Mul", ["x", "s"], ["a"], name="scale"),
+             helper.make_node("Relu", ["a"], ["r"], name="relu"),
+             helper.make_node("Clip", ["a", "lo", "hi"], ["c"], name="clip"),
+             helper.make_node("MaxPool", ["c"], ["p"], name="pool", kernel_shape=[3],
+                              pads=[1, 1]),
+             helper.make_node("Neg", ["p"], ["n"], name="neg"),
+             helper.make_node("Abs", ["n"], ["b"], name="abs"),
+             helper.make_node("Max", ["b", "r"], ["m"], name="max"),
+             helper.make_node("Add", ["m", "s"], ["y"], name="add")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", f, [1, 2, 64])],
+                       [helper.make_tensor_value_info("y", f, [1, 2, 64])],
+                       [tensor("s", 1.3), tensor("lo", 0.1), tensor("hi", 5.7)])
+    x = np.random.default_rng(0).standard_normal((1, 2, 64)).astype(np.float32) * 4
+    names = ["a", "r", "c", "p", "n", "b", "m", "y"]
+
+    def run():
+        emulated, info = emulate(model, PrecisionPlan(precision))
+        from precision_doctor.graph.outputs import mark_outputs
+
+        with OrtRunner(mark_outputs(emulated, names)) as runner:
+            return runner.run({"x": x}), info.rounded_activations
+
+    fast, fewer = run()
+    monkeypatch.setattr(emulate_module, "EXACT_OPS", frozenset())
+    full, more = run()
+    assert fewer == more - 6  # relu, clip, pool, neg, abs, max
+    for n in names:
+        assert np.array_equal(fast[n], full[n]), n
+        assert np.array_equal(fast[n], round_to(fast[n], precision)), n

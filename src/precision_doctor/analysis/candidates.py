@@ -13,9 +13,11 @@ import numpy as np
 import onnx
 
 from precision_doctor.analysis.layerwise import RunnerFactory
+from precision_doctor.analysis.layerwise_engines import SegmentFallback
 from precision_doctor.errors import BackendError
 from precision_doctor.graph.load import input_metadata
 from precision_doctor.graph.outputs import mark_outputs
+from precision_doctor.graph.segments import is_segment
 from precision_doctor.inputs.recording import Recording
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.base import Runner
@@ -37,6 +39,9 @@ class Candidate:
             impact of each finding); None for real engines.
         tf32: Whether the engine may use TF32 for FP32 MatMul/Conv (None: not applicable).
             ONNX Runtime's CUDA EP enables TF32 unless ``use_tf32=0`` (CUDA EP docs).
+        segments: The factory runs the sub-models it is given (segments of the diagnosed
+            model), so layerwise comparison can run each node once; False for candidates
+            that run a model of their own (rewritten, FP16), which need marked outputs.
     """
 
     name: str
@@ -44,6 +49,7 @@ class Candidate:
     plan: PrecisionPlan | None = None
     tf32: bool | None = None
     recorded: RecordedSource | None = None
+    segments: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,7 @@ class RecordedSource:
 def emulated(plan: PrecisionPlan) -> Candidate:
     """The CPU emulation of ``plan``."""
     name = f"emulate-{plan.default.value}"
-    return Candidate(name, lambda m: EmulatorRunner(m, plan, name=name), plan)
+    return Candidate(name, lambda m: EmulatorRunner(m, plan, name=name), plan, segments=True)
 
 
 def emulated_fused(model: onnx.ModelProto, plan: PrecisionPlan,
@@ -83,6 +89,7 @@ def emulated_fused(model: onnx.ModelProto, plan: PrecisionPlan,
     name = f"emulate-fused-{plan.default.value}"
 
     def factory(marked: onnx.ModelProto) -> EmulatorRunner:
+        _refuse_segments(marked, name)
         target = mark_outputs(rewritten, [o.name for o in marked.graph.output])
         return EmulatorRunner(target, fused_plan, name=name)
 
@@ -100,6 +107,8 @@ def onnxruntime(providers: Sequence[str], provider_options: Sequence[Mapping[str
     label = name or "ort-" + "+".join(providers)
 
     def factory(marked: onnx.ModelProto) -> OrtRunner:
+        if model is not None:
+            _refuse_segments(marked, label)
         target = marked if model is None else mark_outputs(
             model, [o.name for o in marked.graph.output])
         return OrtRunner(target, providers, provider_options, name=label)
@@ -108,7 +117,14 @@ def onnxruntime(providers: Sequence[str], provider_options: Sequence[Mapping[str
     if providers and resolve_provider(providers[0]) == "CUDAExecutionProvider":
         opts = (provider_options or [{}])[0]
         tf32 = str(opts.get("use_tf32", "1")).lower() not in ("0", "false")
-    return Candidate(label, factory, tf32=tf32)
+    return Candidate(label, factory, tf32=tf32, segments=model is None)
+
+
+def _refuse_segments(model: onnx.ModelProto, name: str) -> None:
+    """A candidate running a model of its own cannot run a segment of the diagnosed one."""
+    if is_segment(model):
+        raise SegmentFallback(f"the candidate {name} runs a model of its own, not segments of "
+                              "the diagnosed model")
 
 
 def reference_factory(model: onnx.ModelProto) -> OrtRunner:

@@ -35,7 +35,7 @@ from precision_doctor.analysis.decisions import read_decisions
 from precision_doctor.analysis.diagnosis import DiagnosisReport, OutputResult
 from precision_doctor.analysis.gain import largest_jump
 from precision_doctor.analysis.hazards import scan_hazards
-from precision_doctor.analysis.layerwise import compare_layerwise
+from precision_doctor.analysis.layerwise import LAYERWISE_BUDGET, compare_layerwise
 from precision_doctor.analysis.noise import measure_noise_floor
 from precision_doctor.analysis.recorded import (
     check_recorded_outputs,
@@ -73,7 +73,7 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
              candidate: Candidate | None,
              tolerances: Tolerance | Mapping[str, Tolerance] | None = None,
              layerwise: bool = True, noise: bool = True, measure_impact: bool = True,
-             budget_bytes: int = 1 << 30, model_path: str | None = None,
+             budget_bytes: int = LAYERWISE_BUDGET, model_path: str | None = None,
              progress: Progress | None = None, rewritten: bool = True,
              decisions: bool = True,
              candidate_results: str | Path | Recording | None = None,
@@ -92,7 +92,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         noise: Measure the FP32 noise floor.
         measure_impact: For emulated candidates, measure each finding's impact (one extra
             evaluation per finding, at most 12).
-        budget_bytes: Memory budget of one layerwise chunk.
+        budget_bytes: Memory budget of one layerwise segment (outputs and weights, both
+            runners, one sample).
         model_path: Recorded in the report.
         progress: ``progress(stage, done, total)``.
         candidate_results: Outputs recorded elsewhere (``inputs.recording``: Polygraphy
@@ -173,7 +174,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         lw = compare_layerwise(
             model, [dict(s.feeds) for s in samples], reference_factory, candidate.factory,
             target, _layer_threshold(default_tol, target), budget_bytes,
-            progress=(lambda d, t: progress("layerwise", d, t)) if progress else None)
+            progress=(lambda d, t: progress("layerwise", d, t)) if progress else None,
+            segments=candidate.segments)
         timings["layerwise"] = time.perf_counter() - t0
 
     hazards = scan_hazards(model, target)
@@ -312,7 +314,6 @@ def _rewritten_run(model, samples, out_names, ref, candidate: Candidate, toleran
 def _layer_threshold(tol: Tolerance, target: Precision) -> float:
     """rel L2 above which a tensor counts as diverged: the output tolerance, or the default."""
     return float(tol.rel_l2 or default_tolerance(target).rel_l2 or 1e-2)
-
 
 
 def _transformer_section(model: onnx.ModelProto, samples: Sequence[SampleLike],

@@ -38,7 +38,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
              layerwise: bool = True, noise: bool = True, keep: Sequence[str] = (),
              plan: PrecisionPlan | str | os.PathLike | None = None,
              candidate_model: ModelLike | None = None, max_samples: int | None = None,
-             budget_mb: int = 2048, progress: Progress | None = None,
+             budget_mb: int = 256, progress: Progress | None = None,
              quiet: bool = False, candidate_results: str | os.PathLike | None = None,
              candidate_log: str | os.PathLike | None = None,
              stress: bool = False) -> Diagnosis:
@@ -81,7 +81,8 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         candidate_model: For ``ort:`` runners, run this model (e.g. a fixed one) as the
             candidate instead of ``model``.
         max_samples: Use the first N samples.
-        budget_mb: Memory budget of one layerwise chunk, in MiB.
+        budget_mb: Memory budget of one layerwise segment (its outputs and weights, both
+            runners, one sample), in MiB.
         progress: ``progress(stage, done, total)`` callback; default: a rich bar on stderr
             when it is a terminal, nothing otherwise.
         quiet: No progress output at all (the library never prints results).

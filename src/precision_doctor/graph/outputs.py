@@ -1,7 +1,8 @@
 """Find every intermediate floating tensor, estimate its size, and mark tensors as outputs.
 
-Layerwise comparison marks intermediate tensors as graph outputs in chunks whose estimated
-size fits a memory budget, so even large models never hold all activations at once.
+Layerwise comparison sizes its segments (``graph.segments``) with these estimates; where no
+segment cut is possible it marks intermediate tensors as graph outputs in chunks whose
+estimated size fits a memory budget, so even large models never hold all activations at once.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Iterable, Mapping, Sequence
 
 import onnx
 import onnx_ir as ir
+
+from precision_doctor.graph.shapes import infer_types
 
 _FLOAT_ELEM = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
                onnx.TensorProto.BFLOAT16}
@@ -37,23 +40,6 @@ class TensorSite:
     itemsize: int = 4
 
 
-def _concrete_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]
-                     ) -> onnx.ModelProto:
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    del m.graph.value_info[:]
-    for inp in m.graph.input:
-        if inp.name in input_shapes:
-            dims = inp.type.tensor_type.shape.dim
-            for d, size in zip(dims, input_shapes[inp.name]):
-                d.ClearField("dim_param")
-                d.dim_value = int(size)
-    try:
-        return onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
-    except Exception:  # noqa: BLE001 - sizes are only an estimate
-        return m
-
-
 def float_activations(model: onnx.ModelProto,
                       input_shapes: Mapping[str, Sequence[int]] | None = None
                       ) -> list[TensorSite]:
@@ -66,10 +52,7 @@ def float_activations(model: onnx.ModelProto,
     Returns:
         One ``TensorSite`` per floating intermediate or output tensor.
     """
-    inferred = _concrete_shapes(model, input_shapes or {})
-    types: dict[str, onnx.TypeProto] = {}
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
-        types[vi.name] = vi.type
+    types = infer_types(model, input_shapes or {}, data_prop=True)
     sites = []
     for index, node in enumerate(model.graph.node):
         if node.op_type == "Constant":

@@ -13,6 +13,9 @@ Model of an engine (a strongly typed network, the behaviour TensorRT >= 10 guara
   not tensor cores, so TF32 does not apply (measured on an H200: emulating them as TF32
   overestimated PP-OCRv4 cls's TF32 error 2.7x; see BENCHMARKS.md).
 * FP32 node: unchanged.
+* Ops that only select, negate or bound values (Relu, Clip, MaxPool, Max, ...; ``EXACT_OPS``)
+  produce values already in the format from rounded inputs: their output round trip would be
+  the identity and is left out.
 * Data-movement nodes (Reshape, Concat, Slice, Gather, ...) do no arithmetic: they carry values
   in the format their producers stored them in, whatever the plan says about them (the
   strongly typed writer gives them their producer's precision too).
@@ -52,6 +55,11 @@ from precision_doctor.precision.emulate_layernorm import expand_low_precision_st
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
 
 TF32_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
+# Ops whose every output element is one of their (rounded) input elements, its negation, its
+# absolute value or a (rounded) bound: the output of such a node in FP16/BF16 is already in the
+# format, so its output round trip is skipped (same values, two Casts fewer per tensor).
+EXACT_OPS = frozenset({"Relu", "Clip", "MaxPool", "Abs", "Neg", "Max", "Min", "ReduceMax",
+                       "ReduceMin"})
 _FLOATS = {ir.DataType.FLOAT, ir.DataType.DOUBLE}
 _SPLIT_BITS = {Precision.TF32: 13, Precision.BF16: 16}  # FP32 mantissa bits dropped (23 - kept)
 
@@ -215,8 +223,14 @@ class _Emulator:
         for i, v in enumerate(node.inputs):
             if v is not None and self.is_float(v) and id(v) not in self.rounded[p]:
                 node.replace_input_with(i, self.rounded_input(v, p, node))
+        exact = (node.op_type in EXACT_OPS and node.domain in ("", "ai.onnx")
+                 and not ("min" in node.attributes or "max" in node.attributes))  # Clip < 11
         for out in node.outputs:
-            if self.is_float(out):
+            if not self.is_float(out):
+                continue
+            if exact:  # already representable: rounding it again would change nothing
+                self.rounded[p].add(id(out))
+            else:
                 self.round_output(node, out, p)
 
 

@@ -118,10 +118,13 @@ def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12
 
     lw = report.layerwise
     if lw is not None and layers:
+        unit = "segment" if lw.mode == "segments" else "marked-output chunk"
         console.print(Text.assemble(
-            f"Layerwise: {len(lw.records)} tensors in {lw.chunks} chunk(s); first divergence "
+            f"Layerwise: {len(lw.records)} tensors in {lw.chunks} {unit}(s); first divergence "
             f"(rel L2 > {fmt3(lw.threshold)}): ", (lw.first_divergence or "none", "bold"),
             "; NaN/Inf born at: ", (lw.nan_birth or "nowhere", "bold")))
+        if lw.fallback_reason:
+            console.print(Text(f"  (each chunk re-ran the whole model: {lw.fallback_reason})"))
         console.print(layers_table(lw, layers))
     hazards = [h for h in report.hazards if h.severity != "low"]
     if hazards:

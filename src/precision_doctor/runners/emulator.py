@@ -10,6 +10,7 @@ from typing import Sequence
 import numpy as np
 import onnx
 
+from precision_doctor.graph.segments import is_segment
 from precision_doctor.precision.emulate import EmulationInfo, emulate
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.base import Feeds, TensorMeta
@@ -24,6 +25,9 @@ class EmulatorRunner:
         plan: Precision of every node.
         name: Label for reports (default ``emulate-<default precision>``).
         intra_op_threads: ONNX Runtime threads (0 = default).
+
+    A segment of the planned model (``graph.segments.segment_model``) is emulated with the
+    plan's decisions for its own nodes.
 
     Raises:
         PlanError: (on ``__enter__``) the plan names nodes not in the model.
@@ -40,7 +44,12 @@ class EmulatorRunner:
         self._ort: OrtRunner | None = None
 
     def __enter__(self) -> EmulatorRunner:
-        emulated, self.info = emulate(self.model, self.plan)
+        plan = self.plan
+        if is_segment(self.model):  # a segment of the planned model: its own nodes' decisions
+            names = {n.name for n in self.model.graph.node}
+            plan = PrecisionPlan(plan.default, {k: v for k, v in plan.overrides.items()
+                                                if k in names})
+        emulated, self.info = emulate(self.model, plan)
         self._ort = OrtRunner(emulated, ("cpu",), name=self.name,
                               intra_op_threads=self.intra_op_threads).__enter__()
         return self

@@ -35,6 +35,7 @@ from rich.markup import escape
 
 from precision_doctor.analysis.diagnosis import DiagnosisReport
 from precision_doctor.analysis.fix import FixResult
+from precision_doctor.analysis.layerwise import LAYERWISE_BUDGET
 from precision_doctor.errors import BackendUnavailable
 from precision_doctor.report.files import check_writable, write_bytes_atomic
 from precision_doctor.report.numbers import fmt3, fmt_vs
@@ -180,7 +181,7 @@ def run_demo(out_dir: Path, console: Console, force: bool = False, quick: bool =
     report = run_diagnose(model, data=str(inputs), preprocess=preprocess, target="fp16",
                           runner="emulate", candidate_model=None, plan_path=None, keep=[],
                           tolerances=[], max_samples=None, layerwise=True, noise=not quick,
-                          budget_bytes=2048 << 20, json_path=paths["diagnosis_json"],
+                          budget_bytes=LAYERWISE_BUDGET, json_path=paths["diagnosis_json"],
                           html_path=paths["diagnosis_html"], force=force, console=console)
     diagnosed = clock()
     console.rule(f"2/2  fix: keep the fewest nodes in FP32 so {METRIC} >= {THRESHOLD}")

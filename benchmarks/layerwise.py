@@ -1,0 +1,279 @@
+"""Layerwise benchmark (issue 11): precision-doctor's layerwise comparison against the two plain
+runs it starts from and against Polygraphy's ``--onnx-outputs mark all``, in one run.
+
+Per model, on the same inputs (one Polygraphy ``--save-inputs`` JSON file that both tools
+load):
+
+* ``diagnose``: ``precision-doctor diagnose MODEL --data inputs.json --json report.json`` with
+  the defaults (FP16 emulation, layerwise by segments, noise floor, findings). Its JSON
+  ``timings_s`` gives ``reference`` and ``candidate`` (the two plain runs: ONNX Runtime CPU FP32
+  and the FP16 emulator over every sample) and ``layerwise``.
+* ``plain``: the same ``diagnose`` with ``--no-layerwise`` (what layerwise adds in memory).
+* ``polygraphy``: ``polygraphy run MODEL --onnxrt --onnx-outputs mark all --load-inputs
+  inputs.json --save-outputs outputs.json`` (every tensor of one runner, ONNX Runtime CPU).
+
+Each runs in a fresh subprocess; wall time, CPU time and peak RSS are that process's
+(``os.wait4`` rusage: interpreter start and imports included); "file" is the result file's
+size. Models:
+
+* ``det``: PP-OCRv4 det, the 3 images of ``shared/data/ocr/full_images``, ``ppocr-det``
+  preprocessing at a fixed 640x640.
+* ``minilm``: all-MiniLM-L6-v2 at opset 14 (``benchmarks/export_minilm.py``), batch 8 x 128
+  tokens, when ``.models/minilm_op14.onnx`` exists.
+* ``gen-N`` / ``gen-2N``: seeded residual conv stacks (Conv3x3-Relu-Conv3x3-Add-Relu blocks,
+  32 channels at 160x160, 2 random samples), the second twice as deep as the first: peak RSS
+  of ``diagnose`` should grow < 20% (bounded by one segment, not by the model).
+
+Prints one table and the ratios; writes ``benchmarks/results/layerwise_<date>.json``.
+
+Usage (repo root, ``../shared`` present)::
+
+    PYTHONPATH=src python3 benchmarks/layerwise.py [--skip-polygraphy] [--depth 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from precision_doctor.graph import input_metadata, load_model  # noqa: E402
+from precision_doctor.inputs import load_samples  # noqa: E402
+from precision_doctor.inputs.feeds import Sample  # noqa: E402
+from precision_doctor.inputs.polygraphy import save_polygraphy_inputs  # noqa: E402
+
+
+def generated_model(depth: int, channels: int = 32, seed: int = 0) -> onnx.ModelProto:
+    """``depth`` residual blocks: Conv3x3 -> Relu -> Conv3x3 -> Add(skip) -> Relu."""
+    rng = np.random.default_rng(seed)
+    f = TensorProto.FLOAT
+    nodes, inits, x = [], [], "x"
+    for b in range(depth):
+        for k in (1, 2):
+            w = rng.normal(0, (2.0 / (9 * channels)) ** 0.5 / 2, (channels, channels, 3, 3))
+            inits.append(numpy_helper.from_array(w.astype(np.float32), f"b{b}.w{k}"))
+        nodes += [helper.make_node("Conv", [x, f"b{b}.w1"], [f"b{b}.c1"], f"b{b}/conv1",
+                                   pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"b{b}.c1"], [f"b{b}.r1"], f"b{b}/relu1"),
+                  helper.make_node("Conv", [f"b{b}.r1", f"b{b}.w2"], [f"b{b}.c2"],
+                                   f"b{b}/conv2", pads=[1, 1, 1, 1]),
+                  helper.make_node("Add", [f"b{b}.c2", x], [f"b{b}.s"], f"b{b}/add"),
+                  helper.make_node("Relu", [f"b{b}.s"], [f"b{b}.y"], f"b{b}/relu2")]
+        x = f"b{b}.y"
+    shape = ["batch", channels, "h", "w"]
+    graph = helper.make_graph(nodes, f"resnet{depth}",
+                              [helper.make_tensor_value_info("x", f, shape)],
+                              [helper.make_tensor_value_info(x, f, shape)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def measure(cmd: list[str], log: Path, result: Path | None, ok: tuple[int, ...] = (0,)) -> dict:
+    """Run ``cmd`` in a fresh process: wall, CPU and peak RSS (os.wait4), result size.
+
+    ``diagnose`` exits 1 when the verdict is "fail" (det in FP16): pass ``ok=(0, 1)``."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    with open(log, "w") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+    code = os.waitstatus_to_exitcode(status)
+    if code not in ok:
+        raise SystemExit(f"{' '.join(cmd)} failed ({code}); see {log}")
+    return {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+            "peak_rss_mb": round(usage.ru_maxrss / 1024),
+            "file_mb": round(result.stat().st_size / 1e6, 3) if result else None}
+
+
+def cast_cost(model: onnx.ModelProto, samples: list) -> dict:
+    """Share of the FP16 emulator's ONNX Runtime kernel time spent in its Cast round trips,
+    with and without skipping the round trips of exact ops (Relu, Clip, ...), from ORT's
+    profiler over every sample (after one warm-up run); outputs compared bit for bit."""
+    import onnxruntime as ort
+
+    from precision_doctor.formats import Precision
+    from precision_doctor.precision import emulate as emulate_module
+    from precision_doctor.precision.plan import PrecisionPlan
+
+    exact_ops = emulate_module.EXACT_OPS
+    out, results = {}, {}
+    for label, ops in (("skip_exact_ops", exact_ops), ("every_op", frozenset())):
+        emulate_module.EXACT_OPS = ops
+        try:
+            emulated, _ = emulate_module.emulate(model, PrecisionPlan(Precision.FP16))
+        finally:
+            emulate_module.EXACT_OPS = exact_ops
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(Path(tempfile.gettempdir()) / "pd_cast_profile")
+        sess = ort.InferenceSession(emulated.SerializeToString(), opts,
+                                    providers=["CPUExecutionProvider"])
+        sess.run(None, samples[0].feeds)
+        t0 = time.perf_counter()
+        results[label] = [sess.run(None, x.feeds) for x in samples]
+        wall = time.perf_counter() - t0
+        prof = Path(sess.end_profiling())
+        events = json.loads(prof.read_text())
+        prof.unlink()
+        runs = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
+        start = runs[1]["ts"] if len(runs) > 1 else 0  # skip the warm-up run
+        kernel = {}
+        for e in events:
+            if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= start:
+                op = e["args"]["op_name"]
+                kernel[op] = kernel.get(op, 0) + e["dur"]
+        total = sum(kernel.values())
+        out[label] = {"casts": sum(1 for n in emulated.graph.node if n.op_type == "Cast"),
+                      "cast_share_of_kernel_time": round(kernel.get("Cast", 0) / total, 3),
+                      "kernel_s": round(total / 1e6, 3), "wall_s": round(wall, 3)}
+    out["identical_outputs"] = all(
+        np.array_equal(a, b) for ra, rb in zip(results["skip_exact_ops"], results["every_op"])
+        for a, b in zip(ra, rb))
+    return out
+
+
+def run_case(name: str, model_path: Path, samples: list, work: Path, polygraphy: bool,
+             repeat: int = 1) -> dict:
+    inputs = save_polygraphy_inputs(samples, work / f"{name}_inputs.json", overwrite=True)
+    pd = [sys.executable, "-m", "precision_doctor", "diagnose", str(model_path), "--data",
+          str(inputs)]
+    report = work / f"{name}_report.json"
+    row: dict = {"model": name, "samples": len(samples),
+                 "shapes": {k: list(v.shape) for k, v in samples[0].feeds.items()}}
+    row["diagnose"] = measure([*pd, "--json", str(report), "--force"], work / f"{name}.log",
+                              report, (0, 1))
+    data = json.loads(report.read_text())
+    row["timings_s"] = data["timings_s"]
+    row["segments"] = data["layerwise"]["chunks"]
+    row["mode"] = data["layerwise"]["mode"]
+    plain = work / f"{name}_plain.json"
+    row["plain"] = measure([*pd, "--no-layerwise", "--json", str(plain), "--force"],
+                           work / f"{name}_plain.log", plain, (0, 1))
+    if polygraphy:
+        outputs = work / f"{name}_polygraphy.json"
+        exe = shutil.which("polygraphy") or str(Path(sys.executable).parent / "polygraphy")
+        row["polygraphy"] = measure([exe, "run", str(model_path), "--onnxrt", "--onnx-outputs",
+                                     "mark", "all", "--load-inputs", str(inputs),
+                                     "--save-outputs", str(outputs)],
+                                    work / f"{name}_polygraphy.log", outputs)
+        outputs.unlink()
+    ratios = [_ratio(row["timings_s"])]
+    for i in range(1, repeat):  # the ratio again, on a machine others may be loading
+        again = work / f"{name}_report{i}.json"
+        measure([*pd, "--json", str(again), "--force"], work / f"{name}_{i}.log", again, (0, 1))
+        ratios.append(_ratio(json.loads(again.read_text())["timings_s"]))
+    row["layerwise_over_plain_runs"] = ratios[0]
+    if repeat > 1:
+        row["layerwise_over_plain_runs_repeats"] = ratios
+        row["layerwise_over_plain_runs_median"] = float(np.median(ratios))
+    if polygraphy:
+        row["polygraphy_rss_over_ours"] = round(
+            row["polygraphy"]["peak_rss_mb"] / row["diagnose"]["peak_rss_mb"], 1)
+    return row
+
+
+def _ratio(t: dict) -> float:
+    """layerwise / (reference + candidate) from a diagnosis' ``timings_s``."""
+    return round(t["layerwise"] / (t["reference"] + t["candidate"]), 2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shared", type=Path, default=REPO.parent / "shared")
+    ap.add_argument("--minilm", type=Path, default=REPO / ".models/minilm_op14.onnx")
+    ap.add_argument("--depth", type=int, default=12, help="depth of the shallower generated model")
+    ap.add_argument("--skip-polygraphy", action="store_true")
+    ap.add_argument("--models", default="det,minilm,gen", help="comma-separated subset")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="diagnose runs on det for the time ratio (median printed)")
+    ap.add_argument("--out", type=Path,
+                    default=REPO / f"benchmarks/results/layerwise_{datetime.date.today()}.json")
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pd-layerwise-bench-") as tmp:
+        work = Path(tmp)
+        chosen = set(args.models.split(","))
+        if "det" in chosen:
+            det = args.shared / "models/ppocrv4/det.onnx"
+            samples = load_samples(args.shared / "data/ocr/full_images",
+                                   input_metadata(load_model(det)),
+                                   "ppocr-det:resize=fixed,size=640x640")
+            rows.append(run_case("det", det, samples, work, not args.skip_polygraphy,
+                                 args.repeat))
+            rows[-1]["emulator_cast_cost"] = cast_cost(load_model(det), samples)
+        if "minilm" in chosen and args.minilm.is_file():
+            data = args.minilm.parent / "minilm_inputs.npz"
+            samples = load_samples(data, input_metadata(load_model(args.minilm)))
+            rows.append(run_case("minilm", args.minilm, samples, work, not args.skip_polygraphy))
+        rng = np.random.default_rng(0)
+        gen_samples = [Sample(f"s{i}", {"x": rng.standard_normal((1, 32, 160, 160)).astype(
+            np.float32)}) for i in range(2)]
+        for depth in (args.depth, 2 * args.depth) if "gen" in chosen else ():
+            path = work / f"gen{depth}.onnx"
+            onnx.save(generated_model(depth), str(path))
+            rows.append(run_case(f"gen-{depth}", path, gen_samples, work,
+                                 not args.skip_polygraphy))
+    summary = {}
+    if "gen" in chosen:
+        shallow, deep = rows[-2], rows[-1]
+        summary["rss_growth_twice_as_deep"] = round(
+            deep["diagnose"]["peak_rss_mb"] / shallow["diagnose"]["peak_rss_mb"] - 1, 3)
+    if "gen" in chosen and not args.skip_polygraphy:
+        summary["polygraphy_rss_growth_twice_as_deep"] = round(
+            deep["polygraphy"]["peak_rss_mb"] / shallow["polygraphy"]["peak_rss_mb"] - 1, 3)
+    _print(rows, summary)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs",
+        "load_average_at_end": os.getloadavg(), "rows": rows, "summary": summary},
+        indent=1))
+    print(f"written {args.out}")
+
+
+def _print(rows: list[dict], summary: dict) -> None:
+    head = (f"{'model':<8} {'run':<11} {'wall s':>7} {'cpu s':>7} {'RSS MB':>7} {'file MB':>8}"
+            "   notes")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        t = r["timings_s"]
+        notes = {"diagnose": f"{r['mode']}, {r['segments']} segment(s); timings_s ref "
+                             f"{t['reference']} + cand {t['candidate']} vs layerwise "
+                             f"{t['layerwise']}: {r['layerwise_over_plain_runs']}x",
+                 "plain": "diagnose --no-layerwise",
+                 "polygraphy": f"mark all: {r.get('polygraphy_rss_over_ours', '?')}x our RSS"}
+        for run in ("diagnose", "plain", "polygraphy"):
+            if run not in r:
+                continue
+            m = r[run]
+            file_mb = f"{m['file_mb']:.3f}" if m["file_mb"] is not None else "-"
+            print(f"{r['model']:<8} {run:<11} {m['wall_s']:>7.2f} {m['cpu_s']:>7.2f} "
+                  f"{m['peak_rss_mb']:>7} {file_mb:>8}   {notes[run]}")
+    for r in rows:
+        if "emulator_cast_cost" in r:
+            print(f"{r['model']} FP16 emulator Cast round trips:",
+                  json.dumps(r["emulator_cast_cost"]))
+    print("ratios:", json.dumps({r["model"]: {k: r[k] for k in r if k.endswith(("_plain_runs",
+                                                                          "_median", "_over_ours"))}
+                                 for r in rows}), json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

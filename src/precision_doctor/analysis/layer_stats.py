@@ -1,0 +1,269 @@
+"""Streaming per-tensor error and range statistics of layerwise comparison.
+
+``_Accumulator`` folds one (reference, candidate) pair of a tensor at a time into running
+sums, so only the tensors of one segment (or chunk) of one sample are ever in memory;
+``LayerRecord`` is the frozen result. ``StatsPool`` updates the accumulators of many tensors
+in parallel threads (numpy releases the GIL in its reductions); each accumulator still sees
+the samples in order, so results do not depend on the number of threads.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from precision_doctor.formats import FloatFormat
+from precision_doctor.graph.outputs import TensorSite
+from precision_doctor.jsonable import from_json_float, json_float
+
+
+@dataclass(frozen=True)
+class LayerRecord:
+    """Statistics of one intermediate tensor over all samples.
+
+    Attributes:
+        tensor / node / op_type / index: Where the tensor comes from (index = topological
+            position of the producing node).
+        numel: Elements compared, all samples.
+        ref_max_abs / cand_max_abs: Largest finite |value| in reference / candidate.
+        max_abs_err / mean_abs_err: Absolute error statistics over finite pairs.
+        rel_l2: Relative L2 error (inf when the candidate has NaN/Inf where reference is finite).
+        cand_nan / cand_inf: NaN / Inf counts in the candidate.
+        ref_nonfinite: NaN/Inf count in the reference.
+        overflow: Reference elements with |x| > target format max.
+        flush_to_zero: Non-zero reference elements with |x| < half the format's smallest
+            subnormal (they become 0).
+        subnormal: Reference elements in the format's subnormal range (reduced precision).
+        lost_to_zero: Elements non-zero in the reference but exactly 0 in the candidate.
+        headroom_bits: log2(format max / ref_max_abs); negative = overflow.
+    """
+
+    tensor: str
+    node: str
+    op_type: str
+    index: int
+    numel: int
+    ref_max_abs: float
+    cand_max_abs: float
+    max_abs_err: float
+    mean_abs_err: float
+    rel_l2: float
+    cand_nan: int
+    cand_inf: int
+    ref_nonfinite: int
+    overflow: int
+    flush_to_zero: int
+    subnormal: int
+    lost_to_zero: int
+    headroom_bits: float
+
+    def to_dict(self) -> dict:
+        return {k: json_float(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> LayerRecord:
+        return cls(**{k: (from_json_float(v) if k in _FLOAT_FIELDS else v)
+                      for k, v in data.items()})
+
+
+_FLOAT_FIELDS = {"ref_max_abs", "cand_max_abs", "max_abs_err", "mean_abs_err", "rel_l2",
+                 "headroom_bits"}
+
+
+class Scratch:
+    """Reusable temporary arrays of one thread (grown to the largest tensor seen)."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def get(self, slot: str, size: int, dtype: np.dtype | type) -> np.ndarray:
+        """A 1-D array of ``size`` elements of ``dtype`` (contents undefined)."""
+        buf = self._arrays.get(slot)
+        if buf is None or buf.size < size or buf.dtype != np.dtype(dtype):
+            buf = self._arrays[slot] = np.empty(size, dtype)
+        return buf[:size]
+
+
+class _Accumulator:
+    """Streaming statistics of one tensor."""
+
+    __slots__ = ("numel", "ref_max", "cand_max", "err_max", "err_sum", "err2", "ref2", "nan",
+                 "inf", "ref_bad", "overflow", "flush", "subnormal", "lost", "site")
+
+    def __init__(self, site: TensorSite) -> None:
+        self.site = site
+        self.numel = self.nan = self.inf = self.ref_bad = 0
+        self.overflow = self.flush = self.subnormal = self.lost = 0
+        self.ref_max = self.cand_max = self.err_max = self.err_sum = self.err2 = self.ref2 = 0.0
+
+    def add(self, ref: np.ndarray, cand: np.ndarray, fmt_max: float, fmt_min_sub: float,
+            fmt_min_normal: float, scratch: Scratch | None = None) -> None:
+        """Fold one sample of the tensor in (shapes must match; otherwise it is skipped).
+
+        ``scratch`` (one per thread) holds the temporaries, so that large tensors do not
+        allocate (and page-fault) fresh memory for each of them.
+        """
+        r = np.asarray(ref).ravel()
+        c = np.asarray(cand).ravel()
+        if r.shape != c.shape or r.size == 0:
+            return
+        if r.dtype != c.dtype or r.dtype.kind != "f":
+            r, c = r.astype(np.float64), c.astype(np.float64)
+        scratch = scratch or Scratch()
+        ar = np.abs(r, out=scratch.get("abs", r.size, r.dtype))
+        r_top, c_hi, c_lo = float(ar.max()), float(c.max()), float(c.min())  # NaN propagates
+        if not (math.isfinite(r_top) and math.isfinite(c_hi) and math.isfinite(c_lo)):
+            self._add_nonfinite(r, c, fmt_max, fmt_min_sub, fmt_min_normal)
+            return
+        # Every element finite: the same statistics as ``_add_nonfinite`` in fewer passes.
+        self.numel += r.size
+        self.ref_max = max(self.ref_max, r_top)
+        if r_top > fmt_max:
+            self.overflow += int(np.count_nonzero(ar > fmt_max))
+        small = np.less(ar, fmt_min_normal, out=scratch.get("small", r.size, np.bool_))
+        n_small = int(np.count_nonzero(small))
+        if n_small:
+            self._small_values(ar, c, small, n_small, fmt_min_sub / 2, scratch)
+        d = np.subtract(c, r, out=scratch.get("diff", r.size, r.dtype))
+        self.err2 += float(np.dot(d, d))
+        self.ref2 += float(np.dot(r, r))
+        np.abs(d, out=d)
+        self.cand_max = max(self.cand_max, max(c_hi, -c_lo))
+        self.err_max = max(self.err_max, float(d.max()))
+        self.err_sum += float(d.sum())  # float32 pairwise sum: relative error ~1e-7 * log2(n)
+
+    def _small_values(self, ar: np.ndarray, c: np.ndarray, small: np.ndarray, n_small: int,
+                      half_sub: float, scratch: Scratch) -> None:
+        """Flush/subnormal/lost counts of the ``small`` elements (|ref| < min normal).
+
+        flush = #(0 < |r| < half_sub), subnormal = #(half_sub <= |r| < min normal),
+        lost = #(small, r != 0, c == 0). Few small elements: gathered by index. Many (exact
+        zeros after ReLU): by differences of mask counts, skipped when all are exact zeros.
+        """
+        if n_small * 8 <= ar.size:  # sparse: gather the few small elements
+            idx = np.flatnonzero(small)
+            rs, cs = ar[idx], c[idx]
+            nonzero = rs > 0
+            self.flush += int(np.count_nonzero(nonzero & (rs < half_sub)))
+            self.subnormal += int(np.count_nonzero(rs >= half_sub))
+            self.lost += int(np.count_nonzero(nonzero & (cs == 0)))
+            return
+        mask = scratch.get("mask", ar.size, np.bool_)
+        n_zero = int(np.count_nonzero(np.equal(ar, 0, out=mask)))
+        if n_zero == n_small:  # every small element is an exact zero: nothing flushed or lost
+            return
+        n_half = int(np.count_nonzero(np.less(ar, half_sub, out=mask)))
+        self.flush += n_half - n_zero
+        self.subnormal += n_small - n_half
+        c_zero = np.equal(c, 0, out=mask)
+        lost = int(np.count_nonzero(np.logical_and(small, c_zero, out=small)))
+        np.equal(ar, 0, out=small)
+        lost -= int(np.count_nonzero(np.logical_and(small, c_zero, out=small)))
+        self.lost += lost
+
+    def _add_nonfinite(self, r: np.ndarray, c: np.ndarray, fmt_max: float, fmt_min_sub: float,
+                       fmt_min_normal: float) -> None:
+        """``add`` for a sample with NaN/Inf in the reference or the candidate."""
+        self.numel += r.size
+        r_ok, c_ok = np.isfinite(r), np.isfinite(c)
+        self.nan += int(np.count_nonzero(np.isnan(c)))
+        self.inf += int(np.count_nonzero(np.isinf(c)))
+        self.ref_bad += int(r.size - np.count_nonzero(r_ok))
+        self._range(np.abs(r[r_ok]), fmt_max, fmt_min_sub, fmt_min_normal)
+        ok = r_ok & c_ok
+        r, c = r[ok], c[ok]
+        if r.size == 0:
+            return
+        d = c - r
+        ad = np.abs(d)
+        self.cand_max = max(self.cand_max, float(np.abs(c).max()))
+        self.err_max = max(self.err_max, float(ad.max()))
+        self.err_sum += float(ad.sum())
+        self.err2 += float(np.dot(d, d))
+        self.ref2 += float(np.dot(r, r))
+        small = np.abs(r) < fmt_min_normal
+        if small.any():
+            self.lost += int(np.count_nonzero(small & (r != 0) & (c == 0)))
+
+    def _range(self, ar: np.ndarray, fmt_max: float, fmt_min_sub: float,
+               fmt_min_normal: float) -> None:
+        """Range statistics of the finite reference magnitudes ``ar``."""
+        if ar.size == 0:
+            return
+        self.ref_max = max(self.ref_max, float(ar.max()))
+        self.overflow += int(np.count_nonzero(ar > fmt_max))
+        if float(ar.min()) < fmt_min_normal:  # fast path: nothing small, nothing to count
+            nonzero = ar > 0
+            self.flush += int(np.count_nonzero(nonzero & (ar < fmt_min_sub / 2)))
+            self.subnormal += int(np.count_nonzero((ar >= fmt_min_sub / 2) & (ar < fmt_min_normal)))
+
+    def record(self, fmt_max: float) -> LayerRecord:
+        s = self.site
+        if self.nan or self.inf:
+            rel = math.inf
+        elif self.ref2 == 0:
+            rel = 0.0 if self.err2 == 0 else math.inf
+        else:
+            rel = math.sqrt(self.err2 / self.ref2)
+        headroom = math.log2(fmt_max / self.ref_max) if self.ref_max > 0 else math.inf
+        return LayerRecord(s.name, s.node, s.op_type, s.index, self.numel, self.ref_max,
+                           self.cand_max, self.err_max,
+                           self.err_sum / self.numel if self.numel else 0.0, rel, self.nan,
+                           self.inf, self.ref_bad, self.overflow, self.flush, self.subnormal,
+                           self.lost, headroom)
+
+
+
+
+class StatsPool:
+    """Accumulators of the compared tensors, updated in parallel threads.
+
+    Args:
+        sites: The tensors to accumulate, in topological order.
+        fmt: The target format (range checks).
+        threads: Worker threads (default: up to 2, the CPU count). Each call to ``add``
+            waits for its tensors, so every accumulator receives the samples in order.
+    """
+
+    def __init__(self, sites: Sequence[TensorSite], fmt: FloatFormat,
+                 threads: int | None = None) -> None:
+        self.accs = {s.name: _Accumulator(s) for s in sites}
+        self.fmt = fmt
+        self._local = threading.local()
+        workers = threads if threads is not None else min(2, os.cpu_count() or 1)
+        self._pool = ThreadPoolExecutor(workers) if workers > 1 else None
+
+    def add(self, names: Sequence[str], ref: Mapping[str, np.ndarray],
+            cand: Mapping[str, np.ndarray]) -> None:
+        """Fold the ``names`` present in both result dicts into their accumulators."""
+        todo = [n for n in names if n in ref and n in cand]
+        if self._pool is None:
+            for n in todo:
+                self._add(n, ref[n], cand[n])
+            return
+        for job in [self._pool.submit(self._add, n, ref[n], cand[n]) for n in todo]:
+            job.result()
+
+    def _add(self, name: str, ref: np.ndarray, cand: np.ndarray) -> None:
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = Scratch()
+        f = self.fmt
+        self.accs[name].add(ref, cand, f.max, f.min_subnormal, f.min_normal, scratch)
+
+    def records(self, sites: Sequence[TensorSite], skip: set[str]) -> tuple[LayerRecord, ...]:
+        """Records of ``sites`` (minus ``skip``), in the given order."""
+        return tuple(self.accs[s.name].record(self.fmt.max) for s in sites if s.name not in skip)
+
+    def close(self) -> None:
+        """Stop the worker threads and free the temporaries."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        self._local = threading.local()
