@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Collection, Mapping, Sequence
 
-from precision_doctor.analysis.layerwise import LayerRecord
+from precision_doctor.analysis.layer_stats import LayerRecord
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import onnx
 
+from precision_doctor.analysis.gain import nonfinite_birth
 from precision_doctor.analysis.layer_stats import LayerRecord, StatsPool, _Accumulator
 from precision_doctor.analysis.layerwise_engines import (
     Progress,
@@ -181,13 +182,7 @@ def _by_segments(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]
 
 
 def _nan_birth(model: onnx.ModelProto, records: Sequence[LayerRecord]) -> str | None:
-    """First tensor with NaN/Inf in the candidate whose producer's float inputs are finite."""
-    by_name = {r.tensor: r for r in records}
-    inputs_of = producer_inputs(model)
-    for r in records:
-        if not (r.cand_nan or r.cand_inf) or r.ref_nonfinite:
-            continue
-        upstream = [by_name[i] for i in inputs_of.get(r.tensor, []) if i in by_name]
-        if all(not (u.cand_nan or u.cand_inf) for u in upstream):
-            return r.tensor
-    return None
+    """First tensor with NaN/Inf in the candidate whose producer's inputs are finite
+    (``analysis.gain.nonfinite_birth``)."""
+    birth = nonfinite_birth(records, producer_inputs(model))
+    return birth.tensor if birth is not None else None
