@@ -22,6 +22,7 @@ from precision_doctor.api.options import (
     parse_precision,
     progress_reporter,
 )
+from precision_doctor.api.results import json_text
 from precision_doctor.errors import InputError
 from precision_doctor.graph.load import input_metadata
 from precision_doctor.inputs import PreprocessSpec, Sample
@@ -113,10 +114,7 @@ class Fix:
         Raises:
             OutputExistsError: ``path`` exists and ``force`` is False.
         """
-        text = dumps(self.to_dict())
-        if path is not None:
-            write_text_atomic(path, text, force)
-        return text
+        return json_text(self.to_dict(), path, force)
 
     def save(self, path: str | os.PathLike, *, force: bool = False,
              extra_recipes: str = "") -> dict[str, Path]:

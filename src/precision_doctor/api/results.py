@@ -28,6 +28,18 @@ def convert(cls: type[T], record: Any, **extra: Any) -> T:
     return cls(**{f.name: getattr(record, f.name) for f in fields(record)}, **extra)
 
 
+def json_text(data: Mapping[str, Any], path: PathLike | None, force: bool) -> str:
+    """The stable JSON text of ``data``, also written atomically to ``path`` when given.
+
+    Raises:
+        OutputExistsError: ``path`` exists and ``force`` is False.
+    """
+    text = dumps(data)
+    if path is not None:
+        write_text_atomic(path, text, force)
+    return text
+
+
 class _Views:
     """JSON text, HTML page and notebook view of a result that has ``to_dict``."""
 
@@ -47,10 +59,7 @@ class _Views:
         Raises:
             OutputExistsError: ``path`` exists and ``force`` is False.
         """
-        text = dumps(self.to_dict())
-        if path is not None:
-            write_text_atomic(path, text, force)
-        return text
+        return json_text(self.to_dict(), path, force)
 
     def to_html(self, path: PathLike | None = None, *, force: bool = False) -> str:
         """A self-contained HTML page (no external resources; model names escaped).

@@ -58,10 +58,7 @@ def render_fix(result: FixResult, console: Console) -> None:
     console.print(f"FP32: {s['fp32_nodes']} of {s['compute_nodes']} compute nodes "
                   f"({s['nodes']:.1%}), {s['flops']:.1%} of FLOPs, {s['params']:.1%} of "
                   f"parameters; {result.search.evaluations} evaluations")
-    applied: dict[str, int] = {}
-    for r in result.rewrites.get("records", []):
-        if r.get("applied"):
-            applied[r["rule"]] = applied.get(r["rule"], 0) + 1
+    applied = applied_rewrites(result)
     if applied:
         console.print("rewrites: " + ", ".join(f"{k} x{v}" for k, v in sorted(applied.items())))
     for name, d in result.plan.overrides.items():
@@ -73,3 +70,12 @@ def render_fix(result: FixResult, console: Console) -> None:
         console.print(Text(f"note: {note}"))
     for w in result.warnings:
         console.print(Text.assemble(("warning:", "yellow"), f" {w}"))
+
+
+def applied_rewrites(result: FixResult) -> dict[str, int]:
+    """How many times each numerically safe rewrite rule was applied, by rule name."""
+    applied: dict[str, int] = {}
+    for r in result.rewrites.get("records", []):
+        if r.get("applied"):
+            applied[r["rule"]] = applied.get(r["rule"], 0) + 1
+    return applied

@@ -38,6 +38,7 @@ from precision_doctor.analysis.fix import FixResult
 from precision_doctor.analysis.layerwise import LAYERWISE_BUDGET
 from precision_doctor.errors import BackendUnavailable
 from precision_doctor.report.files import check_writable, write_bytes_atomic
+from precision_doctor.report.fix_terminal import applied_rewrites
 from precision_doctor.report.numbers import fmt3, fmt_vs
 from precision_doctor.workflows.diagnose import run_diagnose
 from precision_doctor.workflows.fix import run_fix, sidecar_paths
@@ -226,10 +227,7 @@ def render_summary(report: DiagnosisReport, result: FixResult, paths: dict[str, 
                   f"{s['fp32_nodes']} of {s['compute_nodes']} "
                   f"compute nodes in FP32 ({s['flops']:.1%} of FLOPs)  "
                   f"[{seconds['fix']:.0f} s]")
-    applied: dict[str, int] = {}
-    for r in result.rewrites.get("records", []):
-        if r.get("applied"):
-            applied[r["rule"]] = applied.get(r["rule"], 0) + 1
+    applied = applied_rewrites(result)
     if applied:
         console.print("     numerically safe rewrites applied first: " + ", ".join(
             f"{k} x{v}" for k, v in sorted(applied.items())))
