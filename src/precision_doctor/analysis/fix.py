@@ -16,13 +16,23 @@ from precision_doctor.analysis.candidates import emulated, reference_factory, ru
 from precision_doctor.analysis.cost import compute_nodes, fp32_share, node_costs
 from precision_doctor.analysis.hazards import scan_hazards
 from precision_doctor.analysis.layerwise import compare_layerwise
-from precision_doctor.analysis.near_ties import NearTie, find_near_ties
+from precision_doctor.analysis.near_ties import (
+    NearTie,
+    decision_output,
+    find_near_ties,
+    margin_order,
+)
 from precision_doctor.analysis.objective import Objective, Outputs, Score
-from precision_doctor.analysis.search import SearchResult, rank_by_sensitivity, search_fp32_set
+from precision_doctor.analysis.search import (
+    SearchResult,
+    rank_by_sensitivity,
+    search_fp32_set,
+    upstream_first,
+)
 from precision_doctor.compare.metrics import compute_metrics
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision
-from precision_doctor.graph.outputs import producer_inputs
+from precision_doctor.graph.outputs import mark_outputs, producer_inputs
 from precision_doctor.precision.plan import PrecisionPlan, select_nodes
 from precision_doctor.precision.rewrites import apply_rewrites
 from precision_doctor.precision.writer import write_mixed_precision
@@ -55,6 +65,10 @@ class FixResult:
         seconds: Wall time per stage.
         warnings / notes: What the user should know (emulator vs ORT gap, assumptions).
         near_ties: Samples left out of a decision-metric target (see ``analysis.near_ties``).
+        resources: What the run cost: ``evaluations``, ``samples_run`` (sample runs of the
+            search), ``wall_s`` (whole ``fix``), ``peak_rss_mb`` (this process, MiB, from
+            ``resource.getrusage`` ``ru_maxrss``), ``peak_rss_workers_mb`` (largest worker of
+            ``--jobs``, 0 without), ``jobs``.
     """
 
     model: onnx.ModelProto
@@ -75,6 +89,7 @@ class FixResult:
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     near_ties: tuple[NearTie, ...] = ()
+    resources: dict = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -91,10 +106,12 @@ class FixResult:
             "score_after": _score_dict(self.score_after),
             "search": {"evaluations": self.search.evaluations, "kept": list(self.search.kept),
                        "ranking_head": list(self.search.ranking[:20]),
+                       "samples_run": sum(t.samples for t in self.search.trials),
                        "trials": [t.__dict__ for t in self.search.trials]},
             "rewrites": self.rewrites, "writer": self.writer, "seconds": self.seconds,
             "warnings": list(self.warnings), "notes": list(self.notes),
             "near_ties": [t.to_dict() for t in self.near_ties],
+            "resources": self.resources,
         }
 
 
@@ -110,7 +127,8 @@ def _metrics(ref: Outputs, cand: Outputs) -> dict:
 def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective: Objective,
         keep: Sequence[str] = (), force_low: Sequence[str] = (), rewrites: Sequence[str] | None
         = None, keep_io_types: bool = True, runner: Callable[[onnx.ModelProto], Runner]
-        | None = None, max_evals: int = 150, progress: Progress | None = None) -> FixResult:
+        | None = None, max_evals: int = 150, progress: Progress | None = None,
+        jobs: int = 1) -> FixResult:
     """Find and write a mixed-precision model meeting ``objective``.
 
     Args:
@@ -126,6 +144,9 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
             the CPU emulator.
         max_evals: Search evaluation budget.
         progress: ``progress(stage, done, total)``.
+        jobs: Worker processes for the search's sample runs (``analysis.evalpool``); the
+            result is the same for any value. A ``runner`` factory is then called as
+            ``runner(model, intra_op_threads=t)``.
 
     Returns:
         ``FixResult``.
@@ -139,7 +160,7 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         raise PlanError(f"fix writes FP16 or BF16 models; {target.value} is an engine setting "
                         "(TF32: check it with `diagnose --target tf32`)")
     seconds: dict[str, float] = {}
-    t0 = time.perf_counter()
+    t_start = t0 = time.perf_counter()
     names = [o.name for o in model.graph.output]
     reference = run_samples(reference_factory(model), samples, names)
     objective = objective.with_samples(samples)
@@ -166,31 +187,47 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     candidates = [n.name for n in compute_nodes(fixed_src)
                   if n.name not in fixed_nodes and n.name not in low]
 
-    def open_plan(plan: PrecisionPlan) -> Runner:
+    def open_plan(plan: PrecisionPlan, threads: int = 0) -> Runner:
         if runner is None:
-            return EmulatorRunner(fixed_src, plan)
-        return runner(write_mixed_precision(fixed_src, plan, keep_io_types)[0])
+            return EmulatorRunner(fixed_src, plan, intra_op_threads=threads)
+        written = write_mixed_precision(fixed_src, plan, keep_io_types)[0]
+        return runner(written, intra_op_threads=threads) if threads else runner(written)
 
     def ranking(start: Score) -> list[str]:
         t = time.perf_counter()
-        worst = objective.worst_samples(start, RANKING_SAMPLES, len(samples))
+        margin_first = margin_order(reference, objective, start.detail.get("per_sample"))
+        worst = (margin_first or objective.worst_samples(start, len(samples), len(samples))
+                 )[:RANKING_SAMPLES]
+        if runner is None:
+            make_candidate = emulated(base).factory
+        else:  # the engine under test, on the written start plan (its decisions are the ones)
+            start_model = write_mixed_precision(fixed_src, base, keep_io_types)[0]
+
+            def make_candidate(marked: onnx.ModelProto) -> Runner:
+                return runner(mark_outputs(start_model, [o.name for o in marked.graph.output]))
         lw = compare_layerwise(fixed_src, [samples[i].feeds for i in worst],
-                               reference_factory, emulated(base).factory, target,
-                               threshold=1e-2)
+                               reference_factory, make_candidate, target, threshold=1e-2)
         seconds["ranking"] = time.perf_counter() - t
         hazard_nodes = [n for h in hazards if h.kind == "decomposed-layernorm" for n in h.nodes]
-        return rank_by_sensitivity(lw, candidates, producer_inputs(fixed_src), hazard_nodes)
+        ranked = rank_by_sensitivity(lw, candidates, producer_inputs(fixed_src), hazard_nodes)
+        if margin_first is not None:  # decision metric: nodes feeding the decision first
+            ranked = upstream_first(ranked, fixed_src, decision_output(objective, names))
+        return ranked
 
     t0 = time.perf_counter()
     result = search_fp32_set(open_plan, samples, reference, objective, base, ranking, max_evals,
-                             progress)
+                             progress, jobs)
     seconds["search"] = time.perf_counter() - t0 - seconds.get("ranking", 0.0)
 
     t0 = time.perf_counter()
     written, writer_report = write_mixed_precision(fixed_src, result.plan, keep_io_types)
     after = run_samples(OrtRunner(written, name="ort-cpu-fixed"), samples, names)
-    after_emulated = run_samples(EmulatorRunner(fixed_src, writer_report.effective_plan()), samples,
-                          names)
+    effective = writer_report.effective_plan()
+    if (runner is None and result.final_outputs is not None
+            and effective.fp32_nodes() == result.plan.fp32_nodes()):
+        after_emulated = result.final_outputs  # the search's final evaluation ran this plan
+    else:
+        after_emulated = run_samples(EmulatorRunner(fixed_src, effective), samples, names)
     score_after = objective.score(reference, after)
     seconds["write_verify"] = time.perf_counter() - t0
     shapes = {k: v.shape for k, v in samples[0].feeds.items()}
@@ -220,7 +257,23 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
                      score_before, score_after, share,
                      rw_report.to_dict(), writer_report.to_dict(), target.value,
                      objective.describe(), {k: round(v, 3) for k, v in seconds.items()},
-                     tuple(warnings), tuple(notes), tuple(near_ties))
+                     tuple(warnings), tuple(notes), tuple(near_ties),
+                     _resources(result, time.perf_counter() - t_start, jobs))
+
+
+def _resources(result: SearchResult, wall_s: float, jobs: int) -> dict:
+    """Evaluations, sample runs, wall time and peak RSS (``ru_maxrss`` is KiB on Linux,
+    bytes on macOS: getrusage(2))."""
+    import resource
+    import sys
+
+    scale = 1 / 1024 / 1024 if sys.platform == "darwin" else 1 / 1024
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale if jobs > 1 else 0
+    return {"evaluations": result.evaluations,
+            "samples_run": sum(t.samples for t in result.trials),
+            "wall_s": round(wall_s, 2), "peak_rss_mb": round(own, 1),
+            "peak_rss_workers_mb": round(workers, 1), "jobs": jobs}
 
 
 def _is_fp32_node(name: str, plan: PrecisionPlan, writer_report: WriterReport) -> bool:

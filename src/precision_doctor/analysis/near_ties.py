@@ -76,3 +76,51 @@ def find_near_ties(model: onnx.ModelProto, samples: Sequence, reference: Outputs
             if margin <= NOISE_MULTIPLE * noise:  # an exact tie (0 <= 0) counts
                 ties.append(NearTie(s.name, i, margin, noise))
     return ties
+
+
+def sample_margins(reference: Outputs, objective: Objective) -> list[float] | None:
+    """Each sample's FP32 decision margin (see the module docstring), for decision metrics.
+
+    Args:
+        reference: FP32 outputs (name -> one array per sample).
+        objective: The fix objective.
+
+    Returns:
+        One margin per sample (probability or logit units of the decision output), or None
+        when the objective is not a decision metric.
+    """
+    metric = objective.metric
+    if metric is None or metric.name not in DECISION_METRICS:
+        return None
+    output = decision_output(objective, list(reference))
+    ctc = metric.name.startswith("ctc")
+    return [_margins(p, ctc) for p in reference[output]]
+
+
+def margin_order(reference: Outputs, objective: Objective, values: Sequence[float] | None
+                 ) -> list[int] | None:
+    """Samples for a decision metric's ranking: those whose decision flipped first, then the
+    rest; each group by smallest FP32 margin (the decisions closest to flipping). Near-ties
+    (``objective.exclude``) come last.
+
+    Args:
+        reference: FP32 outputs.
+        objective: The fix objective.
+        values: Per-sample metric values of the start plan (None: unknown).
+
+    Returns:
+        Sample indices, or None when the objective is not a decision metric.
+    """
+    margins = sample_margins(reference, objective)
+    if margins is None:
+        return None
+    n = len(margins)
+    failed = [bool(values is not None and i < len(values) and values[i] is not None
+                   and not objective.meets(values[i])) for i in range(n)]
+    return sorted(range(n), key=lambda i: (i in objective.exclude, not failed[i], margins[i], i))
+
+
+def decision_output(objective: Objective, names: Sequence[str]) -> str:
+    """The output a decision metric reads (its ``output`` parameter, else the first output)."""
+    params = dict(objective.metric.params) if objective.metric is not None else {}
+    return str(params.get("output") or names[0])

@@ -25,15 +25,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from precision_doctor.analysis.candidates import float32_outputs, run_samples
+import numpy as np
+import onnx
+
+from precision_doctor.analysis.evalpool import OpenPlan, SampleRunner
 from precision_doctor.analysis.layerwise import LayerwiseResult
-from precision_doctor.analysis.objective import Objective, Outputs, Score
+from precision_doctor.analysis.objective import SAMPLE_LOAD, Objective, Outputs, Score
 from precision_doctor.errors import TargetNotMetError
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.precision.plan import PrecisionPlan
-from precision_doctor.runners.base import Runner
-
-OpenPlan = Callable[[PrecisionPlan], Runner]  # plan -> a runner (not entered) of that plan
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class Trial:
     passed: bool
     value: float
     seconds: float
+    samples: int = 0  # samples run (an evaluation stops at the first failing one)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class SearchResult:
         score: Score of ``plan``.
         trials: Every evaluation, in order.
         ranking: Candidate nodes in sensitivity order (first 50).
+        final_outputs: Outputs of ``plan`` on every sample when the search ran them (not in
+            reports; ``fix`` reuses them instead of running the plan again).
     """
 
     plan: PrecisionPlan
@@ -64,6 +67,7 @@ class SearchResult:
     score: Score
     trials: tuple[Trial, ...]
     ranking: tuple[str, ...] = field(default_factory=tuple)
+    final_outputs: Outputs | None = field(default=None, compare=False, repr=False)
 
     @property
     def evaluations(self) -> int:
@@ -102,54 +106,90 @@ def rank_by_sensitivity(layerwise: LayerwiseResult, candidates: Sequence[str],
     return first + rest
 
 
+def upstream_first(ranking: Sequence[str], model: onnx.ModelProto, output: str) -> list[str]:
+    """``ranking`` with the nodes that feed graph output ``output`` first (their order kept),
+    then the others: rounding in a node the decision does not read cannot flip it."""
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    cone: set[str] = set()
+    todo = [output]
+    seen: set[str] = set()
+    while todo:
+        tensor = todo.pop()
+        node = producer.get(tensor)
+        if node is None or tensor in seen:
+            continue
+        seen.add(tensor)
+        cone.add(node.name)
+        todo.extend(i for i in node.input if i)
+    return ([n for n in ranking if n in cone] + [n for n in ranking if n not in cone])
+
+
 class _Evaluator:
-    def __init__(self, open_plan: OpenPlan, samples: Sequence, reference: Outputs,
+    def __init__(self, runner: SampleRunner, samples: Sequence, reference: Outputs,
                  objective: Objective, base: PrecisionPlan, max_evals: int,
                  progress: Callable[[str, int, int], None] | None) -> None:
-        self.open_plan, self.samples, self.reference = open_plan, samples, reference
+        self.runner, self.samples, self.reference = runner, samples, reference
         self.objective, self.base, self.max_evals, self.progress = (objective, base, max_evals,
                                                                     progress)
         self.trials: list[Trial] = []
         self.cache: dict[frozenset[str], Score] = {}
         self.order = list(range(len(samples)))  # failing samples move to the front
+        self.last_passing: tuple[frozenset[str], Outputs] | None = None
+        # cost of a sample ~ its input elements (activations scale with them)
+        self.cost = [max(1, sum(int(np.asarray(v).size) for v in s.feeds.values()))
+                     for s in samples]
 
     def __call__(self, nodes: Sequence[str], stage: str, complete: bool = False) -> Score:
         key = frozenset(nodes)
         if key in self.cache:
             return self.cache[key]
         t0 = time.perf_counter()
-        runner = self.open_plan(self.base.keep_fp32(nodes, "search"))
-        if self.objective.metric is None or complete:
-            s = self.objective.score(self.reference,
-                                     run_samples(runner, self.samples, list(self.reference)))
+        plan = self.base.keep_fp32(nodes, "search")
+        if complete:
+            outs = dict(self.runner.run(plan, range(len(self.samples))))
+            cand = {k: [outs[i][k] for i in range(len(self.samples))] for k in self.reference}
+            s, runs = self.objective.score(self.reference, cand), len(self.samples)
         else:
-            s = self._fail_fast(runner)
-        self.trials.append(Trial(stage, len(key), s.passed, s.value, time.perf_counter() - t0))
+            s, runs, cand = self._fail_fast(plan)
+        if s.passed and cand is not None:
+            self.last_passing = (key, cand)
+        self.trials.append(Trial(stage, len(key), s.passed, s.value, time.perf_counter() - t0,
+                                 runs))
         self.cache[key] = s
         if self.progress:
             self.progress("search", len(self.trials), self.max_evals)
         return s
 
     def fail_first(self, score: Score) -> None:
-        """Order samples worst first, from a complete score."""
-        self.order = self.objective.worst_samples(score, len(self.samples), len(self.samples))
+        """Order samples from a complete score: metric objectives worst first; tolerance
+        objectives by share of the error budget per unit of cost (largest first), so that a
+        failing evaluation crosses its budget after as little work as possible."""
+        n = len(self.samples)
+        loads = score.detail.get(SAMPLE_LOAD) if self.objective.metric is None else None
+        if loads and len(loads) == n:
+            self.order = sorted(range(n), key=lambda i: (-loads[i] / self.cost[i], i))
+        else:
+            self.order = self.objective.worst_samples(score, n, n)
 
-    def _fail_fast(self, runner: Runner) -> Score:
-        names = list(self.reference)
-        values: list[float | None] = [None] * len(self.samples)
-        with runner:
-            for i in list(self.order):
-                cand = float32_outputs(runner.run(self.samples[i].feeds), names)
-                value = self.objective.sample_value(
-                    i, {n: self.reference[n][i] for n in names}, cand)
-                values[i] = value
-                if i not in self.objective.exclude and not self.objective.meets(value):
-                    self.order.remove(i)
-                    self.order.insert(0, i)
-                    return Score(False, float(value), {"per_sample": values,
-                                                       "excluded": sorted(self.objective.exclude),
-                                                       "stopped_at_sample": i})
-        return self.objective.metric_score([float(v) for v in values])
+    def _fail_fast(self, plan: PrecisionPlan) -> tuple[Score, int, Outputs | None]:
+        stream = self.objective.stream(self.reference)
+        runs, got = 0, {}
+        outputs = self.runner.run(plan, list(self.order))
+        try:
+            for i, cand in outputs:
+                runs += 1
+                got[i] = cand
+                if stream.add(i, cand):
+                    if self.objective.metric is not None:  # move-to-front
+                        self.order.remove(i)
+                        self.order.insert(0, i)
+                    break
+        finally:
+            outputs.close()
+        n = len(self.samples)
+        full = ({k: [got[i][k] for i in range(n)] for k in self.reference} if len(got) == n
+                else None)
+        return stream.score(), runs, full
 
     @property
     def budget_left(self) -> bool:
@@ -160,7 +200,8 @@ def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
                     objective: Objective, base: PrecisionPlan,
                     ranking: Sequence[str] | Callable[[Score], Sequence[str]],
                     max_evals: int = 60,
-                    progress: Callable[[str, int, int], None] | None = None) -> SearchResult:
+                    progress: Callable[[str, int, int], None] | None = None,
+                    jobs: int = 1) -> SearchResult:
     """Find a small set of ``ranking`` nodes to keep in FP32 so ``objective`` passes.
 
     Args:
@@ -176,6 +217,9 @@ def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
             layerwise comparison; the score says which samples fail).
         max_evals: Evaluation budget; when reached, the best passing set so far is returned.
         progress: ``progress("search", done, budget)``.
+        jobs: Worker processes running samples in parallel (``analysis.evalpool``; with
+            ``jobs`` > 1, ``open_plan`` is called as ``open_plan(plan, threads)``). The result
+            does not depend on it.
 
     Returns:
         ``SearchResult``.
@@ -183,10 +227,16 @@ def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
     Raises:
         TargetNotMetError: Even with every candidate in FP32 the target is not met.
     """
-    ev = _Evaluator(open_plan, samples, reference, objective, base, max_evals, progress)
+    with SampleRunner(open_plan, samples, list(reference), jobs) as runner:
+        ev = _Evaluator(runner, samples, reference, objective, base, max_evals, progress)
+        return _search(ev, objective, base, ranking)
+
+
+def _search(ev: _Evaluator, objective: Objective, base: PrecisionPlan,
+            ranking: Sequence[str] | Callable[[Score], Sequence[str]]) -> SearchResult:
     start = ev([], "start", complete=True)
     if start.passed:
-        return SearchResult(base, (), start, tuple(ev.trials))
+        return SearchResult(base, (), start, tuple(ev.trials), (), _outputs_of(ev, []))
     ev.fail_first(start)
     ranking = list(ranking(start) if callable(ranking) else ranking)
     full = ev(list(ranking), "all-fp32", complete=True)
@@ -208,7 +258,13 @@ def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
     kept = _ddmin(list(ranking[:hi]), ev)
     score = ev(kept, "final", complete=True)
     plan = base.keep_fp32(kept, "search", "needed to meet the target (accuracy search)")
-    return SearchResult(plan, tuple(kept), score, tuple(ev.trials), tuple(ranking[:50]))
+    return SearchResult(plan, tuple(kept), score, tuple(ev.trials), tuple(ranking[:50]),
+                        _outputs_of(ev, kept))
+
+
+def _outputs_of(ev: _Evaluator, nodes: Sequence[str]) -> Outputs | None:
+    last = ev.last_passing
+    return last[1] if last is not None and last[0] == frozenset(nodes) else None
 
 
 def _ddmin(nodes: list[str], ev: _Evaluator) -> list[str]:

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from precision_doctor.analysis.evalpool import resolve_jobs
 from precision_doctor.analysis.fix import FixResult, fix
 from precision_doctor.analysis.objective import Objective
 from precision_doctor.compare.tasks.registry import get_metric
@@ -60,13 +61,14 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
             tolerances: Sequence[str], metric: str | None, threshold: float | None,
             keep: Sequence[str], force_low: Sequence[str], no_rewrites: bool,
             keep_io_types: bool, runner: str, max_samples: int | None, max_evals: int,
-            html_path: Path | None, force: bool, console: Console, quiet: bool = False
-            ) -> FixResult:
+            html_path: Path | None, force: bool, console: Console, quiet: bool = False,
+            jobs: int | str = 1) -> FixResult:
     """Run ``fix`` and write the fixed model, its plan, recipes and reports.
 
     Raises:
         PrecisionDoctorError: Any user-facing problem; nothing is written then.
         TargetNotMetError: The target cannot be met even in FP32 (nothing is written).
+        InputError: ``jobs`` is neither a positive integer nor ``auto``.
     """
     side = sidecar_paths(output)
     if output.resolve() == Path(model_path).resolve():
@@ -77,16 +79,19 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
     model = load_model(model_path)
     samples = load_samples(data, input_metadata(model), preprocess, max_samples)
     objective = build_objective(tolerances, metric, threshold, precision)
+    workers = resolve_jobs(jobs, len(samples))
     factory = None
     if runner != "emulate":
         providers, options = ort_providers(runner)
 
-        def factory(m):
-            return OrtRunner(m, providers, options, name=runner)
+        def factory(m, intra_op_threads: int = 0):
+            return OrtRunner(m, providers, options, name=runner,
+                             intra_op_threads=intra_op_threads)
 
     with progress_bar(console, enabled=not quiet and console.is_terminal) as progress:
         result = fix(model, samples, precision, objective, keep, force_low,
-                     [] if no_rewrites else None, keep_io_types, factory, max_evals, progress)
+                     [] if no_rewrites else None, keep_io_types, factory, max_evals, progress,
+                     workers)
     report = result.to_dict()
     report["model"] = {"input": str(model_path), "output": str(output)}
     recipes_md = _recipes(result, side, output, samples, report, model)
@@ -103,7 +108,8 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
                 [("html", html_path)] if html_path else []):
             console.print(f"{name}: {path}", markup=False)
     else:
-        console.print(f"{'PASS' if result.passed else 'FAIL'}: wrote {output}", markup=False)
+        console.print(f"{'PASS' if result.passed else 'FAIL'}: wrote {output} "
+                      f"({resources_line(result.resources)})", markup=False)
     return result
 
 
@@ -147,6 +153,16 @@ def _recipes(result: FixResult, side: dict[str, Path], output: Path, samples, re
     return recipes.render_markdown()
 
 
+def resources_line(r: dict) -> str:
+    """``12 evaluations (40 sample runs), 95.2 s, peak RSS 812 MiB`` (``FixResult.resources``)."""
+    if not r:
+        return ""
+    workers = (f", {r['jobs']} jobs (largest worker {r['peak_rss_workers_mb']:.0f} MiB)"
+               if r.get("jobs", 1) > 1 else "")
+    return (f"{r['evaluations']} evaluations ({r['samples_run']} sample runs), "
+            f"{r['wall_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MiB{workers}")
+
+
 def render_fix(result: FixResult, console: Console) -> None:
     """Before/after table, FP32 share and the nodes kept in FP32."""
     ok = result.passed
@@ -165,7 +181,8 @@ def render_fix(result: FixResult, console: Console) -> None:
     s = result.share
     console.print(f"FP32: {s['fp32_nodes']} of {s['compute_nodes']} compute nodes "
                   f"({s['nodes']:.1%}), {s['flops']:.1%} of FLOPs, {s['params']:.1%} of "
-                  f"parameters; {result.search.evaluations} evaluations")
+                  f"parameters")
+    console.print(resources_line(result.resources), markup=False)
     applied = [r for r in result.rewrites.get("records", []) if r.get("applied")]
     if applied:
         counts: dict[str, int] = {}
