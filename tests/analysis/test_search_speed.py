@@ -163,3 +163,53 @@ def test_fix_reports_evaluations_wall_time_and_peak_rss(tmp_path):
     assert "evaluations (" in res.output and "peak RSS" in res.output
     report = (tmp_path / "f.report.json").read_text()
     assert '"peak_rss_mb"' in report and '"wall_s"' in report and '"jobs": 2' in report
+
+
+def _decision_setup(needed_by_sample, hidden=None):
+    """Top-1 on 6 samples; sample i flips unless ``needed_by_sample[i]`` are all FP32; the
+    other samples keep a wide margin in the start plan. ``hidden``: the same, but only for
+    plans with some FP32 node (the start plan does not show it: not monotone)."""
+    samples = [SimpleNamespace(feeds={"x": np.full((1, 4), float(i), np.float32)})
+               for i in range(6)]
+    runs: list[int] = []
+
+    def open_plan(plan: PrecisionPlan, threads: int = 0) -> FakeRunner:
+        fp32 = set(plan.fp32_nodes())
+
+        def fn(feeds):
+            i = int(feeds["x"][0, 0])
+            runs.append(i)
+            needed = needed_by_sample.get(i)
+            late = (hidden or {}).get(i) if fp32 else None
+            if any(n is not None and not n <= fp32 for n in (needed, late)):
+                return {"y": np.array([[0.4, 0.6, 0.0]], np.float32)}  # flipped
+            return {"y": np.array([[0.9, 0.1, 0.0]], np.float32)}
+        return FakeRunner([TensorMeta("x", np.dtype(np.float32), (1, 4))], ["y"], fn)
+
+    reference = {"y": [np.array([[0.9, 0.1, 0.0]], np.float32) for _ in samples]}
+    return samples, open_plan, reference, runs
+
+
+def test_margin_screening_runs_only_samples_at_risk_and_verifies_the_rest():
+    from precision_doctor.analysis.near_ties import at_risk_samples
+
+    objective = Objective(metric=get_metric("top1"), threshold=1.0)
+    samples, open_plan, reference, runs = _decision_setup({2: NEEDED})
+
+    def screen(outputs):
+        return at_risk_samples(reference, outputs, objective)
+
+    result = search_fp32_set(open_plan, samples, reference, objective,
+                             PrecisionPlan(Precision.FP16), NODES, max_evals=60, screen=screen)
+    assert set(result.kept) == NEEDED and result.score.passed
+    searched = [t for t in result.trials if t.stage in ("grow", "shrink")]
+    assert searched and all(t.samples == 1 for t in searched)  # only sample 2 at risk
+    assert result.trials[-1].stage == "final" and result.trials[-1].samples == 6
+    # sample 4 also needs n9 once any node is FP32, which the start plan cannot show (it is
+    # screened out): the final evaluation catches it and the search goes on over every sample
+    samples, open_plan, reference, _ = _decision_setup({2: NEEDED}, hidden={4: {"n9"}})
+    result = search_fp32_set(open_plan, samples, reference, objective,
+                             PrecisionPlan(Precision.FP16), NODES, max_evals=80, screen=screen)
+    assert result.score.passed and set(result.kept) == NEEDED | {"n9"}
+    final = next(t for t in result.trials if t.stage == "final")
+    assert not final.passed and final.samples == 6  # caught there, then searched again

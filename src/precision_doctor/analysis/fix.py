@@ -18,6 +18,7 @@ from precision_doctor.analysis.hazards import scan_hazards
 from precision_doctor.analysis.layerwise import compare_layerwise
 from precision_doctor.analysis.near_ties import (
     NearTie,
+    at_risk_samples,
     decision_output,
     find_near_ties,
     margin_order,
@@ -32,7 +33,7 @@ from precision_doctor.analysis.search import (
 from precision_doctor.compare.metrics import compute_metrics
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision
-from precision_doctor.graph.outputs import mark_outputs, producer_inputs
+from precision_doctor.graph.outputs import producer_inputs
 from precision_doctor.precision.plan import PrecisionPlan, select_nodes
 from precision_doctor.precision.rewrites import apply_rewrites
 from precision_doctor.precision.writer import write_mixed_precision
@@ -198,13 +199,7 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         margin_first = margin_order(reference, objective, start.detail.get("per_sample"))
         worst = (margin_first or objective.worst_samples(start, len(samples), len(samples))
                  )[:RANKING_SAMPLES]
-        if runner is None:
-            make_candidate = emulated(base).factory
-        else:  # the engine under test, on the written start plan (its decisions are the ones)
-            start_model = write_mixed_precision(fixed_src, base, keep_io_types)[0]
-
-            def make_candidate(marked: onnx.ModelProto) -> Runner:
-                return runner(mark_outputs(start_model, [o.name for o in marked.graph.output]))
+        make_candidate = emulated(base).factory
         lw = compare_layerwise(fixed_src, [samples[i].feeds for i in worst],
                                reference_factory, make_candidate, target, threshold=1e-2)
         seconds["ranking"] = time.perf_counter() - t
@@ -215,8 +210,11 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         return ranked
 
     t0 = time.perf_counter()
+    def screen(start_outputs: Outputs) -> list[int] | None:
+        return at_risk_samples(reference, start_outputs, objective)
+
     result = search_fp32_set(open_plan, samples, reference, objective, base, ranking, max_evals,
-                             progress, jobs)
+                             progress, jobs, screen)
     seconds["search"] = time.perf_counter() - t0 - seconds.get("ranking", 0.0)
 
     t0 = time.perf_counter()

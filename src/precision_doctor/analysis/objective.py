@@ -298,6 +298,27 @@ class ScoreStream:
                 self.failed = Score(False, ratio, {name: "elementwise bound exceeded",
                                                    "stopped_at_sample": index})
 
+    def subset_score(self) -> Score:
+        """Score over the samples added so far (a metric objective whose search screened
+        out samples that cannot fail; ``detail["screened_out"]`` lists the others).
+
+        Raises:
+            ValueError: Not a metric objective, or nothing added.
+        """
+        if self.objective.metric is None:
+            raise ValueError("subset_score is for metric objectives")
+        if self.failed is not None:
+            return self.failed
+        added = [i for i, v in enumerate(self.values) if v is not None]
+        if not added:
+            raise ValueError("subset_score() before any sample was added")
+        counted = [float(self.values[i]) for i in added if i not in self.objective.exclude] \
+            or [float(self.values[i]) for i in added]
+        worst = min(counted) if self.objective.metric.higher_is_better else max(counted)
+        return Score(self.objective.meets(worst), worst, {
+            "per_sample": list(self.values), "excluded": sorted(self.objective.exclude),
+            "screened_out": [i for i, v in enumerate(self.values) if v is None]})
+
     def score(self) -> Score:
         """The failing partial score, or the complete score once every sample was added.
 

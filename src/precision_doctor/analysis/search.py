@@ -2,20 +2,25 @@
 
 1. Evaluate the start plan (everything low precision except forced nodes). If it meets the
    target: done, k = 0.
-2. Evaluate every candidate in FP32. If even that fails, the target cannot be met: raise
-   ``TargetNotMetError`` with the best score reached.
-3. Rank candidates by measured sensitivity (from one layerwise comparison of the start plan on
+2. Rank candidates by measured sensitivity (from one layerwise comparison of the start plan on
    the samples it scores worst: overflow/NaN births first, then local error gain =
-   rel_l2(out) / rel_l2(inputs)).
-4. Grow: binary search for the shortest prefix of the ranking that meets the target
-   (log2 N evaluations, assuming more FP32 never hurts).
-5. Shrink: delta debugging (Zeller & Hildebrandt 2002, "ddmin") removes prefix nodes that are
+   rel_l2(out) / rel_l2(inputs); ``analysis.fix`` makes it margin- and engine-aware for
+   decision metrics).
+3. Grow: prefixes of 1, 2, 4, ... nodes until one passes, then bisect between the last two
+   (2 log2 m evaluations for a passing prefix of m, assuming more FP32 never hurts). When no
+   shorter prefix passes, every candidate in FP32 is evaluated; if even that fails, the
+   target cannot be met: ``TargetNotMetError`` with the best score reached.
+4. Shrink: delta debugging (Zeller & Hildebrandt 2002, "ddmin") removes prefix nodes that are
    not needed: O(k log m) evaluations for k needed nodes in a prefix of m.
 
-So the evaluation count is O(k log N), never an O(N) sweep over nodes. With a task-metric
-objective ("on every sample"), a grow/shrink evaluation stops at the first sample that misses
-the target; samples that failed before run first (move-to-front), so a failing evaluation
-usually costs one sample, not all of them.
+So the evaluation count is O(k log N), never an O(N) sweep over nodes. Grow and shrink
+evaluations stop at the first sample that decides a failure (``objective.ScoreStream``: a
+task-metric sample below the threshold, or a tolerance's error budget exceeded). Metric
+objectives run the samples that failed before first (move-to-front); tolerance objectives
+run first the samples with the largest share of the error budget per unit of cost. A failing
+evaluation, the common case while shrinking, so usually costs one sample, not all of them.
+Samples may run in parallel worker processes (``jobs``, ``analysis.evalpool``) with the same
+result.
 """
 
 from __future__ import annotations
@@ -124,6 +129,9 @@ def upstream_first(ranking: Sequence[str], model: onnx.ModelProto, output: str) 
     return ([n for n in ranking if n in cone] + [n for n in ranking if n not in cone])
 
 
+Screen = Callable[[Outputs], "Sequence[int] | None"]
+
+
 class _Evaluator:
     def __init__(self, runner: SampleRunner, samples: Sequence, reference: Outputs,
                  objective: Objective, base: PrecisionPlan, max_evals: int,
@@ -132,7 +140,9 @@ class _Evaluator:
         self.objective, self.base, self.max_evals, self.progress = (objective, base, max_evals,
                                                                     progress)
         self.trials: list[Trial] = []
-        self.cache: dict[frozenset[str], Score] = {}
+        self.cache: dict[frozenset[str], tuple[Score, bool]] = {}  # score, valid for all
+        self.active: set[int] | None = None  # samples grow/shrink run (None: all)
+        self.last_complete: Outputs | None = None
         self.order = list(range(len(samples)))  # failing samples move to the front
         self.last_passing: tuple[frozenset[str], Outputs] | None = None
         # cost of a sample ~ its input elements (activations scale with them)
@@ -141,21 +151,23 @@ class _Evaluator:
 
     def __call__(self, nodes: Sequence[str], stage: str, complete: bool = False) -> Score:
         key = frozenset(nodes)
-        if key in self.cache:
-            return self.cache[key]
+        if key in self.cache and (self.cache[key][1] or not complete):
+            return self.cache[key][0]
         t0 = time.perf_counter()
         plan = self.base.keep_fp32(nodes, "search")
         if complete:
             outs = dict(self.runner.run(plan, range(len(self.samples))))
             cand = {k: [outs[i][k] for i in range(len(self.samples))] for k in self.reference}
             s, runs = self.objective.score(self.reference, cand), len(self.samples)
+            self.last_complete = cand
         else:
             s, runs, cand = self._fail_fast(plan)
         if s.passed and cand is not None:
             self.last_passing = (key, cand)
         self.trials.append(Trial(stage, len(key), s.passed, s.value, time.perf_counter() - t0,
                                  runs))
-        self.cache[key] = s
+        # a screened pass says nothing about the screened-out samples
+        self.cache[key] = (s, complete or self.active is None or not s.passed)
         if self.progress:
             self.progress("search", len(self.trials), self.max_evals)
         return s
@@ -174,7 +186,8 @@ class _Evaluator:
     def _fail_fast(self, plan: PrecisionPlan) -> tuple[Score, int, Outputs | None]:
         stream = self.objective.stream(self.reference)
         runs, got = 0, {}
-        outputs = self.runner.run(plan, list(self.order))
+        order = [i for i in self.order if self.active is None or i in self.active]
+        outputs = self.runner.run(plan, order)
         try:
             for i, cand in outputs:
                 runs += 1
@@ -189,7 +202,8 @@ class _Evaluator:
         n = len(self.samples)
         full = ({k: [got[i][k] for i in range(n)] for k in self.reference} if len(got) == n
                 else None)
-        return stream.score(), runs, full
+        score = stream.score() if len(got) == n or stream.failed else stream.subset_score()
+        return score, runs, full
 
     @property
     def budget_left(self) -> bool:
@@ -201,7 +215,7 @@ def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
                     ranking: Sequence[str] | Callable[[Score], Sequence[str]],
                     max_evals: int = 60,
                     progress: Callable[[str, int, int], None] | None = None,
-                    jobs: int = 1) -> SearchResult:
+                    jobs: int = 1, screen: Screen | None = None) -> SearchResult:
     """Find a small set of ``ranking`` nodes to keep in FP32 so ``objective`` passes.
 
     Args:
@@ -220,6 +234,10 @@ def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
         jobs: Worker processes running samples in parallel (``analysis.evalpool``; with
             ``jobs`` > 1, ``open_plan`` is called as ``open_plan(plan, threads)``). The result
             does not depend on it.
+        screen: Start plan's outputs (name -> one array per sample) -> the samples that can
+            fail (e.g. ``near_ties.at_risk_samples``), or None for all. Grow and shrink then
+            run only those; the final evaluation runs every sample, and if a screened-out
+            sample fails there, the search continues on every sample from the set found.
 
     Returns:
         ``SearchResult``.
@@ -229,42 +247,85 @@ def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
     """
     with SampleRunner(open_plan, samples, list(reference), jobs) as runner:
         ev = _Evaluator(runner, samples, reference, objective, base, max_evals, progress)
-        return _search(ev, objective, base, ranking)
+        return _search(ev, objective, base, ranking, screen)
 
 
 def _search(ev: _Evaluator, objective: Objective, base: PrecisionPlan,
-            ranking: Sequence[str] | Callable[[Score], Sequence[str]]) -> SearchResult:
+            ranking: Sequence[str] | Callable[[Score], Sequence[str]],
+            screen: Screen | None) -> SearchResult:
     start = ev([], "start", complete=True)
     if start.passed:
         return SearchResult(base, (), start, tuple(ev.trials), (), _outputs_of(ev, []))
     ev.fail_first(start)
+    if screen is not None and ev.last_complete is not None:
+        at_risk = screen(ev.last_complete)
+        if at_risk is not None and objective.metric is not None:
+            values = start.detail.get("per_sample") or []
+            failing = {i for i, v in enumerate(values) if v is not None
+                       and i not in objective.exclude and not objective.meets(v)}
+            active = set(at_risk) | failing
+            if active and len(active) < len(ev.samples):
+                ev.active = active
     ranking = list(ranking(start) if callable(ranking) else ranking)
-    full = ev(list(ranking), "all-fp32", complete=True)
-    if not full.passed:
-        best = full if objective.better(full, start) else start
-        raise TargetNotMetError(
-            f"the target ({objective.describe()}) is not met even with all {len(ranking)} "
-            f"candidate nodes in FP32: best score {best.value:.4g}. Either nodes excluded from "
-            "the search (--force-low, or kept low by the plan) break it, or the evaluating "
-            "engine differs from the FP32 reference beyond the target in FP32 itself (e.g. "
-            "TF32 on, other kernels): loosen the target or check the engine.", best=best.value)
-    lo, hi = 0, len(ranking)  # prefix length: lo fails, hi passes
-    while hi - lo > 1 and ev.budget_left:
-        mid = (lo + hi) // 2
-        if ev(ranking[:mid], "grow").passed:
-            hi = mid
-        else:
-            lo = mid
-    kept = _ddmin(list(ranking[:hi]), ev)
+    kept = _grow_shrink(ranking, ev, objective, start)
     score = ev(kept, "final", complete=True)
+    if not score.passed and ev.active is not None:
+        # a screened-out sample fails after all: search again on every sample, from there
+        ev.active = None
+        ev.cache = {k: v for k, v in ev.cache.items() if v[1]}
+        ev.fail_first(score)
+        ranking = kept + [n for n in ranking if n not in set(kept)]
+        kept = _grow_shrink(ranking, ev, objective, start)
+        score = ev(kept, "final", complete=True)
     plan = base.keep_fp32(kept, "search", "needed to meet the target (accuracy search)")
     return SearchResult(plan, tuple(kept), score, tuple(ev.trials), tuple(ranking[:50]),
                         _outputs_of(ev, kept))
 
 
+def _grow_shrink(ranking: list[str], ev: _Evaluator, objective: Objective, start: Score
+                 ) -> list[str]:
+    """Gallop + bisect to a passing prefix of ``ranking``, then ddmin it."""
+    lo, hi = _gallop(ranking, ev)
+    if hi == len(ranking):  # no shorter prefix passed: everything in FP32 must
+        full = ev(list(ranking), "all-fp32", complete=True)
+        if not full.passed:
+            best = full if objective.better(full, start) else start
+            raise TargetNotMetError(
+                f"the target ({objective.describe()}) is not met even with all {len(ranking)} "
+                f"candidate nodes in FP32: best score {best.value:.4g}. Either nodes excluded "
+                "from the search (--force-low, or kept low by the plan) break it, or the "
+                "evaluating engine differs from the FP32 reference beyond the target in FP32 "
+                "itself (e.g. TF32 on, other kernels): loosen the target or check the engine.",
+                best=best.value)
+    while hi - lo > 1 and ev.budget_left:  # bisect: lo fails, hi passes
+        mid = (lo + hi) // 2
+        if ev(ranking[:mid], "grow").passed:
+            hi = mid
+        else:
+            lo = mid
+    return _ddmin(list(ranking[:hi]), ev)
+
+
 def _outputs_of(ev: _Evaluator, nodes: Sequence[str]) -> Outputs | None:
     last = ev.last_passing
     return last[1] if last is not None and last[0] == frozenset(nodes) else None
+
+
+def _gallop(ranking: Sequence[str], ev: _Evaluator) -> tuple[int, int]:
+    """Prefix lengths 1, 2, 4, ... until one passes (Bentley & Yao 1976, unbounded search).
+
+    Returns:
+        ``(lo, hi)``: the longest failing and the first passing prefix length tried
+        (``hi = len(ranking)`` when none passed or the budget ran out). A prefix of m needed
+        nodes costs 2 log2(m) evaluations instead of log2(N), and the evaluations below m are
+        failing ones, which stop at their first failing sample.
+    """
+    lo, size = 0, 1
+    while size < len(ranking) and ev.budget_left:
+        if ev(ranking[:size], "grow").passed:
+            return lo, size
+        lo, size = size, 2 * size
+    return lo, len(ranking)
 
 
 def _ddmin(nodes: list[str], ev: _Evaluator) -> list[str]:
