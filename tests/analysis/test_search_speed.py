@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 
 from precision_doctor.analysis.evalpool import resolve_jobs
 from precision_doctor.analysis.fix import fix
-from precision_doctor.analysis.near_ties import margin_order
 from precision_doctor.analysis.objective import SAMPLE_LOAD, Objective
 from precision_doctor.analysis.search import search_fp32_set, upstream_first
 from precision_doctor.cli import app
@@ -102,13 +101,20 @@ def test_tolerance_score_says_which_samples_carry_the_error():
     assert TOL.worst_samples(score, 2, len(samples))[0] == 3
 
 
-def test_margin_aware_ranking_order():
+def test_margin_aware_order_smallest_margin_first():
+    from precision_doctor.analysis.near_ties import at_risk_samples
+
     metric = Objective(metric=get_metric("top1"), threshold=1.0, exclude=frozenset({4}))
-    probs = [np.array([[0.6, 0.4]]), np.array([[0.9, 0.1]]), np.array([[0.55, 0.45]]),
-             np.array([[0.51, 0.49]]), np.array([[0.5, 0.5]])]
-    # sample 1 flipped in the start plan: first; then smallest FP32 margin; near-tie 4 last
-    assert margin_order({"p": probs}, metric, [1, 0, 1, 1, 1]) == [1, 3, 2, 0, 4]
-    assert margin_order({"p": probs}, TOL, None) is None  # not a decision metric
+    ref = [np.array([[0.6, 0.4]]), np.array([[0.9, 0.1]]), np.array([[0.6, 0.4], [0.9, 0.1]]),
+           np.array([[0.7, 0.3]]), np.array([[0.5, 0.5]])]
+    cand = [np.array([[0.58, 0.42]]),  # 10% of its margin used: safe
+            np.array([[0.3, 0.7]]),  # flipped: all of it and more
+            np.array([[0.6, 0.4], [0.6, 0.4]]),  # 62.5% at its second position
+            np.array([[0.6, 0.4]]),  # 50%
+            np.array([[0.4, 0.6]])]  # a near-tie left out of the objective
+    # the decisions closest to flipping first, across positions; safe ones and near-ties out
+    assert at_risk_samples({"p": ref}, {"p": cand}, metric) == [1, 2, 3]
+    assert at_risk_samples({"p": ref}, {"p": cand}, TOL) is None  # not a decision metric
     # nodes the decision output does not read go after those it does, order kept otherwise
     nodes = [helper.make_node("Relu", ["x"], ["a"], name="side"),
              helper.make_node("Neg", ["x"], ["b"], name="head1"),

@@ -17,13 +17,13 @@ from precision_doctor.analysis.cost import compute_nodes, fp32_share, node_costs
 from precision_doctor.analysis.hazards import scan_hazards
 from precision_doctor.analysis.layerwise import compare_layerwise
 from precision_doctor.analysis.near_ties import (
+    DECISION_METRICS,
     NearTie,
     at_risk_samples,
     decision_output,
     find_near_ties,
-    margin_order,
 )
-from precision_doctor.analysis.objective import Objective, Outputs, Score
+from precision_doctor.analysis.objective import SAMPLE_LOAD, Objective, Outputs, Score
 from precision_doctor.analysis.search import (
     SearchResult,
     rank_by_sensitivity,
@@ -196,16 +196,16 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
 
     def ranking(start: Score) -> list[str]:
         t = time.perf_counter()
-        margin_first = margin_order(reference, objective, start.detail.get("per_sample"))
-        worst = (margin_first or objective.worst_samples(start, len(samples), len(samples))
-                 )[:RANKING_SAMPLES]
+        worst = _costly_last(objective.worst_samples(start, len(samples), len(samples)),
+                             start, samples)[:RANKING_SAMPLES]
         make_candidate = emulated(base).factory
         lw = compare_layerwise(fixed_src, [samples[i].feeds for i in worst],
                                reference_factory, make_candidate, target, threshold=1e-2)
         seconds["ranking"] = time.perf_counter() - t
         hazard_nodes = [n for h in hazards if h.kind == "decomposed-layernorm" for n in h.nodes]
         ranked = rank_by_sensitivity(lw, candidates, producer_inputs(fixed_src), hazard_nodes)
-        if margin_first is not None:  # decision metric: nodes feeding the decision first
+        if objective.metric is not None and objective.metric.name in DECISION_METRICS:
+            # nodes feeding the decision output first (others cannot flip it)
             ranked = upstream_first(ranked, fixed_src, decision_output(objective, names))
         return ranked
 
@@ -272,6 +272,17 @@ def _resources(result: SearchResult, wall_s: float, jobs: int) -> dict:
             "samples_run": sum(t.samples for t in result.trials),
             "wall_s": round(wall_s, 2), "peak_rss_mb": round(own, 1),
             "peak_rss_workers_mb": round(workers, 1), "jobs": jobs}
+
+
+def _costly_last(order: list[int], start: Score, samples: Sequence) -> list[int]:
+    """For a tolerance objective: samples by share of the error budget per input element
+    (the layerwise ranking runs the whole model once per chunk of marked tensors, so a large
+    image costs in proportion); other objectives keep ``order``."""
+    loads = start.detail.get(SAMPLE_LOAD)
+    if not loads or len(loads) != len(samples):
+        return order
+    size = [max(1, sum(int(np.asarray(v).size) for v in s.feeds.values())) for s in samples]
+    return sorted(order, key=lambda i: (-loads[i] / size[i], i))
 
 
 def _is_fp32_node(name: str, plan: PrecisionPlan, writer_report: WriterReport) -> bool:

@@ -14,6 +14,7 @@ margin is at most twice that noise (an exact tie always is).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -85,48 +86,6 @@ def find_near_ties(model: onnx.ModelProto, samples: Sequence, reference: Outputs
     return ties
 
 
-def sample_margins(reference: Outputs, objective: Objective) -> list[float] | None:
-    """Each sample's FP32 decision margin (see the module docstring), for decision metrics.
-
-    Args:
-        reference: FP32 outputs (name -> one array per sample).
-        objective: The fix objective.
-
-    Returns:
-        One margin per sample (probability or logit units of the decision output), or None
-        when the objective is not a decision metric.
-    """
-    metric = objective.metric
-    if metric is None or metric.name not in DECISION_METRICS:
-        return None
-    output = decision_output(objective, list(reference))
-    ctc = metric.name.startswith("ctc")
-    return [_margins(p, ctc) for p in reference[output]]
-
-
-def margin_order(reference: Outputs, objective: Objective, values: Sequence[float] | None
-                 ) -> list[int] | None:
-    """Samples for a decision metric's ranking: those whose decision flipped first, then the
-    rest; each group by smallest FP32 margin (the decisions closest to flipping). Near-ties
-    (``objective.exclude``) come last.
-
-    Args:
-        reference: FP32 outputs.
-        objective: The fix objective.
-        values: Per-sample metric values of the start plan (None: unknown).
-
-    Returns:
-        Sample indices, or None when the objective is not a decision metric.
-    """
-    margins = sample_margins(reference, objective)
-    if margins is None:
-        return None
-    n = len(margins)
-    failed = [bool(values is not None and i < len(values) and values[i] is not None
-                   and not objective.meets(values[i])) for i in range(n)]
-    return sorted(range(n), key=lambda i: (i in objective.exclude, not failed[i], margins[i], i))
-
-
 def decision_output(objective: Objective, names: Sequence[str]) -> str:
     """The output a decision metric reads (its ``output`` parameter, else the first output)."""
     params = dict(objective.metric.params) if objective.metric is not None else {}
@@ -150,14 +109,14 @@ def at_risk_samples(reference: Outputs, candidate: Outputs, objective: Objective
         safety: See ``SCREEN_SAFETY``.
 
     Returns:
-        At-risk sample indices in sample order, or None (not a per-position decision metric:
-        every sample runs).
+        At-risk sample indices, the largest share of margin used first (ties: sample order),
+        or None (not a per-position decision metric: every sample runs).
     """
     metric = objective.metric
     if metric is None or metric.name not in _SCREENED:
         return None
     output = decision_output(objective, list(reference))
-    risky = []
+    risky: list[tuple[float, int]] = []
     for i, (r, c) in enumerate(zip(reference[output], candidate[output])):
         r64 = np.asarray(r, np.float64).reshape(-1, np.shape(r)[-1])
         c64 = np.asarray(c, np.float64).reshape(r64.shape)
@@ -168,7 +127,9 @@ def at_risk_samples(reference: Outputs, candidate: Outputs, objective: Objective
         c_other[rows, top] = -np.inf
         m = r64[rows, top] - r_other.max(axis=1)
         s = c64[rows, top] - c_other.max(axis=1)
-        if i not in objective.exclude and (np.any(m - s >= m / safety)
-                                           or not np.all(np.isfinite(c64))):
-            risky.append(i)
-    return risky
+        with np.errstate(divide="ignore", invalid="ignore"):
+            used = np.where(m > 0, (m - s) / m, np.where(s <= 0, np.inf, 0.0))
+        share = float(np.max(used)) if np.all(np.isfinite(c64)) else math.inf
+        if i not in objective.exclude and share >= 1.0 / safety:
+            risky.append((-share, i))
+    return [i for _, i in sorted(risky)]

@@ -19,8 +19,11 @@ task-metric sample below the threshold, or a tolerance's error budget exceeded).
 objectives run the samples that failed before first (move-to-front); tolerance objectives
 run first the samples with the largest share of the error budget per unit of cost. A failing
 evaluation, the common case while shrinking, so usually costs one sample, not all of them.
-Samples may run in parallel worker processes (``jobs``, ``analysis.evalpool``) with the same
-result.
+For decision metrics a ``screen`` (``near_ties.at_risk_samples``) limits grow and shrink to
+the samples the start plan brought near a flip; the final evaluation runs every sample and the
+search goes on over all of them if a screened-out one fails, so the answer always passes on
+every sample. Samples may run in parallel worker processes (``jobs``, ``analysis.evalpool``)
+with the same result.
 """
 
 from __future__ import annotations
@@ -266,6 +269,10 @@ def _search(ev: _Evaluator, objective: Objective, base: PrecisionPlan,
             active = set(at_risk) | failing
             if active and len(active) < len(ev.samples):
                 ev.active = active
+            # failing samples first (as before), then the decisions closest to flipping
+            ev.order = ([i for i in ev.order if i in failing]
+                        + [i for i in at_risk if i not in failing]
+                        + [i for i in ev.order if i not in active])
     ranking = list(ranking(start) if callable(ranking) else ranking)
     kept = _grow_shrink(ranking, ev, objective, start)
     score = ev(kept, "final", complete=True)
