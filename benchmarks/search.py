@@ -20,7 +20,8 @@ How each tool gets the data and the target:
   multi-batch folder form). It needs onnx 1.21 / onnxruntime-gpu 1.24, so it runs in its own
   virtual environment (``--modelopt-python``).
 
-Each tool runs in a fresh subprocess; wall time and peak RSS (``os.wait4`` rusage) are of that
+Each tool runs in a fresh subprocess; wall time, CPU time (user + system: less sensitive than
+wall time to other jobs on a shared machine) and peak RSS (``os.wait4`` rusage) are of that
 process (interpreter start and imports included). Each output model is then measured the same way
 here: ONNX Runtime CPU on every sample (relative L2 vs FP32, task metric), compute nodes left
 FP32 (a compute node, ``analysis.cost.compute_nodes``, whose float outputs are float32 by ONNX
@@ -210,7 +211,9 @@ def launch(tool: str, args: argparse.Namespace, timeout_s: float) -> dict:
         proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4
     info_path = args.out / f"{tool}.json"
     info = json.loads(info_path.read_text()) if info_path.exists() and not timed_out else {}
-    return {"tool": tool, "wall_s": round(wall, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024),
+    return {"tool": tool, "wall_s": round(wall, 1),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+            "peak_rss_mb": round(usage.ru_maxrss / 1024),
             "exit": proc.returncode, "timed_out": timed_out, **info}
 
 
@@ -368,17 +371,17 @@ def print_table(model: str, spec: dict, n: int, rows: list[dict]) -> None:
     target = (f"{spec['metric'].split(':')[0]} >= {spec['threshold']} on every one of {n} "
               "samples" if spec["metric"] else f"rel_l2 <= {spec['rel_l2']:g} over {n} samples")
     print(f"\n{model}: FP16, keep_io_types, target {target} (ORT CPU)")
-    head = ("tool", "evals", "wall s", "peak RSS MB", "FP32 nodes", "FP32 FLOPs", "rel L2",
+    head = ("tool", "evals", "wall s", "CPU s", "peak RSS MB", "FP32 nodes", "FP32 FLOPs", "rel L2",
             "worst metric", "target met", "OCR identical")
     print(" | ".join(head))
     for r in rows:
         if "fp32_nodes" not in r:
             why = (f"did not finish in {r['wall_s'] / 60:.0f} min" if r["timed_out"]
                    else f"failed (exit {r['exit']}, see {r['tool']}.log)")
-            print(f"{r['tool']} | - | {r['wall_s']} | {r['peak_rss_mb']} | {why}")
+            print(f"{r['tool']} | - | {r['wall_s']} | {r['cpu_s']} | {r['peak_rss_mb']} | {why}")
             continue
         print(" | ".join(str(x) for x in (
-            r["tool"], r.get("evaluations", "-"), r["wall_s"], r["peak_rss_mb"],
+            r["tool"], r.get("evaluations", "-"), r["wall_s"], r["cpu_s"], r["peak_rss_mb"],
             f"{r['fp32_nodes']}/{r['compute_nodes']} ({r['fp32_nodes'] / r['compute_nodes']:.1%})",
             f"{r['fp32_flops']:.1%}", f"{r['rel_l2']:.3g}", f"{r['metric_min']:.4f}",
             r["met_on_all"], r.get("ocr_identical", "-"))))
@@ -401,6 +404,7 @@ def print_ratios(rows: list[dict]) -> None:
         for b in others:
             if a["exit"] == 0 and b["exit"] == 0 and b["wall_s"]:
                 print(f"ratio {a['tool']} / {b['tool']}: wall {a['wall_s'] / b['wall_s']:.2f}x, "
+                      f"CPU {a['cpu_s'] / max(b['cpu_s'], 0.1):.2f}x, "
                       f"peak RSS {a['peak_rss_mb'] / max(b['peak_rss_mb'], 1):.2f}x")
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     if load:

@@ -160,6 +160,7 @@ def test_fix_reports_evaluations_wall_time_and_peak_rss(tmp_path):
     r = result.to_dict()["resources"]
     assert r["evaluations"] == result.search.evaluations >= 1
     assert r["samples_run"] >= 2 and r["wall_s"] > 0 and r["peak_rss_mb"] > 10
+    assert 0 < r["cpu_s"]
     assert r["jobs"] == 1 and r["peak_rss_workers_mb"] == 0
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path))

@@ -266,11 +266,14 @@ def _resources(result: SearchResult, wall_s: float, jobs: int) -> dict:
     import sys
 
     scale = 1 / 1024 / 1024 if sys.platform == "darwin" else 1 / 1024
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
-    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale if jobs > 1 else 0
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    workers = kids.ru_maxrss * scale if jobs > 1 else 0
+    cpu = me.ru_utime + me.ru_stime + (kids.ru_utime + kids.ru_stime if jobs > 1 else 0.0)
     return {"evaluations": result.evaluations,
             "samples_run": sum(t.samples for t in result.trials),
-            "wall_s": round(wall_s, 2), "peak_rss_mb": round(own, 1),
+            "wall_s": round(wall_s, 2), "cpu_s": round(cpu, 2),
+            "peak_rss_mb": round(me.ru_maxrss * scale, 1),
             "peak_rss_workers_mb": round(workers, 1), "jobs": jobs}
 
 
