@@ -220,3 +220,19 @@ def test_margin_screening_runs_only_samples_at_risk_and_verifies_the_rest():
     assert result.score.passed and set(result.kept) == NEEDED | {"n9"}
     final = next(t for t in result.trials if t.stage == "final")
     assert not final.passed and final.samples == 6  # caught there, then searched again
+
+
+def test_fix_on_ort_cpu_reuses_the_final_evaluation_as_the_verification():
+    from precision_doctor.runners.ort import OrtRunner
+
+    model = transformer_block(hot_value=1000.0, opset=13)
+    data = random_samples((1, 8, 16), count=2)
+    def ort_cpu(m, intra_op_threads=0):
+        return OrtRunner(m, ("cpu",), intra_op_threads=intra_op_threads)
+
+    result = fix(model, data, Precision.FP16, TOL, rewrites=[], runner=ort_cpu)
+    assert result.passed and result.search.final_outputs is not None
+    # same numbers as running the written model again with ONNX Runtime CPU
+    with OrtRunner(result.model) as again:
+        out = again.run(data[0].feeds)["y"]
+    assert np.array_equal(out, result.search.final_outputs["y"][0])

@@ -219,7 +219,11 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
 
     t0 = time.perf_counter()
     written, writer_report = write_mixed_precision(fixed_src, result.plan, keep_io_types)
-    after = run_samples(OrtRunner(written, name="ort-cpu-fixed"), samples, names)
+    if runner is not None and result.final_outputs is not None \
+            and _is_plain_ort_cpu(runner(written)):
+        after = result.final_outputs  # the search's final evaluation ran this very model
+    else:
+        after = run_samples(OrtRunner(written, name="ort-cpu-fixed"), samples, names)
     effective = writer_report.effective_plan()
     if (runner is None and result.final_outputs is not None
             and effective.fp32_nodes() == result.plan.fp32_nodes()):
@@ -275,6 +279,13 @@ def _resources(result: SearchResult, wall_s: float, jobs: int) -> dict:
             "wall_s": round(wall_s, 2), "cpu_s": round(cpu, 2),
             "peak_rss_mb": round(me.ru_maxrss * scale, 1),
             "peak_rss_workers_mb": round(workers, 1), "jobs": jobs}
+
+
+def _is_plain_ort_cpu(runner: Runner) -> bool:
+    """Whether ``runner`` (not entered) is ONNX Runtime CPU with default options, i.e. what
+    ``fix`` verifies the written model with."""
+    return (isinstance(runner, OrtRunner) and runner.providers == ["CPUExecutionProvider"]
+            and runner.provider_options == [{}] and runner.graph_optimization == "all")
 
 
 def _costly_last(order: list[int], start: Score, samples: Sequence) -> list[int]:
