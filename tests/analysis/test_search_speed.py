@@ -234,5 +234,5 @@ def test_fix_on_ort_cpu_reuses_the_final_evaluation_as_the_verification():
     assert result.passed and result.search.final_outputs is not None
     # same numbers as running the written model again with ONNX Runtime CPU
     with OrtRunner(result.model) as again:
-        out = again.run(data[0].feeds)["y"]
-    assert np.array_equal(out, result.search.final_outputs["y"][0])
+        out = again.run(data[0].feeds)["probs"]
+    assert np.array_equal(out, result.search.final_outputs["probs"][0])
