@@ -18,8 +18,9 @@ and 2 intra-op threads; tests/analysis/test_search_speed.py checks ``jobs=2`` ag
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.pool
 import os
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Generator, Sequence
 
 import numpy as np
 
@@ -95,7 +96,7 @@ class SampleRunner:
                  jobs: int = 1) -> None:
         self.open_plan, self.samples, self.names = open_plan, samples, list(names)
         self.jobs = jobs if "fork" in multiprocessing.get_all_start_methods() else 1
-        self._pool = None
+        self._pool: multiprocessing.pool.Pool | None = None
 
     def __enter__(self) -> SampleRunner:
         return self
@@ -112,7 +113,8 @@ class SampleRunner:
                        threads=max(1, usable_cores() // self.jobs), plan=None, runner=None)
         self._pool = multiprocessing.get_context("fork").Pool(self.jobs)
 
-    def run(self, plan: PrecisionPlan, order: Sequence[int]) -> Iterator[tuple[int, Outputs1]]:
+    def run(self, plan: PrecisionPlan, order: Sequence[int]
+            ) -> Generator[tuple[int, Outputs1], None, None]:
         """Outputs of ``plan`` on the samples ``order`` names, yielded in that order.
 
         Stop iterating to stop the evaluation (with a pool, the rest of the current wave of
@@ -128,9 +130,11 @@ class SampleRunner:
             return
         if self._pool is None:
             self._start()
+        pool = self._pool
+        assert pool is not None
         order = list(order)
         for start in range(0, len(order), self.jobs):
-            wave = [self._pool.apply_async(_worker_run, (plan, i))
+            wave = [pool.apply_async(_worker_run, (plan, i))
                     for i in order[start:start + self.jobs]]
             for job in wave:
                 yield job.get()

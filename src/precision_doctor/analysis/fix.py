@@ -127,8 +127,8 @@ def _metrics(ref: Outputs, cand: Outputs) -> dict:
 
 def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective: Objective,
         keep: Sequence[str] = (), force_low: Sequence[str] = (), rewrites: Sequence[str] | None
-        = None, keep_io_types: bool = True, runner: Callable[[onnx.ModelProto], Runner]
-        | None = None, max_evals: int = 150, progress: Progress | None = None,
+        = None, keep_io_types: bool = True, runner: Callable[..., Runner] | None = None,
+        max_evals: int = 150, progress: Progress | None = None,
         jobs: int = 1) -> FixResult:
     """Find and write a mixed-precision model meeting ``objective``.
 

@@ -167,7 +167,8 @@ class Objective:
             return self.metric_score([
                 self.sample_value(i, {k: v[i] for k, v in reference.items()},
                                   {k: v[i] for k, v in candidate.items()}) for i in range(n)])
-        worst, detail, passed = 0.0, {}, True
+        worst, passed = 0.0, True
+        detail: dict[str, Any] = {}
         n = len(next(iter(reference.values()), []))
         loads = [0.0] * n
         for name in reference:
@@ -309,12 +310,13 @@ class ScoreStream:
             raise ValueError("subset_score is for metric objectives")
         if self.failed is not None:
             return self.failed
-        added = [i for i, v in enumerate(self.values) if v is not None]
+        added = {i: v for i, v in enumerate(self.values) if v is not None}
         if not added:
             raise ValueError("subset_score() before any sample was added")
-        counted = [float(self.values[i]) for i in added if i not in self.objective.exclude] \
-            or [float(self.values[i]) for i in added]
-        worst = min(counted) if self.objective.metric.higher_is_better else max(counted)
+        counted = [v for i, v in added.items() if i not in self.objective.exclude] \
+            or list(added.values())
+        metric = self.objective.metric
+        worst = min(counted) if metric.higher_is_better else max(counted)
         return Score(self.objective.meets(worst), worst, {
             "per_sample": list(self.values), "excluded": sorted(self.objective.exclude),
             "screened_out": [i for i, v in enumerate(self.values) if v is None]})
@@ -328,10 +330,12 @@ class ScoreStream:
         if self.failed is not None:
             return self.failed
         if self.objective.metric is not None:
-            if any(v is None for v in self.values):
+            values = [v for v in self.values if v is not None]
+            if len(values) < self.n:
                 raise ValueError("score() before every sample was added")
-            return self.objective.metric_score([float(v) for v in self.values])
-        if any(o is None for o in self.outputs):
+            return self.objective.metric_score(values)
+        outputs = [o for o in self.outputs if o is not None]
+        if len(outputs) < self.n:
             raise ValueError("score() before every sample was added")
-        cand = {k: [o[k] for o in self.outputs] for k in self.reference}
+        cand = {k: [o[k] for o in outputs] for k in self.reference}
         return self.objective.score(self.reference, cand)

@@ -160,6 +160,7 @@ class _Evaluator:
             return self.cache[key][0]
         t0 = time.perf_counter()
         plan = self.base.keep_fp32(nodes, "search")
+        cand: Outputs | None
         if complete:
             outs = dict(self.runner.run(plan, range(len(self.samples))))
             cand = {k: [outs[i][k] for i in range(len(self.samples))] for k in self.reference}
