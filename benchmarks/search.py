@@ -4,7 +4,9 @@ onnxconverter-common ``auto_convert_mixed_precision`` and NVIDIA ModelOpt AutoCa
 Same FP32 model, same real inputs, same accuracy target, FP16 with FP32 graph inputs/outputs:
 
 * det (PP-OCRv4 text detector): the 3 images of ``shared/data/ocr/full_images`` with the
-  ``ppocr-det`` preprocessing; target: binary-mask IoU at DBPostProcess's 0.3 >= 0.99 on every image.
+  ``ppocr-det`` preprocessing; target: binary-mask IoU at DBPostProcess's 0.3 >= 0.99 on every
+  image. ``det-tol``: the same data with ``fix``'s default target (no ``--metric``): output
+  relative L2 <= 1e-2 over all images.
 * rec (PP-OCRv4 text recognizer): the crops of ``shared/data/ocr/rec_crops/*/``, ``ppocr-rec``
   preprocessing; target: CTC greedy strings equal to FP32's on every crop.
 
@@ -18,7 +20,8 @@ How each tool gets the data and the target:
   multi-batch folder form). It needs onnx 1.21 / onnxruntime-gpu 1.24, so it runs in its own
   virtual environment (``--modelopt-python``).
 
-Each tool runs in a fresh subprocess; wall time and peak RSS (``os.wait4`` rusage) are of that
+Each tool runs in a fresh subprocess; wall time, CPU time (user + system: less sensitive than
+wall time to other jobs on a shared machine) and peak RSS (``os.wait4`` rusage) are of that
 process (interpreter start and imports included). Each output model is then measured the same way
 here: ONNX Runtime CPU on every sample (relative L2 vs FP32, task metric), compute nodes left
 FP32 (a compute node, ``analysis.cost.compute_nodes``, whose float outputs are float32 by ONNX
@@ -30,6 +33,9 @@ Usage (repo root, ``../shared`` present)::
     python3 -m venv --system-site-packages /tmp/venv-modelopt
     /tmp/venv-modelopt/bin/pip install "nvidia-modelopt[onnx]"
     python3 benchmarks/search.py --model det --modelopt-python /tmp/venv-modelopt/bin/python
+
+It prints the command, a table, each tool's wall-time and peak-RSS ratios and the load average
+(other jobs on the machine inflate every wall time: re-run on an idle machine to compare).
 """
 
 from __future__ import annotations
@@ -61,6 +67,10 @@ TASKS = {
     # this strict sends onnxconverter-common through every segment)
     "det-boxes": {"model": "models/ppocrv4/det.onnx", "data": "data/ocr/full_images",
                   "preprocess": "ppocr-det", "metric": "db-boxes", "threshold": 1.0},
+    # the default target of `fix` (no --metric): relative L2 of the output <= 1e-2 (FP16's
+    # default tolerance) over all samples; onnxconverter-common gets it as its validate_fn
+    "det-tol": {"model": "models/ppocrv4/det.onnx", "data": "data/ocr/full_images",
+                "preprocess": "ppocr-det", "metric": None, "rel_l2": 1e-2},
 }
 
 
@@ -68,7 +78,8 @@ def task_spec(name: str, shared: Path) -> dict:
     spec = dict(TASKS[name])
     spec["model"] = str(shared / spec["model"])
     spec["data"] = str(shared / spec["data"])
-    spec["metric"] = spec["metric"].format(model=spec["model"])
+    if spec["metric"]:
+        spec["metric"] = spec["metric"].format(model=spec["model"])
     return spec
 
 
@@ -95,33 +106,47 @@ def _samples(spec: dict):
 
 
 def _sample_metric(spec: dict):
-    """``f(ref_outputs, cand_outputs, sample) -> float`` on one sample (name -> array dicts)."""
+    """``f(ref_outputs, cand_outputs, sample) -> float`` on one sample (name -> array dicts);
+    for a tolerance task: 1 - rel_l2 / bound (>= 0 meets it, the threshold is 0)."""
+    from precision_doctor.compare.metrics import relative_l2
     from precision_doctor.compare.tasks.registry import evaluate_metric, get_metric, sample_context
 
+    if not spec["metric"]:
+        return lambda ref, cand, sample: min(
+            1.0 - relative_l2([ref[k]], [cand[k]]) / spec["rel_l2"] for k in ref)
     metric = get_metric(spec["metric"])
     return lambda ref, cand, sample: evaluate_metric(metric, ref, cand, sample_context(sample))
 
 
-def worker_ours(spec: dict, out: Path, ort_cpu: bool = False) -> dict:
+def _threshold(spec: dict) -> float:
+    return spec["threshold"] if spec["metric"] else 0.0
+
+
+def worker_ours(spec: dict, out: Path, ort_cpu: bool = False, jobs: int = 1) -> dict:
     import onnx
 
     from precision_doctor.analysis.fix import fix
     from precision_doctor.analysis.objective import Objective
     from precision_doctor.compare.tasks.registry import get_metric
+    from precision_doctor.compare.tolerance import Tolerance
     from precision_doctor.formats import Precision
 
     model, samples = _samples(spec)
-    objective = Objective(metric=get_metric(spec["metric"]), threshold=spec["threshold"])
+    if spec["metric"]:
+        objective = Objective(metric=get_metric(spec["metric"]), threshold=spec["threshold"])
+    else:
+        objective = Objective(tolerances={"*": Tolerance(rel_l2=spec["rel_l2"])})
     runner = None
     if ort_cpu:
         from precision_doctor.runners.ort import OrtRunner
 
-        def runner(m):
-            return OrtRunner(m, ("cpu",), name="ort-cpu")
-    result = fix(model, samples, Precision.FP16, objective, runner=runner)
+        def runner(m, intra_op_threads=0):
+            return OrtRunner(m, ("cpu",), name="ort-cpu", intra_op_threads=intra_op_threads)
+    result = fix(model, samples, Precision.FP16, objective, runner=runner, jobs=jobs)
     onnx.save(result.model, str(out))
     return {"evaluations": result.search.evaluations, "passed": result.passed,
-            "self_reported_share": result.share, "kept": list(result.search.kept)}
+            "self_reported_share": result.share, "kept": list(result.search.kept),
+            "resources": result.resources, "seconds": result.seconds}
 
 
 def worker_occ(spec: dict, out: Path) -> dict:
@@ -136,7 +161,7 @@ def worker_occ(spec: dict, out: Path) -> dict:
     def validate(res0, res1) -> bool:  # the same target, on its single feed
         calls[0] += 1
         return metric(dict(zip(names, res0)), dict(zip(names, res1)),
-                      samples[0]) >= spec["threshold"]
+                      samples[0]) >= _threshold(spec)
 
     fixed = auto_convert_mixed_precision(model, dict(samples[0].feeds), validate,
                                          keep_io_types=True)
@@ -160,7 +185,7 @@ def run_worker(args: argparse.Namespace) -> int:
     spec = task_spec(args.model, args.shared)
     out, info_path = args.out / f"{args.worker}.onnx", args.out / f"{args.worker}.json"
     if args.worker.startswith("precision-doctor"):
-        info = worker_ours(spec, out, ort_cpu=args.worker.endswith("ortcpu"))
+        info = worker_ours(spec, out, ort_cpu=args.worker.endswith("ortcpu"), jobs=args.jobs)
     elif args.worker == "onnxconverter-common":
         info = worker_occ(spec, out)
     else:
@@ -175,7 +200,7 @@ def launch(tool: str, args: argparse.Namespace, timeout_s: float) -> dict:
     """Run one tool's worker in a subprocess; wall time, peak RSS, exit state."""
     python = args.modelopt_python if tool == "autocast" else sys.executable
     cmd = [str(python), str(Path(__file__).resolve()), "--worker", tool, "--model", args.model,
-           "--shared", str(args.shared), "--out", str(args.out)]
+           "--shared", str(args.shared), "--out", str(args.out), "--jobs", str(args.jobs)]
     env = dict(os.environ, PYTHONPATH=str(REPO / "src") if tool != "autocast" else "")
     for stale in (args.out / f"{tool}.json", args.out / f"{tool}.onnx"):
         stale.unlink(missing_ok=True)
@@ -198,7 +223,9 @@ def launch(tool: str, args: argparse.Namespace, timeout_s: float) -> dict:
         proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4
     info_path = args.out / f"{tool}.json"
     info = json.loads(info_path.read_text()) if info_path.exists() and not timed_out else {}
-    return {"tool": tool, "wall_s": round(wall, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024),
+    return {"tool": tool, "wall_s": round(wall, 1),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+            "peak_rss_mb": round(usage.ru_maxrss / 1024),
             "exit": proc.returncode, "timed_out": timed_out, **info}
 
 
@@ -246,9 +273,11 @@ def measure(model_path: Path, spec: dict, samples, reference: dict) -> dict:
     fp32 = fp32_compute_nodes(model)
     shapes = {k: v.shape for k, v in samples[0].feeds.items()}
     share = fp32_share(model, fp32, node_costs(model, shapes))
-    return {"rel_l2": max(compute_metrics(reference[n], outs[n]).rel_l2 for n in names),
-            "metric_min": min(per_sample), "metric_per_sample": per_sample,
-            "met_on_all": all(v >= spec["threshold"] for v in per_sample),
+    rel_l2 = max(compute_metrics(reference[n], outs[n]).rel_l2 for n in names)
+    met = (all(v >= _threshold(spec) for v in per_sample) if spec["metric"]
+           else rel_l2 <= spec["rel_l2"])
+    return {"rel_l2": rel_l2,
+            "metric_min": min(per_sample), "metric_per_sample": per_sample, "met_on_all": met,
             "fp32_nodes": share["fp32_nodes"], "compute_nodes": share["compute_nodes"],
             "fp32_flops": share["flops"], "outputs": outs}
 
@@ -297,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modelopt-python", default=sys.executable,
                     help="interpreter with nvidia-modelopt[onnx] installed")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--jobs", type=int, default=1, help="precision-doctor fix --jobs")
     ap.add_argument("--worker", choices=TOOLS + EXTRA_TOOLS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.out is None:
@@ -304,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.worker:
         return run_worker(args)
+    print("command: " + " ".join([Path(sys.executable).name, *sys.argv]), flush=True)
 
     sys.path.insert(0, str(REPO / "src"))
     import numpy as np
@@ -349,24 +380,48 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(model: str, spec: dict, n: int, rows: list[dict]) -> None:
-    print(f"\n{model}: FP16, keep_io_types, target {spec['metric'].split(':')[0]} >= "
-          f"{spec['threshold']} on every one of {n} samples (ORT CPU)")
-    head = ("tool", "evals", "wall s", "peak RSS MB", "FP32 nodes", "FP32 FLOPs", "rel L2",
+    target = (f"{spec['metric'].split(':')[0]} >= {spec['threshold']} on every one of {n} "
+              "samples" if spec["metric"] else f"rel_l2 <= {spec['rel_l2']:g} over {n} samples")
+    print(f"\n{model}: FP16, keep_io_types, target {target} (ORT CPU)")
+    head = ("tool", "evals", "wall s", "CPU s", "peak RSS MB", "FP32 nodes", "FP32 FLOPs", "rel L2",
             "worst metric", "target met", "OCR identical")
     print(" | ".join(head))
     for r in rows:
         if "fp32_nodes" not in r:
             why = (f"did not finish in {r['wall_s'] / 60:.0f} min" if r["timed_out"]
                    else f"failed (exit {r['exit']}, see {r['tool']}.log)")
-            print(f"{r['tool']} | - | {r['wall_s']} | {r['peak_rss_mb']} | {why}")
+            print(f"{r['tool']} | - | {r['wall_s']} | {r['cpu_s']} | {r['peak_rss_mb']} | {why}")
             continue
         print(" | ".join(str(x) for x in (
-            r["tool"], r.get("evaluations", "-"), r["wall_s"], r["peak_rss_mb"],
+            r["tool"], r.get("evaluations", "-"), r["wall_s"], r["cpu_s"], r["peak_rss_mb"],
             f"{r['fp32_nodes']}/{r['compute_nodes']} ({r['fp32_nodes'] / r['compute_nodes']:.1%})",
             f"{r['fp32_flops']:.1%}", f"{r['rel_l2']:.3g}", f"{r['metric_min']:.4f}",
             r["met_on_all"], r.get("ocr_identical", "-"))))
         for f in r.get("flips", []):
             print(f"    flip: {f}")
+    print_ratios(rows)
+
+
+def print_ratios(rows: list[dict]) -> None:
+    """Wall-time and peak-RSS ratios of each precision-doctor row against the other tools,
+    plus the load average, so a re-run on an idle machine can be compared line by line."""
+    ours = [r for r in rows if r["tool"].startswith("precision-doctor")]
+    others = [r for r in rows if not r["tool"].startswith("precision-doctor")]
+    for a in ours:
+        res = a.get("resources") or {}
+        if res:
+            print(f"{a['tool']}: self-reported {res.get('evaluations')} evaluations, "
+                  f"{res.get('samples_run')} sample runs, {res.get('wall_s')} s in fix(), "
+                  f"peak RSS {res.get('peak_rss_mb')} MiB, jobs {res.get('jobs')}")
+        for b in others:
+            if a["exit"] == 0 and b["exit"] == 0 and b["wall_s"]:
+                print(f"ratio {a['tool']} / {b['tool']}: wall {a['wall_s'] / b['wall_s']:.2f}x, "
+                      f"CPU {a['cpu_s'] / max(b['cpu_s'], 0.1):.2f}x, "
+                      f"peak RSS {a['peak_rss_mb'] / max(b['peak_rss_mb'], 1):.2f}x")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    if load:
+        print(f"load average (1/5/15 min) at the end: {load[0]:.1f} / {load[1]:.1f} / "
+              f"{load[2]:.1f} on {os.cpu_count()} cores (> cores: timings are contended)")
 
 
 if __name__ == "__main__":

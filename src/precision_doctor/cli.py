@@ -136,6 +136,9 @@ def fix_command(
     html_path: Optional[Path] = typer.Option(None, "--html", help="Write the HTML report here"),
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
+    jobs: str = typer.Option("1", "--jobs", "-j", help="Worker processes running calibration "
+                             "samples in parallel (one ONNX Runtime session each), or 'auto' "
+                             "(one per core); same result for any value"),
 ) -> None:
     """Write a strongly typed mixed-precision model meeting the accuracy target."""
     from precision_doctor.workflows.fix import run_fix
@@ -146,7 +149,7 @@ def fix_command(
                          force_low=force_low, no_rewrites=no_rewrites,
                          keep_io_types=keep_io_types, runner=runner, max_samples=max_samples,
                          max_evals=max_evals, html_path=html_path, force=force,
-                         console=console, quiet=quiet)
+                         console=console, quiet=quiet, jobs=jobs)
     except TargetNotMetError as exc:
         err_console.print(f"target not met: {exc}", style="red", markup=False)
         raise typer.Exit(1) from None

@@ -16,9 +16,20 @@ from precision_doctor.analysis.candidates import emulated, reference_factory, ru
 from precision_doctor.analysis.cost import compute_nodes, fp32_share, node_costs
 from precision_doctor.analysis.hazards import scan_hazards
 from precision_doctor.analysis.layerwise import compare_layerwise
-from precision_doctor.analysis.near_ties import NearTie, find_near_ties
+from precision_doctor.analysis.near_ties import (
+    DECISION_METRICS,
+    NearTie,
+    at_risk_samples,
+    decision_output,
+    find_near_ties,
+)
 from precision_doctor.analysis.objective import Objective, Outputs, Score
-from precision_doctor.analysis.search import SearchResult, rank_by_sensitivity, search_fp32_set
+from precision_doctor.analysis.search import (
+    SearchResult,
+    rank_by_sensitivity,
+    search_fp32_set,
+    upstream_first,
+)
 from precision_doctor.analysis.transformer import fp32_statistics_nodes
 from precision_doctor.compare.metrics import compute_metrics
 from precision_doctor.errors import PlanError
@@ -59,6 +70,10 @@ class FixResult:
         score_label: What the scores measure (``Objective.score_label``).
         pass_mark: ``(threshold, higher_is_better)`` the scores are compared with
             (``Objective.pass_mark``).
+        resources: What the run cost: ``evaluations``, ``samples_run`` (sample runs of the
+            search), ``wall_s`` (whole ``fix``), ``peak_rss_mb`` (this process, MiB, from
+            ``resource.getrusage`` ``ru_maxrss``), ``peak_rss_workers_mb`` (largest worker of
+            ``--jobs``, 0 without), ``jobs``.
     """
 
     model: onnx.ModelProto
@@ -81,6 +96,7 @@ class FixResult:
     near_ties: tuple[NearTie, ...] = ()
     score_label: str = "score"
     pass_mark: tuple[float, bool] = (1.0, False)
+    resources: dict = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -97,10 +113,12 @@ class FixResult:
             "score_after": _score_dict(self.score_after),
             "search": {"evaluations": self.search.evaluations, "kept": list(self.search.kept),
                        "ranking_head": list(self.search.ranking[:20]),
+                       "samples_run": sum(t.samples for t in self.search.trials),
                        "trials": [t.__dict__ for t in self.search.trials]},
             "rewrites": self.rewrites, "writer": self.writer, "seconds": self.seconds,
             "warnings": list(self.warnings), "notes": list(self.notes),
             "near_ties": [t.to_dict() for t in self.near_ties],
+            "resources": self.resources,
         }
 
 
@@ -115,8 +133,9 @@ def _metrics(ref: Outputs, cand: Outputs) -> dict:
 
 def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective: Objective,
         keep: Sequence[str] = (), force_low: Sequence[str] = (), rewrites: Sequence[str] | None
-        = None, keep_io_types: bool = True, runner: Callable[[onnx.ModelProto], Runner]
-        | None = None, max_evals: int = 150, progress: Progress | None = None) -> FixResult:
+        = None, keep_io_types: bool = True, runner: Callable[..., Runner] | None = None,
+        max_evals: int = 150, progress: Progress | None = None,
+        jobs: int = 1) -> FixResult:
     """Find and write a mixed-precision model meeting ``objective``.
 
     Args:
@@ -132,6 +151,9 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
             the CPU emulator.
         max_evals: Search evaluation budget.
         progress: ``progress(stage, done, total)``.
+        jobs: Worker processes for the search's sample runs (``analysis.evalpool``); the
+            result is the same for any value. A ``runner`` factory is then called as
+            ``runner(model, intra_op_threads=t)``.
 
     Returns:
         ``FixResult``.
@@ -145,7 +167,7 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         raise PlanError(f"fix writes FP16 or BF16 models; {target.value} is an engine setting "
                         "(TF32: check it with `diagnose --target tf32`)")
     seconds: dict[str, float] = {}
-    t0 = time.perf_counter()
+    t_start = t0 = time.perf_counter()
     names = [o.name for o in model.graph.output]
     reference = run_samples(reference_factory(model), samples, names)
     objective = objective.with_samples(samples)
@@ -178,31 +200,52 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     candidates = [n.name for n in compute_nodes(fixed_src)
                   if n.name not in fixed_nodes and n.name not in low]
 
-    def open_plan(plan: PrecisionPlan) -> Runner:
+    def open_plan(plan: PrecisionPlan, threads: int = 0) -> Runner:
         if runner is None:
-            return EmulatorRunner(fixed_src, plan)
-        return runner(write_mixed_precision(fixed_src, plan, keep_io_types)[0])
+            return EmulatorRunner(fixed_src, plan, intra_op_threads=threads)
+        written = write_mixed_precision(fixed_src, plan, keep_io_types, validate=False)[0]
+        return runner(written, intra_op_threads=threads) if threads else runner(written)
 
     def ranking(start: Score) -> list[str]:
         t = time.perf_counter()
-        worst = objective.worst_samples(start, RANKING_SAMPLES, len(samples))
+        # metric objectives: the worst-scored samples; tolerance objectives: the first ones
+        # (choosing them by error share per element gave det a ranking whose search kept 14
+        # FP32 nodes instead of 9 and a 4x longer layerwise pass, measured 2026-11-24)
+        worst = (objective.worst_samples(start, RANKING_SAMPLES, len(samples))
+                 if objective.metric is not None
+                 else list(range(min(RANKING_SAMPLES, len(samples)))))
+        make_candidate = emulated(base).factory
         lw = compare_layerwise(fixed_src, [samples[i].feeds for i in worst],
-                               reference_factory, emulated(base).factory, target,
-                               threshold=1e-2)
+                               reference_factory, make_candidate, target, threshold=1e-2)
         seconds["ranking"] = time.perf_counter() - t
         hazard_nodes = [n for h in hazards if h.kind == "decomposed-layernorm" for n in h.nodes]
-        return rank_by_sensitivity(lw, candidates, producer_inputs(fixed_src), hazard_nodes)
+        ranked = rank_by_sensitivity(lw, candidates, producer_inputs(fixed_src), hazard_nodes)
+        if objective.metric is not None and objective.metric.name in DECISION_METRICS:
+            # nodes feeding the decision output first (others cannot flip it)
+            ranked = upstream_first(ranked, fixed_src, decision_output(objective, names))
+        return ranked
 
     t0 = time.perf_counter()
+    def screen(start_outputs: Outputs) -> list[int] | None:
+        return at_risk_samples(reference, start_outputs, objective)
+
     result = search_fp32_set(open_plan, samples, reference, objective, base, ranking, max_evals,
-                             progress)
+                             progress, jobs, screen)
     seconds["search"] = time.perf_counter() - t0 - seconds.get("ranking", 0.0)
 
     t0 = time.perf_counter()
     written, writer_report = write_mixed_precision(fixed_src, result.plan, keep_io_types)
-    after = run_samples(OrtRunner(written, name="ort-cpu-fixed"), samples, names)
-    after_emulated = run_samples(EmulatorRunner(fixed_src, writer_report.effective_plan()), samples,
-                          names)
+    if runner is not None and result.final_outputs is not None \
+            and _is_plain_ort_cpu(runner(written)):
+        after = result.final_outputs  # the search's final evaluation ran this very model
+    else:
+        after = run_samples(OrtRunner(written, name="ort-cpu-fixed"), samples, names)
+    effective = writer_report.effective_plan()
+    if (runner is None and result.final_outputs is not None
+            and effective.fp32_nodes() == result.plan.fp32_nodes()):
+        after_emulated = result.final_outputs  # the search's final evaluation ran this plan
+    else:
+        after_emulated = run_samples(EmulatorRunner(fixed_src, effective), samples, names)
     score_after = objective.score(reference, after)
     seconds["write_verify"] = time.perf_counter() - t0
     shapes = {k: v.shape for k, v in samples[0].feeds.items()}
@@ -234,7 +277,8 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
                      rw_report.to_dict(), writer_report.to_dict(), target.value,
                      objective.describe(), {k: round(v, 3) for k, v in seconds.items()},
                      tuple(warnings), tuple(notes), tuple(near_ties), objective.score_label(),
-                     objective.pass_mark())
+                     objective.pass_mark(),
+                     _resources(result, time.perf_counter() - t_start, jobs))
 
 
 def rewrite_engine_notes(rewrites: dict) -> list[str]:
@@ -251,6 +295,31 @@ def rewrite_engine_notes(rewrites: dict) -> list[str]:
                      "CPU/CUDA do); on TensorRT check the layer's precision in the built "
                      "engine's layer information")
     return notes
+
+
+def _resources(result: SearchResult, wall_s: float, jobs: int) -> dict:
+    """Evaluations, sample runs, wall time and peak RSS (``ru_maxrss`` is KiB on Linux,
+    bytes on macOS: getrusage(2))."""
+    import resource
+    import sys
+
+    scale = 1 / 1024 / 1024 if sys.platform == "darwin" else 1 / 1024
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    workers = kids.ru_maxrss * scale if jobs > 1 else 0
+    cpu = me.ru_utime + me.ru_stime + (kids.ru_utime + kids.ru_stime if jobs > 1 else 0.0)
+    return {"evaluations": result.evaluations,
+            "samples_run": sum(t.samples for t in result.trials),
+            "wall_s": round(wall_s, 2), "cpu_s": round(cpu, 2),
+            "peak_rss_mb": round(me.ru_maxrss * scale, 1),
+            "peak_rss_workers_mb": round(workers, 1), "jobs": jobs}
+
+
+def _is_plain_ort_cpu(runner: Runner) -> bool:
+    """Whether ``runner`` (not entered) is ONNX Runtime CPU with default options, i.e. what
+    ``fix`` verifies the written model with."""
+    return (isinstance(runner, OrtRunner) and runner.providers == ["CPUExecutionProvider"]
+            and runner.provider_options == [{}] and runner.graph_optimization == "all")
 
 
 def _is_fp32_node(name: str, plan: PrecisionPlan, writer_report: WriterReport) -> bool:

@@ -14,6 +14,7 @@ margin is at most twice that noise (an exact tie always is).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -26,6 +27,13 @@ from precision_doctor.runners.ort import OrtRunner
 
 DECISION_METRICS = {"top1", "top5", "ctc-string", "ctc-char"}
 NOISE_MULTIPLE = 2.0
+# screening: a sample whose decisions the start plan (everything low precision) moved by less
+# than 1/SAFETY of their FP32 margin at every position is not run by grow/shrink evaluations
+# (the final evaluation still runs it). Our choice: FP32 nodes remove rounding, so a partly
+# FP32 plan is expected to move decisions less than the all-low one; 4x leaves room for
+# rounding errors that happen to add up differently.
+SCREEN_SAFETY = 4.0
+_SCREENED = {"top1", "ctc-string", "ctc-char"}  # per-position argmax decisions
 
 
 @dataclass(frozen=True)
@@ -76,3 +84,52 @@ def find_near_ties(model: onnx.ModelProto, samples: Sequence, reference: Outputs
             if margin <= NOISE_MULTIPLE * noise:  # an exact tie (0 <= 0) counts
                 ties.append(NearTie(s.name, i, margin, noise))
     return ties
+
+
+def decision_output(objective: Objective, names: Sequence[str]) -> str:
+    """The output a decision metric reads (its ``output`` parameter, else the first output)."""
+    params = dict(objective.metric.params) if objective.metric is not None else {}
+    return str(params.get("output") or names[0])
+
+
+def at_risk_samples(reference: Outputs, candidate: Outputs, objective: Objective,
+                    safety: float = SCREEN_SAFETY) -> list[int] | None:
+    """Samples whose decision the start plan brought close to flipping (margin screening).
+
+    Per position (every index of the decision output but the last axis): ``m`` = FP32 top-1
+    minus top-2 score, ``s`` = candidate score of the FP32 top-1 class minus the candidate's
+    best other class. A sample is at risk when ``m - s >= m / safety`` at some position (the
+    start plan used at least 1/safety of the margin there; a flipped decision always is) or
+    its output is not finite. Near-ties left out of the objective are never at risk.
+
+    Args:
+        reference: FP32 outputs (name -> one array per sample).
+        candidate: The start plan's outputs on the same samples.
+        objective: The fix objective.
+        safety: See ``SCREEN_SAFETY``.
+
+    Returns:
+        At-risk sample indices, the largest share of margin used first (ties: sample order),
+        or None (not a per-position decision metric: every sample runs).
+    """
+    metric = objective.metric
+    if metric is None or metric.name not in _SCREENED:
+        return None
+    output = decision_output(objective, list(reference))
+    risky: list[tuple[float, int]] = []
+    for i, (r, c) in enumerate(zip(reference[output], candidate[output])):
+        r64 = np.asarray(r, np.float64).reshape(-1, np.shape(r)[-1])
+        c64 = np.asarray(c, np.float64).reshape(r64.shape)
+        top = r64.argmax(axis=1)
+        rows = np.arange(len(top))
+        r_other, c_other = r64.copy(), c64.copy()
+        r_other[rows, top] = -np.inf
+        c_other[rows, top] = -np.inf
+        m = r64[rows, top] - r_other.max(axis=1)
+        s = c64[rows, top] - c_other.max(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            used = np.where(m > 0, (m - s) / m, np.where(s <= 0, np.inf, 0.0))
+        share = float(np.max(used)) if np.all(np.isfinite(c64)) else math.inf
+        if i not in objective.exclude and share >= 1.0 / safety:
+            risky.append((-share, i))
+    return [i for _, i in sorted(risky)]

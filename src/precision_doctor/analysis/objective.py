@@ -3,6 +3,13 @@
 Every evaluation runs on all calibration samples. A tolerance objective scores each output as
 rel_l2 / bound (the worst output counts; <= 1 passes). A task-metric objective scores each sample
 with the metric and takes the worst sample ("on every image"), compared with the threshold.
+
+``ScoreStream`` scores an evaluation sample by sample and says as soon as it can no longer pass:
+a metric objective at the first sample that misses the threshold; a tolerance objective when
+the squared error summed so far already exceeds bound^2 x the reference's total squared norm
+(rel_l2 over all samples can only grow from there), when more elements than the tolerance's
+statistic allows already miss atol + rtol*|r|, or at the first NaN/Inf. A stopped evaluation
+fails exactly when the complete one would.
 """
 
 from __future__ import annotations
@@ -18,6 +25,12 @@ from precision_doctor.compare.tasks.registry import TaskMetric, evaluate_metric,
 from precision_doctor.compare.tolerance import Tolerance, check, elementwise_pass_share
 
 Outputs = Mapping[str, Sequence[np.ndarray]]
+# detail key of a tolerance score: per sample, max over outputs of its squared error / (bound^2
+# x the output's total reference squared norm); over all samples they sum to rel_l2^2 / bound^2
+SAMPLE_LOAD = "sample_error_load"
+# early stop margin: a partial squared error must exceed the budget by this relative amount (far
+# above float64 summation-order differences) so that a stop is always a real failure
+_STOP_MARGIN = 1e-9
 
 
 @dataclass(frozen=True)
@@ -86,8 +99,13 @@ class Objective:
         Returns:
             Sample indices.
         """
-        values = score.detail.get("per_sample") if self.metric is not None else None
-        if self.metric is None or not values or len(values) != total:
+        if self.metric is None:
+            loads = score.detail.get(SAMPLE_LOAD)
+            if not loads or len(loads) != total:
+                return list(range(min(count, total)))
+            return sorted(range(total), key=lambda i: (-loads[i], i))[:count]
+        values = score.detail.get("per_sample")
+        if not values or len(values) != total:
             return list(range(min(count, total)))
         sign = 1.0 if self.metric.higher_is_better else -1.0
         order = sorted(range(total), key=lambda i: (i in self.exclude, sign * values[i], i))
@@ -169,12 +187,14 @@ class Objective:
             return self.metric_score([
                 self.sample_value(i, {k: v[i] for k, v in reference.items()},
                                   {k: v[i] for k, v in candidate.items()}) for i in range(n)])
-        worst, detail, passed = 0.0, {}, True
+        worst, passed = 0.0, True
+        detail: dict[str, Any] = {}
+        n = len(next(iter(reference.values()), []))
+        loads = [0.0] * n
         for name in reference:
             if not np.issubdtype(np.asarray(reference[name][0]).dtype, np.floating):
                 continue
-            tol = (self.tolerances or {}).get(name) or (self.tolerances or {}).get("*") \
-                or Tolerance()
+            tol = self.tolerance_of(name)
             m = compute_metrics(reference[name], candidate[name])
             share = (elementwise_pass_share(reference[name], candidate[name], tol)
                      if tol.atol is not None or tol.rtol is not None else None)
@@ -183,4 +203,159 @@ class Objective:
             detail[name] = m.rel_l2
             worst = max(worst, ratio if not (m.nan or m.inf) else math.inf)
             passed = passed and ok
+            if tol.rel_l2:
+                budget = tol.rel_l2 ** 2 * _ref_norm2(reference[name])
+                for i in range(n):
+                    e2 = _err_norm2(reference[name][i], candidate[name][i])
+                    loads[i] = max(loads[i], e2 / budget if budget > 0 else
+                                   (math.inf if e2 > 0 else 0.0))
+        if n:
+            detail[SAMPLE_LOAD] = loads
         return Score(passed, worst, detail)
+
+    def tolerance_of(self, name: str) -> Tolerance:
+        """The tolerance applying to output ``name`` (its own, else ``*``, else the default)."""
+        tols = self.tolerances or {}
+        return tols.get(name) or tols.get("*") or Tolerance()
+
+    def stream(self, reference: Outputs) -> ScoreStream:
+        """A ``ScoreStream`` for one evaluation against ``reference``."""
+        return ScoreStream(self, reference)
+
+
+def _ref_norm2(arrays: Sequence[np.ndarray]) -> float:
+    total = 0.0
+    for a in arrays:
+        r = np.asarray(a, np.float64).ravel()
+        r = r[np.isfinite(r)]
+        total += float(np.dot(r, r))
+    return total
+
+
+def _err_norm2(r: np.ndarray, c: np.ndarray) -> float:
+    r64, c64 = np.asarray(r, np.float64).ravel(), np.asarray(c, np.float64).ravel()
+    ok = np.isfinite(r64) & np.isfinite(c64)
+    d = c64[ok] - r64[ok]
+    return float(np.dot(d, d))
+
+
+class ScoreStream:
+    """Scores one evaluation sample by sample, stopping as soon as it cannot pass.
+
+    Feed samples in any order with :meth:`add`; it returns True once the evaluation has
+    failed (see the module docstring for the exact stop rules). :meth:`score` then gives the
+    same ``Score`` as ``Objective.score`` when every sample was added, or a failing partial
+    score (``detail["stopped_at_sample"]``; its value is a lower bound for a tolerance
+    objective, the failing sample's value for a metric objective).
+
+    Args:
+        objective: The accuracy target.
+        reference: Reference outputs (name -> one array per sample).
+    """
+
+    def __init__(self, objective: Objective, reference: Outputs) -> None:
+        self.objective, self.reference = objective, reference
+        self.n = len(next(iter(reference.values()), []))
+        self.values: list[float | None] = [None] * self.n
+        self.outputs: list[Mapping[str, np.ndarray] | None] = [None] * self.n
+        self.failed: Score | None = None
+        self._err2: dict[str, float] = {}
+        self._miss: dict[str, int] = {}
+        self._budget: dict[str, float] = {}
+        self._allowed: dict[str, float] = {}
+        if objective.metric is None:
+            for name, arrays in reference.items():
+                if not np.issubdtype(np.asarray(arrays[0]).dtype, np.floating):
+                    continue
+                tol = objective.tolerance_of(name)
+                self._err2[name], self._miss[name] = 0.0, 0
+                if tol.rel_l2 is not None:
+                    self._budget[name] = tol.rel_l2 ** 2 * _ref_norm2(arrays)
+                numel = sum(int(np.asarray(a).size) for a in arrays)
+                self._allowed[name] = (1.0 - tol.required_share()) * numel
+
+    def add(self, index: int, candidate: Mapping[str, np.ndarray]) -> bool:
+        """Score sample ``index``; True when the evaluation has failed (stop here).
+
+        Raises:
+            MetricError: The task metric raised or returned NaN.
+        """
+        if self.failed is not None:
+            return True
+        ref = {k: v[index] for k, v in self.reference.items()}
+        if self.objective.metric is not None:
+            value = self.objective.sample_value(index, ref, candidate)
+            self.values[index] = value
+            if index not in self.objective.exclude and not self.objective.meets(value):
+                self.failed = Score(False, float(value), {
+                    "per_sample": list(self.values), "excluded": sorted(self.objective.exclude),
+                    "stopped_at_sample": index})
+            return self.failed is not None
+        self.outputs[index] = candidate
+        for name in self._err2:
+            self._check_output(index, name, ref[name], np.asarray(candidate[name]))
+            if self.failed is not None:
+                break
+        return self.failed is not None
+
+    def _check_output(self, index: int, name: str, r: np.ndarray, c: np.ndarray) -> None:
+        tol = self.objective.tolerance_of(name)
+        if not np.all(np.isfinite(c)):
+            self.failed = Score(False, math.inf, {name: math.inf, "stopped_at_sample": index})
+            return
+        self._err2[name] += _err_norm2(r, c)
+        budget = self._budget.get(name)
+        if budget is not None and self._err2[name] > budget * (1 + _STOP_MARGIN):
+            ratio = (math.sqrt(self._err2[name] / budget) if budget > 0 else math.inf)
+            self.failed = Score(False, ratio, {name: ratio * (tol.rel_l2 or 0.0),
+                                               "stopped_at_sample": index})
+            return
+        if tol.atol is not None or tol.rtol is not None:
+            r64, c64 = np.asarray(r, np.float64), np.asarray(c, np.float64)
+            bound = (tol.atol or 0.0) + (tol.rtol or 0.0) * np.abs(r64)
+            self._miss[name] += int((~(np.abs(c64 - r64) <= bound)).sum())
+            if self._miss[name] > self._allowed[name]:
+                ratio = math.sqrt(self._err2[name] / budget) if budget else math.inf
+                self.failed = Score(False, ratio, {name: "elementwise bound exceeded",
+                                                   "stopped_at_sample": index})
+
+    def subset_score(self) -> Score:
+        """Score over the samples added so far (a metric objective whose search screened
+        out samples that cannot fail; ``detail["screened_out"]`` lists the others).
+
+        Raises:
+            ValueError: Not a metric objective, or nothing added.
+        """
+        if self.objective.metric is None:
+            raise ValueError("subset_score is for metric objectives")
+        if self.failed is not None:
+            return self.failed
+        added = {i: v for i, v in enumerate(self.values) if v is not None}
+        if not added:
+            raise ValueError("subset_score() before any sample was added")
+        counted = [v for i, v in added.items() if i not in self.objective.exclude] \
+            or list(added.values())
+        metric = self.objective.metric
+        worst = min(counted) if metric.higher_is_better else max(counted)
+        return Score(self.objective.meets(worst), worst, {
+            "per_sample": list(self.values), "excluded": sorted(self.objective.exclude),
+            "screened_out": [i for i, v in enumerate(self.values) if v is None]})
+
+    def score(self) -> Score:
+        """The failing partial score, or the complete score once every sample was added.
+
+        Raises:
+            ValueError: Neither failed nor complete.
+        """
+        if self.failed is not None:
+            return self.failed
+        if self.objective.metric is not None:
+            values = [v for v in self.values if v is not None]
+            if len(values) < self.n:
+                raise ValueError("score() before every sample was added")
+            return self.objective.metric_score(values)
+        outputs = [o for o in self.outputs if o is not None]
+        if len(outputs) < self.n:
+            raise ValueError("score() before every sample was added")
+        cand = {k: [o[k] for o in outputs] for k in self.reference}
+        return self.objective.score(self.reference, cand)

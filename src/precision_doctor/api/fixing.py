@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 import onnx
 
+from precision_doctor.analysis.evalpool import resolve_jobs
 from precision_doctor.analysis.fix import FixResult
 from precision_doctor.analysis.fix import fix as fix_model
 from precision_doctor.api.options import (
@@ -248,7 +249,7 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
         threshold: float | None = None, keep: Sequence[str] = (),
         force_low: Sequence[str] = (), rewrites: bool = True, keep_io_types: bool = True,
         runner: str = "emulate", max_samples: int | None = None, max_evals: int = 150,
-        progress: Progress | None = None, quiet: bool = False) -> Fix:
+        progress: Progress | None = None, quiet: bool = False, jobs: int | str = 1) -> Fix:
     """Find the fewest nodes to keep in FP32 so that the model meets an accuracy target in
     FP16/BF16, and build that strongly typed mixed-precision model (in memory).
 
@@ -281,6 +282,9 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
         max_evals: Search budget in evaluations (a warning says when it was used up).
         progress: ``progress(stage, done, total)`` callback; default: a rich bar on a terminal.
         quiet: No progress output at all.
+        jobs: Evaluate samples in this many processes (one ONNX Runtime session each; a
+            process pool forked per search), or ``"auto"`` (cores / ORT threads). Results are
+            identical for any value; it pays when the machine has cores to spare.
 
     Returns:
         :class:`Fix`: ``.model`` (``onnx.ModelProto``), ``.plan``, ``.passed``, ``.report``
@@ -290,23 +294,26 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
         TargetNotMetError: Not even all-FP32 meets the target.
         PlanError: ``target`` is not FP16/BF16, or ``keep``/``force_low`` name nothing.
         MetricError: Unknown metric, a metric without a default and no ``threshold``.
-        ModelLoadError, InputError, BackendError: As for :func:`diagnose`.
+        ModelLoadError, InputError, BackendError: As for :func:`diagnose`; InputError also
+            when ``jobs`` is neither a positive integer nor ``"auto"``.
     """
     precision = parse_precision(target)
     proto, path = as_model(model)
     samples = as_samples(data, proto, preprocess, max_samples)
     objective = build_objective(tolerance, metric, threshold, precision)
+    workers = resolve_jobs(jobs, len(samples))
     factory = None
     if runner != "emulate":
         providers, options = ort_providers(runner)
 
-        def factory(m: onnx.ModelProto) -> OrtRunner:
-            return OrtRunner(m, providers, options, name=runner)
+        def factory(m: onnx.ModelProto, intra_op_threads: int = 0) -> OrtRunner:
+            return OrtRunner(m, providers, options, name=runner,
+                             intra_op_threads=intra_op_threads)
 
     with progress_reporter(progress, quiet) as callback:
         result = fix_model(proto, samples, precision, objective, keep, force_low,
                            None if rewrites else [], keep_io_types, factory, max_evals,
-                           callback)
+                           callback, workers)
     report = result.to_dict()
     report["model"] = {"input": path, "output": None}
     return Fix(result.model, result.plan, report, result.rewritten, result, tuple(samples),

@@ -57,7 +57,8 @@ def render_fix(result: FixResult, console: Console) -> None:
     s = result.share
     console.print(f"FP32: {s['fp32_nodes']} of {s['compute_nodes']} compute nodes "
                   f"({s['nodes']:.1%}), {s['flops']:.1%} of FLOPs, {s['params']:.1%} of "
-                  f"parameters; {result.search.evaluations} evaluations")
+                  f"parameters")
+    console.print(Text(resources_line(result.resources)))
     applied = applied_rewrites(result)
     if applied:
         console.print("rewrites: " + ", ".join(f"{k} x{v}" for k, v in sorted(applied.items())))
@@ -79,3 +80,14 @@ def applied_rewrites(result: FixResult) -> dict[str, int]:
         if r.get("applied"):
             applied[r["rule"]] = applied.get(r["rule"], 0) + 1
     return applied
+
+
+def resources_line(r: dict) -> str:
+    """``12 evaluations (40 sample runs), 95.2 s wall (150.1 s CPU), peak RSS 812 MiB``."""
+    if not r:
+        return ""
+    workers = (f", {r['jobs']} jobs (largest worker {r['peak_rss_workers_mb']:.0f} MiB)"
+               if r.get("jobs", 1) > 1 else "")
+    return (f"{r['evaluations']} evaluations ({r['samples_run']} sample runs), "
+            f"{r['wall_s']:.1f} s wall ({r['cpu_s']:.1f} s CPU), peak RSS "
+            f"{r['peak_rss_mb']:.0f} MiB{workers}")

@@ -12,7 +12,7 @@ from precision_doctor.api.fixing import fix, sidecar_paths
 from precision_doctor.api.options import build_objective, invocation  # noqa: F401 - re-exported
 from precision_doctor.errors import InputError
 from precision_doctor.report.files import check_writable
-from precision_doctor.report.fix_terminal import render_fix
+from precision_doctor.report.fix_terminal import render_fix, resources_line
 from precision_doctor.report.progress import progress_bar
 from precision_doctor.workflows.collect import collect_section
 
@@ -21,13 +21,14 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
             tolerances: Sequence[str], metric: str | None, threshold: float | None,
             keep: Sequence[str], force_low: Sequence[str], no_rewrites: bool,
             keep_io_types: bool, runner: str, max_samples: int | None, max_evals: int,
-            html_path: Path | None, force: bool, console: Console, quiet: bool = False
-            ) -> FixResult:
+            html_path: Path | None, force: bool, console: Console, quiet: bool = False,
+            jobs: int | str = 1) -> FixResult:
     """Run ``fix`` and write the fixed model, its plan, recipes and reports.
 
     Raises:
         PrecisionDoctorError: Any user-facing problem; nothing is written then.
         TargetNotMetError: The target cannot be met even in FP32 (nothing is written).
+        InputError: ``jobs`` is neither a positive integer nor ``auto``.
     """
     side = sidecar_paths(output)
     if output.resolve() == Path(model_path).resolve():
@@ -38,7 +39,7 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
         fixed = fix(model_path, data, target=target, preprocess=preprocess,
                     tolerance=list(tolerances), metric=metric, threshold=threshold, keep=keep,
                     force_low=force_low, rewrites=not no_rewrites, keep_io_types=keep_io_types,
-                    runner=runner, max_samples=max_samples, max_evals=max_evals,
+                    runner=runner, max_samples=max_samples, max_evals=max_evals, jobs=jobs,
                     progress=progress, quiet=progress is None)
     from precision_doctor.formats import Precision
 
@@ -55,5 +56,6 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
                 [("html", html_path)] if html_path else []):
             console.print(f"{name}: {path}", markup=False)
     else:
-        console.print(f"{'PASS' if result.passed else 'FAIL'}: wrote {output}", markup=False)
+        console.print(f"{'PASS' if result.passed else 'FAIL'}: wrote {output} "
+                      f"({resources_line(result.resources)})", markup=False)
     return result
