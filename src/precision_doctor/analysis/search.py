@@ -39,6 +39,7 @@ import numpy as np
 import onnx
 
 from precision_doctor.analysis.evalpool import OpenPlan, SampleRunner
+from precision_doctor.analysis.gain import local_gains
 from precision_doctor.analysis.layerwise import LayerwiseResult
 from precision_doctor.analysis.objective import SAMPLE_LOAD, Objective, Outputs, Score
 from precision_doctor.errors import TargetNotMetError
@@ -89,26 +90,16 @@ def rank_by_sensitivity(layerwise: LayerwiseResult, candidates: Sequence[str],
                         ) -> list[str]:
     """Candidates ordered by how much error they add, most sensitive first.
 
-    Score of a node = +inf where its output overflows the format or NaN/Inf is born; otherwise
-    rel_l2(output) / max(largest rel_l2 of its inputs, unit roundoff): the local error gain.
+    Score of a node = ``analysis.gain.Gain.sensitivity``: +inf where its output overflows the
+    format or NaN/Inf is born; otherwise rel_l2(output) / max(largest rel_l2 of its inputs,
+    unit roundoff), the local error gain.
     ``priority`` nodes (e.g. hazard findings) come first, in their given order. Ties and nodes
     without a measurement keep topological order.
     """
     u = FORMATS[Precision(layerwise.target)].unit_roundoff
-    recs = {r.tensor: r for r in layerwise.records}
     score: dict[str, float] = {}
-    for r in layerwise.records:
-        if r.overflow or ((r.cand_inf or r.cand_nan) and not r.ref_nonfinite):
-            ups = [recs[i] for i in inputs_of.get(r.tensor, ()) if i in recs]
-            born = all(not (x.cand_inf or x.cand_nan) for x in ups)
-            s = math.inf if (r.overflow or born) else 0.0
-        elif math.isfinite(r.rel_l2):
-            up = max((recs[i].rel_l2 for i in inputs_of.get(r.tensor, ()) if i in recs
-                      and math.isfinite(recs[i].rel_l2)), default=0.0)
-            s = r.rel_l2 / max(up, u)
-        else:
-            s = 0.0
-        score[r.node] = max(score.get(r.node, 0.0), s)
+    for g in local_gains(layerwise.records, inputs_of, u):
+        score[g.record.node] = max(score.get(g.record.node, 0.0), g.sensitivity)
     order = {n: i for i, n in enumerate(candidates)}
     first = [n for n in dict.fromkeys(priority) if n in order]
     rest = sorted((n for n in candidates if n not in set(first)),
