@@ -35,8 +35,9 @@ class EmulatorRunner:
     """
 
     def __init__(self, model: onnx.ModelProto, plan: PrecisionPlan, name: str | None = None,
-                 intra_op_threads: int = 0) -> None:
+                 intra_op_threads: int = 0, cpu_mem_arena: bool = False) -> None:
         self.model = model
+        self.cpu_mem_arena = cpu_mem_arena
         self.plan = plan
         self.name = name or f"emulate-{plan.default.value}"
         self.intra_op_threads = intra_op_threads
@@ -51,7 +52,8 @@ class EmulatorRunner:
                                                 if k in names})
         emulated, self.info = emulate(self.model, plan)
         self._ort = OrtRunner(emulated, ("cpu",), name=self.name,
-                              intra_op_threads=self.intra_op_threads).__enter__()
+                              intra_op_threads=self.intra_op_threads,
+                              cpu_mem_arena=self.cpu_mem_arena).__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -74,9 +74,11 @@ class OrtRunner:
         strict_providers: Raise ``BackendUnavailable`` if ORT would fall back to CPU for the
             first provider.
         cpu_mem_arena: ONNX Runtime's CPU memory arena. Off by default: the arena keeps each
-            session's peak, and a search creates many sessions (``fix`` on PP-OCRv4 det with 3
-            full-size images: 2.3 GB peak RSS with it, 0.9 GB without, about 10% slower on
-            CPU; measured 2026-11-21). Turn it on to time CPU inference.
+            session's peak (measured 2026-11-21: ``fix`` on PP-OCRv4 det, 3 full-size images,
+            2.3 GB peak RSS with it, 0.9 GB without). On where one session runs many large
+            samples: without it each large activation is a fresh mmap, and ``fix``'s emulated
+            search spent half its CPU time in page faults (``analysis.fix.SEARCH_ARENA``).
+            Turn it on to time CPU inference.
 
     Raises:
         BackendUnavailable: (on ``__enter__``) a requested provider is not available; the
