@@ -42,12 +42,15 @@ def _copy_range(src: str, offset: int, length: int, out) -> None:
 
 
 def _externalize_into(model: onnx.ModelProto, out, location: str,
-                      reuse: dict[tuple[str, int], int] | None = None) -> None:
+                      raw_only: bool = False) -> None:
     """Move every tensor of ``model`` with data of at least ``INLINE_BELOW`` bytes (external or
-    raw) into the open binary file ``out``, recorded under ``location``."""
-    reuse = {} if reuse is None else reuse
+    raw; with ``raw_only``, raw only: external ones stay where they are) into the open binary
+    file ``out``, recorded under ``location``."""
+    reuse: dict[tuple[str, int], int] = {}
     for tensor in _get_all_tensors(model):
         if is_external(tensor):
+            if raw_only:
+                continue
             src, offset, length = external_info(tensor)
             length = length if length is not None else os.path.getsize(src) - offset
             key = (src, offset)
@@ -121,10 +124,10 @@ def link_model(model: onnx.ModelProto, folder: Path, name: str = "model.onnx",
         The ``.onnx`` path.
     """
     folder = Path(folder)
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
+    view = onnx.ModelProto()
+    view.CopyFrom(model)
     names: dict[str, str] = {}
-    for tensor in _get_all_tensors(copy):
+    for tensor in _get_all_tensors(view):
         if not is_external(tensor):
             continue
         src, offset, length = external_info(tensor)
@@ -139,10 +142,11 @@ def link_model(model: onnx.ModelProto, folder: Path, name: str = "model.onnx",
                 shutil.copyfile(src, target)
         set_external_info(tensor, names[src], offset,
                   length if length is not None else os.path.getsize(src) - offset)
-    if copy.ByteSize() >= 2**31 - 1:  # large in-memory tensors: into a data file of their own
+    if view.ByteSize() >= 2**31 - 1:  # large in-memory tensors: into a data file of their own
+        # (the linked ones above already point at their files)
         with open(folder / f"{name}.data", "wb") as out:
-            _externalize_into(copy, out, f"{name}.data")
+            _externalize_into(view, out, f"{name}.data", raw_only=True)
     target = folder / name
-    target.write_bytes(copy.SerializeToString())
+    target.write_bytes(view.SerializeToString())
     return target
 
