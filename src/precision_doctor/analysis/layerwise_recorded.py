@@ -23,6 +23,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
+from precision_doctor.analysis.gain import nonfinite_birth
 from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult, _Accumulator
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.outputs import (
@@ -157,15 +158,8 @@ def _as_shape(arr: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
 def _result(model: onnx.ModelProto, records: list[LayerRecord], target: Precision,
             threshold: float, chunks: int, missing: Mapping[str, str]) -> LayerwiseResult:
     first = next((r.tensor for r in records if r.rel_l2 > threshold), None)
-    by_name = {r.tensor: r for r in records}
-    inputs_of = producer_inputs(model)
-    birth = None
-    for r in records:  # first NaN/Inf whose compared inputs are all finite
-        if (r.cand_nan or r.cand_inf) and not r.ref_nonfinite and all(
-                not (by_name[i].cand_nan or by_name[i].cand_inf)
-                for i in inputs_of.get(r.tensor, []) if i in by_name):
-            birth = r.tensor
-            break
+    born = nonfinite_birth(records, producer_inputs(model))
+    birth = born.tensor if born is not None else None
     return LayerwiseResult(target.value, threshold, tuple(records), first, birth, chunks,
                            tuple(sorted(missing)))
 

@@ -72,13 +72,13 @@ def find_near_ties(model: onnx.ModelProto, samples: Sequence, reference: Outputs
     metric = objective.metric
     if metric is None or metric.name not in DECISION_METRICS:
         return []
-    output = dict(metric.params).get("output") or next(iter(reference))
-    probs = reference[str(output)]
+    output = decision_output(objective, list(reference))
+    probs = reference[output]
     ctc = metric.name.startswith("ctc")
     ties = []
     with OrtRunner(model, name="ort-cpu-noopt", graph_optimization="disable") as runner:
         for i, s in enumerate(samples):
-            other = runner.run(s.feeds)[str(output)]
+            other = runner.run(s.feeds)[output]
             noise = float(np.max(np.abs(np.asarray(other, np.float64) - probs[i])))
             margin = _margins(probs[i], ctc)
             if margin <= NOISE_MULTIPLE * noise:  # an exact tie (0 <= 0) counts

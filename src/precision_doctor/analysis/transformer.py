@@ -253,12 +253,6 @@ def _sites_of(model: onnx.ModelProto) -> tuple[list[LayerNormSite], list[Attenti
     return find_layernorms(model), find_attention(model)
 
 
-def is_transformer(model: onnx.ModelProto) -> bool:
-    """True when the graph has at least one LayerNorm or one attention (QK^T -> Softmax)."""
-    ln, att = _sites_of(model)
-    return bool(ln or att)
-
-
 def analyze_transformer(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]]
                         ) -> TransformerReport | None:
     """Measure the FP16 headroom of every LayerNorm and attention on real inputs (FP32 runs).
@@ -372,5 +366,5 @@ def fp32_statistics_nodes(model: onnx.ModelProto, samples: Sequence[Mapping[str,
 
 
 __all__ = ["FP16_MAX", "STATISTICS", "AttentionStat", "BlockRow", "LayerNormStat",
-           "TransformerReport", "analyze_transformer", "fp32_statistics_nodes", "is_transformer",
+           "TransformerReport", "analyze_transformer", "fp32_statistics_nodes",
            "layernorm_statistics"]

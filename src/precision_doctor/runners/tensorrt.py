@@ -25,7 +25,8 @@ import numpy as np
 import onnx
 
 from precision_doctor.errors import BackendError, BackendUnavailable
-from precision_doctor.graph.load import PROTOBUF_LIMIT, input_metadata
+from precision_doctor.graph.external_files import link_model
+from precision_doctor.graph.load import input_metadata
 from precision_doctor.runners.base import Feeds, TensorMeta
 
 INSTALL_HINT = ("TensorRT is not installed: pip install 'precision-doctor[tensorrt]' (TensorRT "
@@ -133,9 +134,9 @@ class TensorRTRunner:
     def __enter__(self) -> TensorRTRunner:
         trt, backend = load_backend()
         tmp = tempfile.TemporaryDirectory(prefix="precision-doctor-trt-")
-        path = str(Path(tmp.name) / "model.onnx")
-        onnx.save_model(self.model, path, save_as_external_data=self.model.ByteSize()
-                        >= PROTOBUF_LIMIT, location="model.onnx.data")
+        # relative data files beside the model, large in-memory weights in a data file of
+        # their own: what TensorRT's ONNX parser can open (graph.external_files.link_model)
+        path = str(link_model(self.model, Path(tmp.name)))
         self._state = {"trt": trt, "backend": backend, "tmp": tmp, "path": path}
         return self
 
