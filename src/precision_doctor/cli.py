@@ -192,29 +192,28 @@ def audit(
     try:
         check_writable([json_path], force)
         model = load_model(onnx_model) if onnx_model else None
-        report = audit_engine_build(layer_info, onnx=model, profile=profile,
+        report = audit_engine_build(layer_info, onnx=model, profile=profile, log=log,
                                     plan=str(plan) if plan else None, expect_fp32=expect_fp32)
         render_audit(report, console, max_layers=max_layers or None)
         data = {"audit": report.to_dict()}
+        data["audit"].pop("build_log", None)  # written beside the audit, as before
         if compare:
             other = audit_engine(compare, compare_profile, model)
             diff = compare_builds(report, other)
             render_build_diff(diff, console)
             data["compare"] = diff.to_dict()
-        if log:
-            from precision_doctor.audit.buildlog import link_to_audit, read_build_log
+        if report.build_log is not None:  # read and linked by the API (audit(log=...))
+            from precision_doctor.audit.buildlog import BuildLog
             from precision_doctor.audit.logrender import render_build_log
 
-            build = read_build_log(log, model)
-            links = link_to_audit(build, report)
-            render_build_log(build, console, links)
-            data["build_log"] = {**build.to_dict(), "links": links}
+            data["build_log"] = dict(report.build_log)
+            facts = {k: v for k, v in report.build_log.items() if k != "links"}
+            render_build_log(BuildLog.from_dict(facts), console, report.build_log["links"])
         if json_path:
             write_json(json_path, data, force)
     except PrecisionDoctorError as exc:
         _fail(exc)
-    flagged = any(f.kind == "fp32-not-honored" for f in report.findings)
-    raise typer.Exit(1 if flagged else 0)
+    raise typer.Exit(0 if report.passed else 1)
 
 
 def _audit_log(path: Path, onnx_model: Optional[Path], json_path: Optional[Path],

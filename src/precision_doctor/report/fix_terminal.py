@@ -13,15 +13,12 @@ from rich.text import Text
 from precision_doctor.analysis.fix import FixResult
 from precision_doctor.report.numbers import fmt3, fmt_vs
 from precision_doctor.report.tables import Col, MetricTable, metric_table
+from precision_doctor.report.terminal import verdict_tag
 
 BEFORE_AFTER_COLUMNS = (Col("output", "key"), Col("before"), Col("after"),
                         Col("after emu", label="after (emulated)"))
 BEFORE_AFTER_CAPTION = ("before = original model, naive {target} (emulated); after = the written "
                         "model run by ONNX Runtime CPU; after emu = its plan, emulated")
-
-
-def _pass(passed: bool) -> Text:
-    return Text("pass", style="green") if passed else Text("fail", style="red")
 
 
 def objective_line(result: FixResult) -> Text:
@@ -33,8 +30,8 @@ def objective_line(result: FixResult) -> Text:
     op = ">=" if higher else "<="
     return Text.assemble(
         f"{result.score_label} (passes {op} {threshold:g}): ",
-        f"original in {result.target.upper()} {before} (", _pass(result.score_before.passed),
-        f") -> fixed {after} (", _pass(result.score_after.passed), ")")
+        f"original in {result.target.upper()} {before} (", verdict_tag(result.score_before.passed),
+        f") -> fixed {after} (", verdict_tag(result.score_after.passed), ")")
 
 
 def before_after_table(result: FixResult) -> MetricTable:

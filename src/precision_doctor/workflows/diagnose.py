@@ -9,12 +9,7 @@ from rich.console import Console
 
 from precision_doctor.analysis.diagnosis import DiagnosisReport
 from precision_doctor.api.diagnosing import diagnose
-from precision_doctor.api.options import (  # noqa: F401 - re-exported for the CLI and demo
-    build_plan,
-    invocation,
-    parse_precision,
-    parse_tolerances,
-)
+from precision_doctor.api.options import invocation
 from precision_doctor.errors import InputError
 from precision_doctor.report.files import check_writable, write_json, write_text_atomic
 from precision_doctor.report.progress import progress_bar

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from precision_doctor.analysis.fix import FixResult
 from precision_doctor.api.fixing import fix, sidecar_paths
-from precision_doctor.api.options import build_objective, invocation  # noqa: F401 - re-exported
+from precision_doctor.api.options import invocation
 from precision_doctor.errors import InputError
 from precision_doctor.report.files import check_writable
 from precision_doctor.report.fix_terminal import render_fix, resources_line
