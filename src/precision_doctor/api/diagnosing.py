@@ -115,12 +115,6 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         ReferenceError_: The FP32 reference itself produces NaN/Inf.
         MetricError: Unknown ``metric``, or the metric fails.
     """
-    precision = parse_precision(target)
-    proto, path = as_model(model)
-    samples = as_samples(data, proto, preprocess, max_samples)
-    emulated_plan = build_plan(proto, precision, plan, keep)
-    other = as_model(candidate_model)[0] if candidate_model is not None else None
-    candidate = candidate_from_spec(runner, emulated_plan, proto, other)
     if candidate_results is not None and (runner != "emulate" or candidate_model is not None):
         raise InputError("candidate_results is the candidate: drop runner/candidate_model (the "
                          "emulator of target/plan/keep is the cross-check)")
@@ -129,6 +123,12 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
     if candidate_results is not None and metric:
         raise InputError("a task metric on recorded results is not supported yet: score the "
                          "recording with `diagnose` alone, or run the metric live")
+    precision = parse_precision(target)
+    proto, path = as_model(model)
+    samples = as_samples(data, proto, preprocess, max_samples)
+    emulated_plan = build_plan(proto, precision, plan, keep)
+    other = as_model(candidate_model)[0] if candidate_model is not None else None
+    candidate = candidate_from_spec(runner, emulated_plan, proto, other)
     objective = build_objective(None, metric, threshold, precision) if metric else None
     with progress_reporter(progress, quiet) as callback:
         report = diagnose_model(proto, samples, precision, candidate,

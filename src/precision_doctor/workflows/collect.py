@@ -7,6 +7,7 @@ import shlex
 from pathlib import Path
 from typing import Sequence
 
+import onnx
 from rich.console import Console
 
 from precision_doctor.errors import DataFormatError
@@ -55,17 +56,20 @@ def run_collect(model_path: Path, *, data: str, preprocess: str | None, fixed: P
 
 
 def collect_section(model_path: Path, fixed: Path, data: str, preprocess: str | None,
-                    samples: Sequence, target: Precision, max_samples: int | None = None) -> str:
+                    samples: Sequence, target: Precision, max_samples: int | None = None,
+                    model: onnx.ModelProto | None = None) -> str:
     """The collect section of ``fix``'s recipes file: the same commands for the original and
     the fixed model. Inputs that are not a Polygraphy inputs file are written first by ``recipe
     collect`` (the exact command is part of the section). Empty for targets other than
-    FP16/BF16 (there is no weakly typed builder flag to record)."""
+    FP16/BF16 (there is no weakly typed builder flag to record). ``model``: the loaded
+    ``model_path``, when the caller has it (not read again)."""
     if target not in (Precision.FP16, Precision.BF16):
         return ""
     ready = _is_polygraphy_inputs(data)
     inputs = data if ready else "trt-collect/inputs.json"
     shapes: dict[str, list[list[int]]] = {}
-    dynamic = {m.name for m in input_metadata(load_model(model_path)) if m.is_dynamic()}
+    source = model if model is not None else load_model(model_path)
+    dynamic = {m.name for m in input_metadata(source) if m.is_dynamic()}
     for s in samples:
         for k, v in s.feeds.items():
             if k in dynamic:

@@ -44,7 +44,7 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
     from precision_doctor.formats import Precision
 
     extra = collect_section(Path(model_path), output, data, preprocess, fixed.samples,
-                            Precision.parse(target), max_samples)
+                            Precision.parse(target), max_samples, fixed.source)
     fixed.save(output, force=force, extra_recipes=extra)
     if html_path:
         fixed.to_html(html_path, force=force, command=invocation())
