@@ -223,6 +223,14 @@ def assess(x: AssessmentInputs) -> Assessment:
     return Assessment("rounding", summary, ev, remedy, share)
 
 
+def share_removed(baseline: float, after: float) -> float:
+    """Share (0..1) of the ``baseline`` output error removed when a remedy leaves ``after``
+    (an infinite baseline counts as fully removed when ``after`` is finite)."""
+    if math.isinf(baseline):
+        return 1.0 if math.isfinite(after) else 0.0
+    return max(0.0, (baseline - after) / baseline) if baseline > 0 else 0.0
+
+
 def _rewritten_note(x: AssessmentInputs, ev: dict) -> tuple[str, str]:
     rw = x.rewritten
     if not rw:
@@ -233,7 +241,7 @@ def _rewritten_note(x: AssessmentInputs, ev: dict) -> tuple[str, str]:
     worst = worst_rel_l2(x)
     if rel is not None and worst > 0 and math.isfinite(rel):
         # share of the error the safe rewrites alone remove (the rewrite remedy's impact)
-        ev["rewritten_share"] = 1.0 if math.isinf(worst) else max(0.0, (worst - rel) / worst)
+        ev["rewritten_share"] = share_removed(worst, rel)
     names = ", ".join(rw.get("rewrites", ())) or "none"
     if rw.get("verdict") == "pass":
         return (f" The numerically safe rewrites that engines apply anyway ({names}) alone bring "

@@ -10,7 +10,6 @@ the assessment (``analysis.assessment``).
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
@@ -23,6 +22,7 @@ from precision_doctor.analysis.assessment import (
     assess,
     defect_candidates,
     rounding_depth,
+    share_removed,
 )
 from precision_doctor.analysis.candidates import (
     Candidate,
@@ -255,13 +255,6 @@ def _judge(out_names: Sequence[str], ref, cand, tolerances, target: Precision, f
     return outputs
 
 
-def _share(baseline: float, after: float) -> float:
-    """Share of ``baseline`` error removed (inf baseline: 1 when ``after`` is finite)."""
-    if math.isinf(baseline):
-        return 1.0 if math.isfinite(after) else 0.0
-    return max(0.0, (baseline - after) / baseline) if baseline > 0 else 0.0
-
-
 def _joint_shares(findings, measure, baseline: float, target: Precision
                   ) -> tuple[float | None, float | None]:
     """(all findings' remedies jointly, the defect candidates' remedies jointly): shares of
@@ -270,14 +263,14 @@ def _joint_shares(findings, measure, baseline: float, target: Precision
         return None, None
     everything = list(dict.fromkeys(n for f in findings if f.kind != "reference-mismatch"
                                     for n in f.nodes))
-    explained = _share(baseline, measure(everything)) if everything else 0.0
+    explained = share_removed(baseline, measure(everything)) if everything else 0.0
     defects = list(dict.fromkeys(n for f in defect_candidates(findings, target)
                                  for n in f.nodes))
     if not defects:
         return explained, None
     if set(defects) == set(everything):
         return explained, explained
-    return explained, _share(baseline, measure(defects))
+    return explained, share_removed(baseline, measure(defects))
 
 
 ENGINE_REWRITES = ("fold-bias-add", "fold-batchnorm", "fuse-layernorm")
