@@ -76,8 +76,15 @@ _FLOAT_FIELDS = {"ref_max_abs", "cand_max_abs", "max_abs_err", "mean_abs_err", "
                  "headroom_bits"}
 
 
+# Elements folded per pass (512 KiB of float32): every temporary of a block stays in the
+# 1 MiB L2 cache of the 2-core EPYC sandbox; 1.6x faster statistics than whole-tensor passes
+# on 6.5 MB det activations (2.7 -> 1.66 ms per tensor, measured 2026-11-24; 64-256 Ki
+# elements all within 10%).
+BLOCK = 1 << 17
+
+
 class Scratch:
-    """Reusable temporary arrays of one thread (grown to the largest tensor seen)."""
+    """Reusable temporary arrays of one thread (grown to the largest block seen)."""
 
     def __init__(self) -> None:
         self._arrays: dict[str, np.ndarray] = {}
@@ -87,6 +94,14 @@ class Scratch:
         buf = self._arrays.get(slot)
         if buf is None or buf.size < size or buf.dtype != np.dtype(dtype):
             buf = self._arrays[slot] = np.empty(size, dtype)
+        return buf[:size]
+
+    def ones(self, size: int, dtype: np.dtype | type) -> np.ndarray:
+        """A 1-D array of ``size`` ones of ``dtype`` (filled once, then reused)."""
+        slot = f"ones-{np.dtype(dtype).str}"
+        buf = self._arrays.get(slot)
+        if buf is None or buf.size < size:
+            buf = self._arrays[slot] = np.ones(max(size, BLOCK), dtype)
         return buf[:size]
 
 
@@ -106,8 +121,9 @@ class _Accumulator:
             fmt_min_normal: float, scratch: Scratch | None = None) -> None:
         """Fold one sample of the tensor in (shapes must match; otherwise it is skipped).
 
-        ``scratch`` (one per thread) holds the temporaries, so that large tensors do not
-        allocate (and page-fault) fresh memory for each of them.
+        The tensor is folded in blocks of ``BLOCK`` elements, so that the statistics' passes
+        after the first read of each block hit the cache. ``scratch`` (one per thread) holds
+        the temporaries, so that large tensors do not allocate (and page-fault) fresh memory.
         """
         r = np.asarray(ref).ravel()
         c = np.asarray(cand).ravel()
@@ -116,6 +132,13 @@ class _Accumulator:
         if r.dtype != c.dtype or r.dtype.kind != "f":
             r, c = r.astype(np.float64), c.astype(np.float64)
         scratch = scratch or Scratch()
+        for start in range(0, r.size, BLOCK):
+            self._add_block(r[start:start + BLOCK], c[start:start + BLOCK], fmt_max,
+                            fmt_min_sub, fmt_min_normal, scratch)
+
+    def _add_block(self, r: np.ndarray, c: np.ndarray, fmt_max: float, fmt_min_sub: float,
+                   fmt_min_normal: float, scratch: Scratch) -> None:
+        """``add`` for one block (1-D, same dtype)."""
         ar = np.abs(r, out=scratch.get("abs", r.size, r.dtype))
         r_top, c_hi, c_lo = float(ar.max()), float(c.max()), float(c.min())  # NaN propagates
         if not (math.isfinite(r_top) and math.isfinite(c_hi) and math.isfinite(c_lo)):
@@ -136,7 +159,9 @@ class _Accumulator:
         np.abs(d, out=d)
         self.cand_max = max(self.cand_max, max(c_hi, -c_lo))
         self.err_max = max(self.err_max, float(d.max()))
-        self.err_sum += float(d.sum())  # float32 pairwise sum: relative error ~1e-7 * log2(n)
+        # sum |d| as a BLAS dot with ones: 4x faster than numpy's pairwise sum; float32
+        # accumulation within one block, float64 across blocks
+        self.err_sum += float(np.dot(d, scratch.ones(d.size, d.dtype)))
 
     def _small_values(self, ar: np.ndarray, c: np.ndarray, small: np.ndarray, n_small: int,
                       half_sub: float, scratch: Scratch) -> None:

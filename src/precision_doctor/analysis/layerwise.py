@@ -34,6 +34,7 @@ from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.outputs import TensorSite, float_activations, producer_inputs
 from precision_doctor.graph.segments import missing_types, plan_segments, why_not_segmentable
 from precision_doctor.graph.shapes import infer_types
+from precision_doctor.runners.ort_shared import shared_cpu
 
 __all__ = ["LAYERWISE_BUDGET", "LayerRecord", "LayerwiseResult", "Progress", "RunnerFactory",
            "_Accumulator", "compare_layerwise"]
@@ -139,23 +140,26 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
         "the candidate runner runs a model of its own, not sub-models of this one")
     stats = StatsPool(sites, fmt, stats_threads)
     side = side_thread() if stats_threads != 1 else None
-    try:
-        outcome = reason if reason is not None else _by_segments(
-            model, samples, make_reference, make_candidate, all_sites, sites, stats,
-            budget_bytes, progress, side)
-        if isinstance(outcome, str):  # marking, with fresh accumulators
-            reason = outcome
+    # the segments' (or chunks') sessions reuse each other's memory, and do not spin while
+    # the statistics run (runners.ort_shared)
+    with shared_cpu():
+        try:
+            outcome = reason if reason is not None else _by_segments(
+                model, samples, make_reference, make_candidate, all_sites, sites, stats,
+                budget_bytes, progress, side)
+            if isinstance(outcome, str):  # marking, with fresh accumulators
+                reason = outcome
+                stats.close()
+                stats = StatsPool(sites, fmt, stats_threads)
+                count, missing = run_marking(model, samples, make_reference, make_candidate, sites,
+                                             stats, budget_bytes, progress, side)
+            else:
+                count, missing = outcome
+            records = stats.records(sites, set(missing))
+        finally:
             stats.close()
-            stats = StatsPool(sites, fmt, stats_threads)
-            count, missing = run_marking(model, samples, make_reference, make_candidate, sites,
-                                         stats, budget_bytes, progress, side)
-        else:
-            count, missing = outcome
-        records = stats.records(sites, set(missing))
-    finally:
-        stats.close()
-        if side is not None:
-            side.shutdown()
+            if side is not None:
+                side.shutdown()
     first = next((r.tensor for r in records if r.rel_l2 > threshold), None)
     return LayerwiseResult(target.value, threshold, records, first, _nan_birth(model, records),
                            count, tuple(sorted(set(missing))),
