@@ -20,9 +20,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from precision_doctor.compare.metrics import compute_metrics
 from precision_doctor.compare.tasks.registry import TaskMetric, evaluate_metric, sample_context
-from precision_doctor.compare.tolerance import Tolerance, check, elementwise_pass_share
+from precision_doctor.compare.tolerance import Tolerance, check_values, elementwise_pass_share
 
 Outputs = Mapping[str, Sequence[np.ndarray]]
 # detail key of a tolerance score: per sample, max over outputs of its squared error / (bound^2
@@ -176,8 +175,14 @@ class Objective:
         return Score(self.meets(worst), float(worst), {"per_sample": list(values),
                                                        "excluded": sorted(self.exclude)})
 
-    def score(self, reference: Outputs, candidate: Outputs) -> Score:
+    def score(self, reference: Outputs, candidate: Outputs,
+              norms: Mapping[str, float] | None = None) -> Score:
         """Score ``candidate`` against ``reference`` (all samples).
+
+        Args:
+            reference / candidate: Output name -> one array per sample.
+            norms: ``reference_norms(reference)`` when the caller scores many candidates
+                against the same reference (computed here otherwise).
 
         Raises:
             MetricError: The task metric raised or returned NaN.
@@ -187,40 +192,50 @@ class Objective:
             return self.metric_score([
                 self.sample_value(i, {k: v[i] for k, v in reference.items()},
                                   {k: v[i] for k, v in candidate.items()}) for i in range(n)])
+        norms = self.reference_norms(reference) if norms is None else norms
         worst, passed = 0.0, True
         detail: dict[str, Any] = {}
         n = len(next(iter(reference.values()), []))
         loads = [0.0] * n
-        for name in reference:
-            if not np.issubdtype(np.asarray(reference[name][0]).dtype, np.floating):
-                continue
+        for name, ref2 in norms.items():
             tol = self.tolerance_of(name)
-            m = compute_metrics(reference[name], candidate[name])
+            errors = [sample_error(r, c) for r, c in zip(reference[name], candidate[name])]
+            nan, inf = sum(e[1] for e in errors), sum(e[2] for e in errors)
+            rel_l2 = _rel_l2(sum(e[0] for e in errors), ref2, nan + inf)
             share = (elementwise_pass_share(reference[name], candidate[name], tol)
                      if tol.atol is not None or tol.rtol is not None else None)
-            ok, _ = check(m, tol, share)
-            ratio = m.rel_l2 / tol.rel_l2 if tol.rel_l2 else (0.0 if ok else math.inf)
-            detail[name] = m.rel_l2
-            worst = max(worst, ratio if not (m.nan or m.inf) else math.inf)
+            ok, _ = check_values(rel_l2, nan, inf, tol, share)
+            ratio = rel_l2 / tol.rel_l2 if tol.rel_l2 else (0.0 if ok else math.inf)
+            detail[name] = rel_l2
+            worst = max(worst, ratio if not (nan or inf) else math.inf)
             passed = passed and ok
             if tol.rel_l2:
-                budget = tol.rel_l2 ** 2 * _ref_norm2(reference[name])
-                for i in range(n):
-                    e2 = _err_norm2(reference[name][i], candidate[name][i])
+                budget = tol.rel_l2 ** 2 * ref2
+                for i, (e2, _, _) in enumerate(errors):
                     loads[i] = max(loads[i], e2 / budget if budget > 0 else
                                    (math.inf if e2 > 0 else 0.0))
         if n:
             detail[SAMPLE_LOAD] = loads
         return Score(passed, worst, detail)
 
+    def reference_norms(self, reference: Outputs) -> dict[str, float]:
+        """Squared L2 norm of each floating output over all samples (finite elements): what
+        a tolerance objective divides by. Empty for a metric objective."""
+        if self.metric is not None:
+            return {}
+        return {name: _ref_norm2(arrays) for name, arrays in reference.items()
+                if np.issubdtype(np.asarray(arrays[0]).dtype, np.floating)}
+
     def tolerance_of(self, name: str) -> Tolerance:
         """The tolerance applying to output ``name`` (its own, else ``*``, else the default)."""
         tols = self.tolerances or {}
         return tols.get(name) or tols.get("*") or Tolerance()
 
-    def stream(self, reference: Outputs) -> ScoreStream:
-        """A ``ScoreStream`` for one evaluation against ``reference``."""
-        return ScoreStream(self, reference)
+    def stream(self, reference: Outputs, norms: Mapping[str, float] | None = None
+               ) -> ScoreStream:
+        """A ``ScoreStream`` for one evaluation against ``reference`` (``norms`` as for
+        ``score``)."""
+        return ScoreStream(self, reference, norms)
 
 
 def _ref_norm2(arrays: Sequence[np.ndarray]) -> float:
@@ -232,11 +247,26 @@ def _ref_norm2(arrays: Sequence[np.ndarray]) -> float:
     return total
 
 
-def _err_norm2(r: np.ndarray, c: np.ndarray) -> float:
-    r64, c64 = np.asarray(r, np.float64).ravel(), np.asarray(c, np.float64).ravel()
-    ok = np.isfinite(r64) & np.isfinite(c64)
-    d = c64[ok] - r64[ok]
-    return float(np.dot(d, d))
+def sample_error(r: np.ndarray, c: np.ndarray) -> tuple[float, int, int]:
+    """(squared L2 error over the elements finite in both, NaN count, Inf count of ``c``)
+    of one sample, in float64."""
+    d = np.subtract(np.asarray(c, np.float64), np.asarray(r, np.float64)).ravel()
+    e2 = float(np.dot(d, d))
+    if math.isfinite(e2):  # every element of both finite (float32 squares cannot overflow)
+        return e2, 0, 0
+    c64 = np.asarray(c, np.float64).ravel()
+    ok = np.isfinite(np.asarray(r, np.float64).ravel()) & np.isfinite(c64)
+    d = d[ok]
+    return float(np.dot(d, d)), int(np.isnan(c64).sum()), int(np.isinf(c64).sum())
+
+
+def _rel_l2(err2: float, ref2: float, nonfinite: int) -> float:
+    """sqrt(err2 / ref2), the same conventions as ``compare.metrics.compute_metrics``."""
+    if nonfinite:
+        return math.inf
+    if ref2 == 0:
+        return 0.0 if err2 == 0 else math.inf
+    return math.sqrt(err2 / ref2)
 
 
 class ScoreStream:
@@ -251,9 +281,11 @@ class ScoreStream:
     Args:
         objective: The accuracy target.
         reference: Reference outputs (name -> one array per sample).
+        norms: ``objective.reference_norms(reference)`` (computed here when None).
     """
 
-    def __init__(self, objective: Objective, reference: Outputs) -> None:
+    def __init__(self, objective: Objective, reference: Outputs,
+                 norms: Mapping[str, float] | None = None) -> None:
         self.objective, self.reference = objective, reference
         self.n = len(next(iter(reference.values()), []))
         self.values: list[float | None] = [None] * self.n
@@ -263,16 +295,14 @@ class ScoreStream:
         self._miss: dict[str, int] = {}
         self._budget: dict[str, float] = {}
         self._allowed: dict[str, float] = {}
-        if objective.metric is None:
-            for name, arrays in reference.items():
-                if not np.issubdtype(np.asarray(arrays[0]).dtype, np.floating):
-                    continue
-                tol = objective.tolerance_of(name)
-                self._err2[name], self._miss[name] = 0.0, 0
-                if tol.rel_l2 is not None:
-                    self._budget[name] = tol.rel_l2 ** 2 * _ref_norm2(arrays)
-                numel = sum(int(np.asarray(a).size) for a in arrays)
-                self._allowed[name] = (1.0 - tol.required_share()) * numel
+        self.norms = objective.reference_norms(reference) if norms is None else norms
+        for name, ref2 in self.norms.items():
+            tol = objective.tolerance_of(name)
+            self._err2[name], self._miss[name] = 0.0, 0
+            if tol.rel_l2 is not None:
+                self._budget[name] = tol.rel_l2 ** 2 * ref2
+            numel = sum(int(np.asarray(a).size) for a in reference[name])
+            self._allowed[name] = (1.0 - tol.required_share()) * numel
 
     def add(self, index: int, candidate: Mapping[str, np.ndarray]) -> bool:
         """Score sample ``index``; True when the evaluation has failed (stop here).
@@ -300,10 +330,11 @@ class ScoreStream:
 
     def _check_output(self, index: int, name: str, r: np.ndarray, c: np.ndarray) -> None:
         tol = self.objective.tolerance_of(name)
-        if not np.all(np.isfinite(c)):
+        e2, nan, inf = sample_error(r, c)
+        if nan or inf:
             self.failed = Score(False, math.inf, {name: math.inf, "stopped_at_sample": index})
             return
-        self._err2[name] += _err_norm2(r, c)
+        self._err2[name] += e2
         budget = self._budget.get(name)
         if budget is not None and self._err2[name] > budget * (1 + _STOP_MARGIN):
             ratio = (math.sqrt(self._err2[name] / budget) if budget > 0 else math.inf)
@@ -358,4 +389,4 @@ class ScoreStream:
         if len(outputs) < self.n:
             raise ValueError("score() before every sample was added")
         cand = {k: [o[k] for o in outputs] for k in self.reference}
-        return self.objective.score(self.reference, cand)
+        return self.objective.score(self.reference, cand, self.norms)

@@ -119,10 +119,17 @@ def check(metrics: OutputMetrics, tol: Tolerance, pass_share: float | None = Non
     Returns:
         (passed, reason) where reason names the violated bound with the numbers.
     """
-    if metrics.nan or metrics.inf:
-        return False, f"candidate has {metrics.nan} NaN and {metrics.inf} Inf values"
-    if tol.rel_l2 is not None and not metrics.rel_l2 <= tol.rel_l2:
-        return False, f"rel_l2 {metrics.rel_l2:.3g} > {tol.rel_l2:g}"
+    return check_values(metrics.rel_l2, metrics.nan, metrics.inf, tol, pass_share)
+
+
+def check_values(rel_l2: float, nan: int, inf: int, tol: Tolerance,
+                 pass_share: float | None = None) -> tuple[bool, str]:
+    """``check`` from the numbers it reads: relative L2 error, NaN and Inf counts of the
+    candidate, and the elementwise pass share (for ``tol`` with atol/rtol)."""
+    if nan or inf:
+        return False, f"candidate has {nan} NaN and {inf} Inf values"
+    if tol.rel_l2 is not None and not rel_l2 <= tol.rel_l2:
+        return False, f"rel_l2 {rel_l2:.3g} > {tol.rel_l2:g}"
     if pass_share is not None and pass_share < tol.required_share():
         return False, (f"{(1 - pass_share) * 100:.2f}% of elements exceed "
                        f"{tol.atol or 0:g} + {tol.rtol or 0:g}*|r| ({tol.statistic})")
