@@ -143,6 +143,50 @@ def test_jobs_2_gives_the_same_search_as_jobs_1():
     assert b.resources["jobs"] == 2 and b.resources["peak_rss_workers_mb"] > 0
 
 
+def test_prefetch_gives_the_same_search_and_closes_every_runner():
+    samples, base_open, reference, _ = _tolerance_setup()
+    opened: list[frozenset] = []
+    closed: list[frozenset] = []
+
+    def open_plan(plan: PrecisionPlan, threads: int = 0) -> FakeRunner:
+        runner = base_open(plan)
+        key = frozenset(plan.fp32_nodes())
+        enter, leave = runner.__enter__, runner.__exit__
+        runner.__enter__ = lambda: (opened.append(key), enter())[1]  # type: ignore[method-assign]
+        runner.__exit__ = lambda *a: (closed.append(key), leave(*a))[1]  # type: ignore
+        return runner
+
+    plain = search_fp32_set(open_plan, samples, reference, TOL, PrecisionPlan(Precision.FP16),
+                            NODES, max_evals=60)
+    del opened[:], closed[:]
+    ahead = search_fp32_set(open_plan, samples, reference, TOL, PrecisionPlan(Precision.FP16),
+                            NODES, max_evals=60, prefetch=True)
+    assert ahead.kept == plain.kept and set(ahead.kept) == NEEDED
+    assert [(t.stage, t.fp32_nodes, t.passed) for t in ahead.trials] == \
+        [(t.stage, t.fp32_nodes, t.passed) for t in plain.trials]
+    assert len(opened) > len(ahead.trials) - 1  # guesses that missed were opened too
+    assert sorted(map(sorted, opened)) == sorted(map(sorted, closed))  # and all closed
+
+
+def test_ranking_ignores_differences_below_two_significant_digits():
+    """Sensitivities that differ in the 4th digit (float32 summation order) are ties: the
+    ranking keeps topological order between them and does not move with the noise."""
+    from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
+    from precision_doctor.analysis.search import rank_by_sensitivity
+
+    def record(i: int, rel: float) -> LayerRecord:
+        return LayerRecord(f"t{i}", f"n{i}", "Mul", i + 1, 10, 1.0, 1.0, rel, rel, rel, 0, 0,
+                           0, 0, 0, 0, 0, 10.0)
+
+    inputs = {f"n{i}": ["x"] for i in range(4)}
+    for noise in (1.0, 1.0001, 0.9999):
+        rels = [2e-3, 2e-3 * noise, 9e-3, 2e-3 / noise]
+        lw = LayerwiseResult("fp16", 1e-2, tuple(record(i, r) for i, r in enumerate(rels)),
+                             None, None, 1)
+        assert rank_by_sensitivity(lw, [f"n{i}" for i in range(4)], inputs) == \
+            ["n2", "n0", "n1", "n3"]
+
+
 def test_jobs_option_validation():
     assert resolve_jobs("2", 5) == 2 and resolve_jobs(8, 3) == 3 and resolve_jobs("auto", 1) == 1
     with pytest.raises(InputError, match="--jobs"):

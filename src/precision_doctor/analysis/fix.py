@@ -5,6 +5,7 @@ mixed-precision model, verified with ONNX Runtime against the FP32 reference.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
@@ -34,6 +35,7 @@ from precision_doctor.analysis.transformer import fp32_statistics_nodes
 from precision_doctor.compare.metrics import compute_metrics
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision
+from precision_doctor.graph.external import external_bytes
 from precision_doctor.graph.outputs import producer_inputs
 from precision_doctor.precision.plan import PrecisionPlan, select_nodes
 from precision_doctor.precision.rewrites import apply_rewrites
@@ -42,6 +44,7 @@ from precision_doctor.precision.writer.report import WriterReport
 from precision_doctor.runners.base import Runner
 from precision_doctor.runners.emulator import EmulatorRunner
 from precision_doctor.runners.ort import OrtRunner
+from precision_doctor.runners.ort_shared import shared_cpu
 
 Progress = Callable[[str, int, int], None]
 REWRITE_HINT = "(after rewrites: folded BatchNorms and fused LayerNorms are gone)"
@@ -137,6 +140,9 @@ def _metrics(ref: Outputs, cand: Outputs) -> dict:
 # 147M minor page faults), peak RSS 1.26 GB without; 133 s (253 s CPU, 20M faults), 1.97 GB
 # with; the same 9 FP32 nodes.
 SEARCH_ARENA = True
+# Largest model (weights in the proto) whose search opens the next evaluation's runner ahead:
+# two runners, and their weights, are alive at once.
+PREFETCH_MAX_BYTES = 256 << 20
 
 
 def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective: Objective,
@@ -238,8 +244,13 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     def screen(start_outputs: Outputs) -> list[int] | None:
         return at_risk_samples(reference, start_outputs, objective)
 
-    result = search_fp32_set(open_plan, samples, reference, objective, base, ranking, max_evals,
-                             progress, jobs, screen)
+    # in this process, the evaluations' sessions reuse each other's memory (runners.ort_shared)
+    # and the next evaluation's runner opens while one runs, where two of them fit in memory
+    prefetch = (jobs <= 1 and external_bytes(fixed_src) == 0
+                and fixed_src.ByteSize() < PREFETCH_MAX_BYTES)
+    with shared_cpu() if jobs <= 1 else nullcontext():
+        result = search_fp32_set(open_plan, samples, reference, objective, base, ranking,
+                                 max_evals, progress, jobs, screen, prefetch)
     seconds["search"] = time.perf_counter() - t0 - seconds.get("ranking", 0.0)
 
     t0 = time.perf_counter()

@@ -93,8 +93,10 @@ def rank_by_sensitivity(layerwise: LayerwiseResult, candidates: Sequence[str],
     Score of a node = ``analysis.gain.Gain.sensitivity``: +inf where its output overflows the
     format or NaN/Inf is born; otherwise rel_l2(output) / max(largest rel_l2 of its inputs,
     unit roundoff), the local error gain.
-    ``priority`` nodes (e.g. hazard findings) come first, in their given order. Ties and nodes
-    without a measurement keep topological order.
+    ``priority`` nodes (e.g. hazard findings) come first, in their given order. Scores are
+    compared to 2 significant digits: closer ones are ties, and ties and nodes without a
+    measurement keep topological order, so that the ranking does not depend on the last
+    digits of the statistics (float32 summation order moves them by ~1e-4 relative).
     """
     u = FORMATS[Precision(layerwise.target)].unit_roundoff
     score: dict[str, float] = {}
@@ -103,7 +105,7 @@ def rank_by_sensitivity(layerwise: LayerwiseResult, candidates: Sequence[str],
     order = {n: i for i, n in enumerate(candidates)}
     first = [n for n in dict.fromkeys(priority) if n in order]
     rest = sorted((n for n in candidates if n not in set(first)),
-                  key=lambda n: (-score.get(n, 0.0), order[n]))
+                  key=lambda n: (-float(f"{score.get(n, 0.0):.2g}"), order[n]))
     return first + rest
 
 
@@ -144,8 +146,12 @@ class _Evaluator:
         # cost of a sample ~ its input elements (activations scale with them)
         self.cost = [max(1, sum(int(np.asarray(v).size) for v in s.feeds.values()))
                      for s in samples]
+        self.norms = objective.reference_norms(reference)  # once, not per evaluation
 
-    def __call__(self, nodes: Sequence[str], stage: str, complete: bool = False) -> Score:
+    def __call__(self, nodes: Sequence[str], stage: str, complete: bool = False,
+                 then: Sequence[str] | None = None) -> Score:
+        """Score keeping ``nodes`` in FP32 (cached). ``then``: the set most likely evaluated
+        next; its runner is opened while this one runs (``SampleRunner.prepare``)."""
         key = frozenset(nodes)
         if key in self.cache and (self.cache[key][1] or not complete):
             return self.cache[key][0]
@@ -153,12 +159,14 @@ class _Evaluator:
         plan = self.base.keep_fp32(nodes, "search")
         cand: Outputs | None
         if complete:
-            outs = dict(self.runner.run(plan, range(len(self.samples))))
+            outputs = self.runner.run(plan, range(len(self.samples)))
+            self._prepare(then)
+            outs = dict(outputs)
             cand = {k: [outs[i][k] for i in range(len(self.samples))] for k in self.reference}
-            s, runs = self.objective.score(self.reference, cand), len(self.samples)
+            s, runs = self.objective.score(self.reference, cand, self.norms), len(self.samples)
             self.last_complete = cand
         else:
-            s, runs, cand = self._fail_fast(plan)
+            s, runs, cand = self._fail_fast(plan, then)
         if s.passed and cand is not None:
             self.last_passing = (key, cand)
         self.trials.append(Trial(stage, len(key), s.passed, s.value, time.perf_counter() - t0,
@@ -180,11 +188,18 @@ class _Evaluator:
         else:
             self.order = self.objective.worst_samples(score, n, n)
 
-    def _fail_fast(self, plan: PrecisionPlan) -> tuple[Score, int, Outputs | None]:
-        stream = self.objective.stream(self.reference)
+    def _prepare(self, then: Sequence[str] | None) -> None:
+        if then is not None and frozenset(then) not in self.cache \
+                and len(self.trials) + 1 < self.max_evals:
+            self.runner.prepare(self.base.keep_fp32(then, "search"))
+
+    def _fail_fast(self, plan: PrecisionPlan, then: Sequence[str] | None
+                   ) -> tuple[Score, int, Outputs | None]:
+        stream = self.objective.stream(self.reference, self.norms)
         runs, got = 0, {}
         order = [i for i in self.order if self.active is None or i in self.active]
         outputs = self.runner.run(plan, order)
+        self._prepare(then)
         try:
             for i, cand in outputs:
                 runs += 1
@@ -212,7 +227,8 @@ def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
                     ranking: Sequence[str] | Callable[[Score], Sequence[str]],
                     max_evals: int = 60,
                     progress: Callable[[str, int, int], None] | None = None,
-                    jobs: int = 1, screen: Screen | None = None) -> SearchResult:
+                    jobs: int = 1, screen: Screen | None = None,
+                    prefetch: bool = False) -> SearchResult:
     """Find a small set of ``ranking`` nodes to keep in FP32 so ``objective`` passes.
 
     Args:
@@ -235,6 +251,8 @@ def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
             fail (e.g. ``near_ties.at_risk_samples``), or None for all. Grow and shrink then
             run only those; the final evaluation runs every sample, and if a screened-out
             sample fails there, the search continues on every sample from the set found.
+        prefetch: Open the runner of the plan most likely evaluated next while one runs
+            (``SampleRunner``; two runners alive at once).
 
     Returns:
         ``SearchResult``.
@@ -242,7 +260,7 @@ def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
     Raises:
         TargetNotMetError: Even with every candidate in FP32 the target is not met.
     """
-    with SampleRunner(open_plan, samples, list(reference), jobs) as runner:
+    with SampleRunner(open_plan, samples, list(reference), jobs, prefetch) as runner:
         ev = _Evaluator(runner, samples, reference, objective, base, max_evals, progress)
         return _search(ev, objective, base, ranking, screen)
 
@@ -293,7 +311,8 @@ def _grow_shrink(ranking: list[str], ev: _Evaluator, objective: Objective, start
     lo, hi = 0, len(ranking)  # lo fails; hi passes (hi = len(ranking): not yet checked)
     while hi - lo > 1 and ev.budget_left:
         mid = (lo + hi) // 2
-        if ev(ranking[:mid], "grow").passed:
+        # most prefixes fail on the way up: open the next one's runner ahead on that guess
+        if ev(ranking[:mid], "grow", then=ranking[:(mid + hi) // 2]).passed:
             hi = mid
         else:
             lo = mid
@@ -311,22 +330,31 @@ def _grow_shrink(ranking: list[str], ev: _Evaluator, objective: Objective, start
     return _ddmin(list(ranking[:hi]), ev)
 
 
+def _complements(nodes: list[str], n: int) -> list[list[str]]:
+    """``nodes`` without each of its ``n`` consecutive chunks, in chunk order."""
+    size = math.ceil(len(nodes) / n)
+    return [nodes[:i] + nodes[i + size:] for i in range(0, len(nodes), size)]
+
+
 def _outputs_of(ev: _Evaluator, nodes: Sequence[str]) -> Outputs | None:
     last = ev.last_passing
     return last[1] if last is not None and last[0] == frozenset(nodes) else None
 
 
 def _ddmin(nodes: list[str], ev: _Evaluator) -> list[str]:
-    """Remove nodes while the target still passes (complement-only ddmin)."""
+    """Remove nodes while the target still passes (complement-only ddmin).
+
+    Each evaluation names the next one on the guess that it fails (most do), so that the
+    next runner opens while this one runs."""
     n = 2
     while len(nodes) >= 2 and ev.budget_left:
-        size = math.ceil(len(nodes) / n)
-        chunks = [nodes[i:i + size] for i in range(0, len(nodes), size)]
-        for chunk in chunks:
-            rest = [x for x in nodes if x not in set(chunk)]
+        rests = _complements(nodes, n)
+        for j, rest in enumerate(rests):
             if not ev.budget_left:
                 break
-            if ev(rest, "shrink").passed:
+            after = (rests[j + 1] if j + 1 < len(rests) else
+                     _complements(nodes, min(len(nodes), 2 * n))[0] if n < len(nodes) else None)
+            if ev(rest, "shrink", then=after).passed:
                 nodes, n = rest, max(n - 1, 2)
                 break
         else:
