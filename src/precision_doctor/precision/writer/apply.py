@@ -56,34 +56,51 @@ class WritePassResult(ir.passes.PassResult):
     counts: WriteCounts = dataclasses.field(default_factory=WriteCounts)
 
 
+CONVERT_CHUNK = 1 << 20  # elements checked at a time (8 MiB of float64 temporaries)
+
+
 def convert_array(array: np.ndarray, dtype: ir.DataType, name: str) -> tuple[np.ndarray, str]:
     """``array`` in FP16/BF16 (round to nearest even), and a warning when values flush to 0.
+
+    Checked in chunks of ``CONVERT_CHUNK`` elements, so that the float64 temporaries stay
+    small whatever the weight's size (whole-tensor temporaries took 8x a 64 MiB weight).
 
     Raises:
         UnsupportedModelError: A finite value would become inf (never clamp silently; the
             decision phase keeps such nodes FP32, so this means a bug or an unchecked path).
     """
-    with np.errstate(over="ignore", under="ignore"):
-        low = np.asarray(array).astype(NUMPY_DTYPES[dtype])
-    back = low.astype(np.float64)
-    source = np.asarray(array, np.float64)
-    if int(np.isinf(back).sum()) > int(np.isinf(source).sum()):
+    source = np.asarray(array)
+    flat = source.reshape(-1)
+    low = np.empty(flat.shape, NUMPY_DTYPES[dtype])
+    new_inf = flushed = 0
+    lost = top = 0.0
+    for start in range(0, flat.size, CONVERT_CHUNK):
+        part = flat[start:start + CONVERT_CHUNK]
+        with np.errstate(over="ignore", under="ignore"):
+            low[start:start + part.size] = part.astype(low.dtype)
+        back = low[start:start + part.size].astype(np.float64)
+        exact = part.astype(np.float64)
+        finite = np.isfinite(exact)
+        new_inf += int(np.isinf(back).sum()) - int(np.count_nonzero(np.isinf(exact)))
+        gone = (back == 0) & (exact != 0) & finite
+        if gone.any():
+            flushed += int(gone.sum())
+            lost = max(lost, float(np.abs(exact[gone]).max()))
+        if finite.any():
+            top = max(top, float(np.abs(exact[finite]).max()))
+    if new_inf > 0:
         raise UnsupportedModelError(
             f"converting constant '{name}' to {PRECISION_OF[dtype].value} would overflow to inf; "
             "keep its consumers in FP32 (plan override)", tensor=name)
-    flushed = (back == 0) & (source != 0) & np.isfinite(source)
     warning = ""
     # Flushing matters only beyond rounding: when a flushed value exceeds the unit roundoff of
     # the tensor's largest value (e.g. an epsilon 1e-12 -> 0), not for 1e-40 FP32 denormals
     # next to weights of magnitude 1.
-    if flushed.any():
-        magnitude = np.abs(source[np.isfinite(source)])
-        lost = float(np.abs(source[flushed]).max())
-        if lost > FORMATS[PRECISION_OF[dtype]].unit_roundoff * float(magnitude.max()):
-            warning = (f"constant '{name}': {int(flushed.sum())} of {source.size} non-zero "
-                       f"values flush to 0 in {PRECISION_OF[dtype].value} (largest flushed "
-                       f"|x| {lost:.3g}, largest |x| {float(magnitude.max()):.3g})")
-    return low, warning
+    if flushed and lost > FORMATS[PRECISION_OF[dtype]].unit_roundoff * top:
+        warning = (f"constant '{name}': {flushed} of {source.size} non-zero values flush to 0 "
+                   f"in {PRECISION_OF[dtype].value} (largest flushed |x| {lost:.3g}, largest "
+                   f"|x| {top:.3g})")
+    return low.reshape(source.shape), warning
 
 
 class _Writer:

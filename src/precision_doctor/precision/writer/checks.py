@@ -65,6 +65,11 @@ class ConstantView:
             self._arrays[v] = None if tensor is None else np.asarray(tensor.numpy())
         return self._arrays[v]
 
+    def clear(self) -> None:
+        """Forget the cached arrays (memory maps of external weights among them)."""
+        self._arrays.clear()
+        self._leaves.clear()
+
     def leaves(self, v: ir.Value | None) -> tuple[ir.Value, ...] | None:
         """The float constants ``v`` is made of when it is a constant or a data-movement
         function of constants only (Constant -> Reshape -> Transpose); else None."""

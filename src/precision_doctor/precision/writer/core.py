@@ -77,6 +77,17 @@ def _keep_value_info(model: onnx.ModelProto, names: set[str]) -> None:
     model.graph.value_info.extend(kept)
 
 
+def _release_weights(ir_model: ir.Model, decisions: Decisions) -> None:
+    """Unmap the external weights the writer read: the IR model lives in reference cycles,
+    so its memory maps would otherwise stay in the process until the cyclic garbage
+    collector runs (1.1x the weights in RSS through ``fix``'s final verification,
+    measured 2026-11-24 on a 0.5 GiB generated model)."""
+    decisions.constants.clear()
+    for value in ir_model.graph.initializers.values():
+        if isinstance(value.const_value, ir.ExternalTensor):
+            value.const_value.release()
+
+
 def _why(decisions: Decisions) -> str:
     return "; ".join(f"{op} accepts the requested type from opset {v}"
                      for op, v in decisions.upgrades.items())
@@ -172,6 +183,7 @@ def write_mixed_precision(model: onnx.ModelProto, plan: PrecisionPlan,
     result = WritePrecisionPass(decisions, keep_io_types)(ir_model)
     assert isinstance(result, WritePassResult)
     written = ir.serde.serialize_model(ir_model)
+    _release_weights(ir_model, decisions)
     _keep_value_info(written, {vi.name for vi in source.graph.value_info})
     written.ir_version = max(written.ir_version, min_ir_version(opset_of(written)))
     meant = [(v.name, d) for v, d in decisions.storage.items() if v.name and d != FLOAT]
