@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
@@ -263,16 +263,29 @@ class StatsPool:
         self._local = threading.local()
         workers = threads if threads is not None else min(2, os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(workers) if workers > 1 else None
+        self._pending: list[Future] = []
 
     def add(self, names: Sequence[str], ref: Mapping[str, np.ndarray],
             cand: Mapping[str, np.ndarray]) -> None:
-        """Fold the ``names`` present in both result dicts into their accumulators."""
+        """Fold the ``names`` present in both result dicts into their accumulators.
+
+        With worker threads this returns once the previous call's tensors are folded and this
+        call's are queued: the next sample's runs overlap these statistics (det layerwise
+        1.2 vs 1.4 s, +0.1 GB peak RSS, measured 2026-11-24), and the arrays stay referenced
+        until folded. ``records`` (or ``flush``) waits for the last call.
+        """
         todo = [n for n in names if n in ref and n in cand]
         if self._pool is None:
             for n in todo:
                 self._add(n, ref[n], cand[n])
             return
-        for job in [self._pool.submit(self._add, n, ref[n], cand[n]) for n in todo]:
+        self.flush()
+        self._pending = [self._pool.submit(self._add, n, ref[n], cand[n]) for n in todo]
+
+    def flush(self) -> None:
+        """Wait until every tensor given to ``add`` is folded in (re-raises its error)."""
+        pending, self._pending = self._pending, []
+        for job in pending:
             job.result()
 
     def _add(self, name: str, ref: np.ndarray, cand: np.ndarray) -> None:
@@ -284,10 +297,14 @@ class StatsPool:
 
     def records(self, sites: Sequence[TensorSite], skip: set[str]) -> tuple[LayerRecord, ...]:
         """Records of ``sites`` (minus ``skip``), in the given order."""
+        self.flush()
         return tuple(self.accs[s.name].record(self.fmt.max) for s in sites if s.name not in skip)
 
     def close(self) -> None:
-        """Stop the worker threads and free the temporaries."""
+        """Stop the worker threads and free the temporaries (unfolded tensors are dropped)."""
+        for job in self._pending:
+            job.cancel()
+        self._pending = []
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
