@@ -12,6 +12,7 @@ its smallest subnormal, subnormals) and the headroom in bits, log2(format max / 
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -140,9 +141,10 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
         "the candidate runner runs a model of its own, not sub-models of this one")
     stats = StatsPool(sites, fmt, stats_threads)
     side = side_thread() if stats_threads != 1 else None
-    # the segments' (or chunks') sessions reuse each other's memory, and do not spin while
-    # the statistics run (runners.ort_shared)
-    with shared_cpu():
+    # the segments' (or chunks') sessions reuse each other's memory and do not spin while the
+    # statistics run; the reference and the candidate run at once on half the cores each
+    # (runners.ort_shared)
+    with shared_cpu(max(1, (os.cpu_count() or 1) // 2) if side is not None else 0):
         try:
             outcome = reason if reason is not None else _by_segments(
                 model, samples, make_reference, make_candidate, all_sites, sites, stats,

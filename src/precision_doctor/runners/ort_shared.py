@@ -31,6 +31,7 @@ import numpy as np
 
 _lock = threading.Lock()
 _depth = 0
+_threads: list[int] = []  # intra-op threads asked for by the open scopes, innermost last
 _registered = False
 _SHARED_KEY = "session.use_env_allocators"
 _SPIN_KEY = "session.intra_op.allow_spinning"
@@ -47,7 +48,8 @@ def active() -> bool:
 
 def share_in(options) -> None:
     """Make the session built with ``options`` (``onnxruntime.SessionOptions``) allocate its
-    CPU memory from the shared arena (registered on first use) and not spin."""
+    CPU memory from the shared arena (registered on first use) and not spin; where the scope
+    asks for a thread count and the options leave it to ONNX Runtime (0), set it."""
     global _registered
     import onnxruntime as ort
 
@@ -59,11 +61,18 @@ def share_in(options) -> None:
             _registered = True
     options.add_session_config_entry(_SHARED_KEY, "1")
     options.add_session_config_entry(_SPIN_KEY, "0")
+    if _threads and _threads[-1] and not options.intra_op_num_threads:
+        options.intra_op_num_threads = _threads[-1]
 
 
 @contextmanager
-def shared_cpu() -> Iterator[None]:
+def shared_cpu(intra_op_threads: int = 0) -> Iterator[None]:
     """``OrtRunner`` sessions created inside (any thread) share one CPU arena and do not spin.
+
+    Args:
+        intra_op_threads: Threads per session where the runner leaves it to ONNX Runtime
+            (0: ONNX Runtime's default, one per core). Layerwise comparison runs two sessions
+            at once and gives each half the cores.
 
     Scopes nest; the outermost one shrinks the arena when it ends. Sessions keep the arena
     they were created with, so a runner may outlive the scope.
@@ -71,11 +80,13 @@ def shared_cpu() -> Iterator[None]:
     global _depth
     with _lock:
         _depth += 1
+        _threads.append(intra_op_threads)
     try:
         yield
     finally:
         with _lock:
             _depth -= 1
+            _threads.pop()
             last = _depth == 0
         if last and _registered:
             _shrink()
