@@ -16,8 +16,14 @@ from precision_doctor.analysis.layerwise import LayerwiseResult, compare_layerwi
 from precision_doctor.analysis.layerwise_engines import node_output_bytes
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.outputs import TensorSite, float_activations
-from precision_doctor.graph.segments import plan_segments, segment_model, why_not_segmentable
+from precision_doctor.graph.segments import (
+    cut_like,
+    plan_segments,
+    segment_model,
+    why_not_segmentable,
+)
 from precision_doctor.graph.shapes import infer_types
+from precision_doctor.precision.emulate import emulate
 from precision_doctor.precision.plan import PrecisionPlan
 
 FP16 = Precision.FP16
@@ -215,3 +221,42 @@ def test_fast_statistics_equal_the_general_path(pattern, size):
     assert rec.overflow
     if pattern != "relu":
         assert rec.flush_to_zero and rec.subnormal and rec.lost_to_zero
+
+
+@pytest.mark.parametrize("budget", [1, 1 << 30])
+def test_cutting_the_whole_emulation_gives_the_per_segment_records(budget):
+    """The emulator's whole graph cut like the model (``graph.segments.cut_like``) gives the
+    records of emulating every segment on its own, tensor for tensor; its cut carries the
+    emulator's rounded copies of inputs that cross a cut."""
+    for model, samples, plan in [
+            (residual_model(), residual_samples(), PrecisionPlan(FP16)),
+            (residual_model(), residual_samples(),
+             PrecisionPlan(FP16).keep_fp32(["sigmoid"], "user")),
+            (transformer_block(hot_value=1000.0, opset=13),
+             [s.feeds for s in random_samples((1, 8, 16), count=2)], PrecisionPlan(FP16))]:
+        cand = emulated(plan)
+        per_segment = compare_layerwise(model, samples, reference_factory, cand.factory, FP16,
+                                        1e-3, budget)
+        whole = compare_layerwise(model, samples, reference_factory, cand.factory, FP16, 1e-3,
+                                  budget, candidate_graph=cand.graph)
+        assert whole.mode == "segments" and whole.records == per_segment.records
+        assert whole.chunks == per_segment.chunks
+
+
+def test_cut_like_places_each_cut_before_the_segment_start_node():
+    model = residual_model()
+    sites = float_activations(model, {"x": (1, 4, 8)})
+    segs = plan_segments(model, node_output_bytes(model, sites), budget_bytes=1)
+    emulated_model, _ = emulate(model, PrecisionPlan(FP16))
+    cut = cut_like(model, segs, emulated_model)
+    assert cut is not None and len(cut) == len(segs)
+    for seg, there in zip(segs, cut):
+        produced = {o for n in emulated_model.graph.node[there.start:there.stop] for o in n.output}
+        for node in model.graph.node[seg.start:seg.stop]:
+            assert node.name in {n.name for n in emulated_model.graph.node[there.start:there.stop]}
+            assert set(node.output) <= produced  # the rounded value keeps the name
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(emulated_model)
+    start = model.graph.node[segs[2].start].name
+    next(n for n in renamed.graph.node if n.name == start).name = "not-there"
+    assert cut_like(model, segs, renamed) is None

@@ -12,13 +12,15 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from precision_doctor.analysis.layerwise import RunnerFactory
+from precision_doctor.analysis.layerwise import RunnerFactory, WholeGraph
 from precision_doctor.analysis.layerwise_engines import SegmentFallback
 from precision_doctor.errors import BackendError
+from precision_doctor.graph.external import external_bytes
 from precision_doctor.graph.load import input_metadata
 from precision_doctor.graph.outputs import mark_outputs
 from precision_doctor.graph.segments import is_segment
 from precision_doctor.inputs.recording import Recording
+from precision_doctor.precision.emulate import EmulationInfo, emulate
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.base import Runner
 from precision_doctor.runners.emulator import EmulatorRunner
@@ -42,6 +44,9 @@ class Candidate:
         segments: The factory runs the sub-models it is given (segments of the diagnosed
             model), so layerwise comparison can run each node once; False for candidates
             that run a model of their own (rewritten, FP16), which need marked outputs.
+        graph: Model -> (the candidate's own whole graph, a runner factory for its sub-models)
+            or None; layerwise comparison cuts that graph instead of building the candidate
+            per segment (``analysis.layerwise.compare_layerwise``'s ``candidate_graph``).
     """
 
     name: str
@@ -50,6 +55,7 @@ class Candidate:
     tf32: bool | None = None
     recorded: RecordedSource | None = None
     segments: bool = False
+    graph: WholeGraph | None = None
 
 
 @dataclass(frozen=True)
@@ -66,10 +72,38 @@ class RecordedSource:
     cross_check: PrecisionPlan | None = None
 
 
+# Largest model (weights in the proto) whose emulation is kept for layerwise comparison to cut:
+# a kept emulation holds a rounded copy of every weight in the proto.
+KEEP_EMULATION_MAX_BYTES = 256 << 20
+
+
 def emulated(plan: PrecisionPlan) -> Candidate:
-    """The CPU emulation of ``plan``."""
+    """The CPU emulation of ``plan``.
+
+    The emulation of the last whole model it ran is kept, so that layerwise comparison cuts
+    that graph (``Candidate.graph``) instead of emulating every segment again.
+    """
     name = f"emulate-{plan.default.value}"
-    return Candidate(name, lambda m: EmulatorRunner(m, plan, name=name), plan, segments=True)
+    kept: list[tuple[onnx.ModelProto, tuple[onnx.ModelProto, EmulationInfo]]] = []
+
+    def emulation(model: onnx.ModelProto) -> tuple[onnx.ModelProto, EmulationInfo] | None:
+        if is_segment(model) or external_bytes(model) or \
+                model.ByteSize() >= KEEP_EMULATION_MAX_BYTES:
+            return None
+        if not kept or kept[0][0] is not model:
+            kept[:] = [(model, emulate(model, plan))]
+        return kept[0][1]
+
+    def factory(model: onnx.ModelProto) -> EmulatorRunner:
+        return EmulatorRunner(model, plan, name=name, emulation=emulation(model))
+
+    def graph(model: onnx.ModelProto) -> tuple[onnx.ModelProto, RunnerFactory] | None:
+        done = emulation(model)
+        if done is None:
+            return None
+        return done[0], lambda sub: OrtRunner(sub, ("cpu",), name=name)
+
+    return Candidate(name, factory, plan, segments=True, graph=graph)
 
 
 def emulated_fused(model: onnx.ModelProto, plan: PrecisionPlan,

@@ -175,7 +175,7 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
             model, [dict(s.feeds) for s in samples], reference_factory, candidate.factory,
             target, _layer_threshold(default_tol, target), budget_bytes,
             progress=(lambda d, t: progress("layerwise", d, t)) if progress else None,
-            segments=candidate.segments)
+            segments=candidate.segments, candidate_graph=candidate.graph)
         timings["layerwise"] = time.perf_counter() - t0
 
     hazards = scan_hazards(model, target)

@@ -229,9 +229,10 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         worst = (objective.worst_samples(start, RANKING_SAMPLES, len(samples))
                  if objective.metric is not None
                  else list(range(min(RANKING_SAMPLES, len(samples)))))
-        make_candidate = emulated(base).factory
+        cand = emulated(base)
         lw = compare_layerwise(fixed_src, [samples[i].feeds for i in worst],
-                               reference_factory, make_candidate, target, threshold=1e-2)
+                               reference_factory, cand.factory, target, threshold=1e-2,
+                               candidate_graph=cand.graph)
         seconds["ranking"] = time.perf_counter() - t
         hazard_nodes = [n for h in hazards if h.kind == "decomposed-layernorm" for n in h.nodes]
         ranked = rank_by_sensitivity(lw, candidates, producer_inputs(fixed_src), hazard_nodes)

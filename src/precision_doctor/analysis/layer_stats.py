@@ -96,14 +96,6 @@ class Scratch:
             buf = self._arrays[slot] = np.empty(size, dtype)
         return buf[:size]
 
-    def ones(self, size: int, dtype: np.dtype | type) -> np.ndarray:
-        """A 1-D array of ``size`` ones of ``dtype`` (filled once, then reused)."""
-        slot = f"ones-{np.dtype(dtype).str}"
-        buf = self._arrays.get(slot)
-        if buf is None or buf.size < size:
-            buf = self._arrays[slot] = np.ones(max(size, BLOCK), dtype)
-        return buf[:size]
-
 
 class _Accumulator:
     """Streaming statistics of one tensor."""
@@ -159,9 +151,9 @@ class _Accumulator:
         np.abs(d, out=d)
         self.cand_max = max(self.cand_max, max(c_hi, -c_lo))
         self.err_max = max(self.err_max, float(d.max()))
-        # sum |d| as a BLAS dot with ones: 4x faster than numpy's pairwise sum; float32
-        # accumulation within one block, float64 across blocks
-        self.err_sum += float(np.dot(d, scratch.ones(d.size, d.dtype)))
+        # sum |d| with einsum's SIMD sum: 3x faster than numpy's pairwise sum, 1.6x faster
+        # than a BLAS dot with ones; float32 accumulation within one block, float64 across
+        self.err_sum += float(np.einsum("i->", d))
 
     def _small_values(self, ar: np.ndarray, c: np.ndarray, small: np.ndarray, n_small: int,
                       half_sub: float, scratch: Scratch) -> None:

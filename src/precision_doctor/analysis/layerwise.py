@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import onnx
@@ -23,6 +23,7 @@ import onnx
 from precision_doctor.analysis.gain import nonfinite_birth
 from precision_doctor.analysis.layer_stats import LayerRecord, StatsPool, _Accumulator
 from precision_doctor.analysis.layerwise_engines import (
+    CandidateGraph,
     Progress,
     RunnerFactory,
     SegmentFallback,
@@ -33,14 +34,21 @@ from precision_doctor.analysis.layerwise_engines import (
 )
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.outputs import TensorSite, float_activations, producer_inputs
-from precision_doctor.graph.segments import missing_types, plan_segments, why_not_segmentable
+from precision_doctor.graph.segments import (
+    cut_like,
+    missing_types,
+    plan_segments,
+    why_not_segmentable,
+)
 from precision_doctor.graph.shapes import infer_types
 from precision_doctor.runners.ort_shared import shared_cpu
 
 __all__ = ["LAYERWISE_BUDGET", "LayerRecord", "LayerwiseResult", "Progress", "RunnerFactory",
-           "_Accumulator", "compare_layerwise"]
+           "WholeGraph", "_Accumulator", "compare_layerwise"]
 
 MODES = ("segments", "marking")
+# model -> (the candidate's own whole graph, a runner factory for its sub-models)
+WholeGraph = Callable[[onnx.ModelProto], "tuple[onnx.ModelProto, RunnerFactory] | None"]
 # Default bytes of one segment (outputs + weights, both runners, one sample). Segments cost one
 # session each, not a model run, so a small budget is cheap: on PP-OCRv4 det at 640x640 (690 MB
 # of activations per sample and runner) 256 MiB gives 6 segments and a `diagnose` peak RSS of
@@ -104,8 +112,8 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
                       make_reference: RunnerFactory, make_candidate: RunnerFactory,
                       target: Precision, threshold: float, budget_bytes: int = LAYERWISE_BUDGET,
                       tensors: Iterable[str] | None = None, progress: Progress | None = None,
-                      *, segments: bool = True, stats_threads: int | None = None
-                      ) -> LayerwiseResult:
+                      *, segments: bool = True, stats_threads: int | None = None,
+                      candidate_graph: WholeGraph | None = None) -> LayerwiseResult:
     """Compare every floating intermediate tensor of candidate vs reference.
 
     Args:
@@ -123,6 +131,10 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
             model of its own, e.g. a rewritten or FP16 model): marking is used.
         stats_threads: Threads computing the statistics (default: up to 2); 1 also runs the
             candidate after the reference instead of at the same time.
+        candidate_graph: ``model`` -> (the candidate's own whole graph, a runner factory for
+            its sub-models) or None, e.g. the emulation model: its segments, cut where the
+            model's are (``graph.segments.cut_like``), then replace ``make_candidate`` on the
+            model's segments. Where the cut cannot be carried over, ``make_candidate`` is used.
 
     Returns:
         ``LayerwiseResult`` (``mode`` and ``fallback_reason`` say which engine ran).
@@ -148,7 +160,7 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
         try:
             outcome = reason if reason is not None else _by_segments(
                 model, samples, make_reference, make_candidate, all_sites, sites, stats,
-                budget_bytes, progress, side)
+                budget_bytes, progress, side, candidate_graph)
             if isinstance(outcome, str):  # marking, with fresh accumulators
                 reason = outcome
                 stats.close()
@@ -172,7 +184,8 @@ def _by_segments(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]
                  make_reference: RunnerFactory, make_candidate: RunnerFactory,
                  all_sites: Sequence[TensorSite], sites: Sequence[TensorSite],
                  stats: StatsPool, budget_bytes: int, progress: Progress | None,
-                 side: ThreadPoolExecutor | None) -> tuple[int, list[str]] | str:
+                 side: ThreadPoolExecutor | None, candidate_graph: WholeGraph | None
+                 ) -> tuple[int, list[str]] | str:
     """(segments run, sites missing) or, when segments cannot be used, the reason."""
     cut = plan_segments(model, node_output_bytes(model, all_sites), budget_bytes // 2)
     types = infer_types(model)
@@ -180,9 +193,18 @@ def _by_segments(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]
     if unknown:
         return (f"ONNX shape inference cannot type boundary tensor {unknown[0]!r}, so it "
                 "cannot be a segment input")
+    whole = None
+    own = candidate_graph(model) if candidate_graph is not None else None
+    if own is not None:
+        graph, factory = own
+        cut_there = cut_like(model, cut, graph)
+        if cut_there is not None:
+            graph_types = infer_types(graph)
+            if not missing_types(cut_there, graph_types):
+                whole = CandidateGraph(graph, cut_there, graph_types, factory)
     try:
         return len(cut), run_segments(model, cut, types, samples, make_reference,
-                                      make_candidate, sites, stats, progress, side)
+                                      make_candidate, sites, stats, progress, side, whole)
     except SegmentFallback as exc:
         return str(exc)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -57,7 +58,7 @@ def side_thread() -> ThreadPoolExecutor | None:
     return ThreadPoolExecutor(1) if (os.cpu_count() or 1) > 1 else None
 
 
-def _run_both(ref_runner: Runner, ref_feeds: Mapping[str, np.ndarray], cand_runner: Runner,
+def _run_both(ref_runner: Runner | _Idle, ref_feeds: Mapping[str, np.ndarray], cand_runner: Runner,
               cand_feeds: Mapping[str, np.ndarray], side: ThreadPoolExecutor | None
               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Run the reference here and the candidate on ``side`` at the same time (ONNX Runtime
@@ -72,12 +73,32 @@ def _run_both(ref_runner: Runner, ref_feeds: Mapping[str, np.ndarray], cand_runn
     return ref_out, cand_out
 
 
+@dataclass(frozen=True)
+class CandidateGraph:
+    """The candidate's own whole graph (same names for the compared tensors), cut like the
+    model (``graph.segments.cut_like``): its segments run instead of the candidate's runner on
+    segments of the model. The emulator builds its graph once for the whole model, not once
+    per segment (det: 0.1 s of a 1.0 s layerwise pass).
+
+    Attributes:
+        model: The candidate graph.
+        segments: One per segment of the model.
+        types: Tensor name -> type in ``model`` (every boundary tensor has one).
+        factory: Runner for a sub-model of ``model``.
+    """
+
+    model: onnx.ModelProto
+    segments: Sequence[Segment]
+    types: Mapping[str, onnx.TypeProto]
+    factory: RunnerFactory
+
+
 def run_segments(model: onnx.ModelProto, segments: Sequence[Segment],
                  types: Mapping[str, onnx.TypeProto], samples: Sequence[Mapping[str, np.ndarray]],
                  make_reference: RunnerFactory, make_candidate: RunnerFactory,
                  sites: Sequence[TensorSite], stats: StatsPool,
-                 progress: Progress | None = None, side: ThreadPoolExecutor | None = None
-                 ) -> list[str]:
+                 progress: Progress | None = None, side: ThreadPoolExecutor | None = None,
+                 candidate_graph: CandidateGraph | None = None) -> list[str]:
     """Run every segment once per precision and sample; fold the sites into ``stats``.
 
     Args:
@@ -90,6 +111,8 @@ def run_segments(model: onnx.ModelProto, segments: Sequence[Segment],
         stats: Receives every site of every sample.
         progress: ``progress(done_runs, total_runs)``.
         side: A thread running the candidate while the reference runs (``side_thread``).
+        candidate_graph: The candidate's own graph and its segments (``make_candidate`` is
+            then not used).
 
     Returns:
         Sites the candidate's segment runner did not expose.
@@ -103,40 +126,74 @@ def run_segments(model: onnx.ModelProto, segments: Sequence[Segment],
     for site in sites:
         k = int(np.searchsorted(starts, site.index, side="right")) - 1
         by_segment[k].append(site.name)
+    cg = candidate_graph
     ref_store: list[dict[str, np.ndarray]] = [{} for _ in samples]
     cand_store: list[dict[str, np.ndarray]] = [{} for _ in samples]
     missing: list[str] = []
     total, done = len(segments) * len(samples), 0
-    for seg, names in zip(segments, by_segment):
-        if not names and not seg.carry:  # e.g. only Constant nodes, copied where read
+    for k, (seg, names) in enumerate(zip(segments, by_segment)):
+        cseg = cg.segments[k] if cg is not None else seg
+        if not names and not seg.carry and not cseg.carry:  # e.g. only Constant nodes
             done += len(samples)
             continue
         sub = segment_model(model, seg, names, types, len(segments))
-        with make_reference(sub) as ref_runner, make_candidate(sub) as cand_runner:
+        csub = (segment_model(cg.model, cseg, names, cg.types, len(segments)) if cg is not None
+                else sub)
+        # a reference segment of Constant nodes only has nothing to run, while the emulator's
+        # cut of it may carry a rounded copy of an input to the next segment
+        idle = not names and not seg.carry
+        with (_Idle() if idle else make_reference(sub)) as ref_runner, \
+                (cg.factory if cg is not None else make_candidate)(csub) as cand_runner:
             available = set(cand_runner.output_names())
-            lost = [n for n in seg.carry if n not in available]
+            lost = [n for n in cseg.carry if n not in available]
             if lost:
                 raise SegmentFallback(
                     f"the candidate runner does not expose boundary tensor {lost[0]!r} of "
                     f"segment {seg.index}")
             missing.extend(n for n in names if n not in available)
-            del sub
+            del sub, csub
             for i, feeds in enumerate(samples):
-                given = {n: feeds[n] for n in seg.model_inputs if n in feeds}
                 ref_out, cand_out = _run_both(
-                    ref_runner, {**given, **{n: ref_store[i][n] for n in seg.boundary}},
-                    cand_runner, {**given, **{n: cand_store[i][n] for n in seg.boundary}},
-                    side)
+                    ref_runner, _feeds(seg, feeds, ref_store[i]),
+                    cand_runner, _feeds(cseg, feeds, cand_store[i]), side)
                 stats.add(names, ref_out, cand_out)
-                for n in seg.release:
-                    del ref_store[i][n], cand_store[i][n]
-                for n in seg.carry:
-                    ref_store[i][n], cand_store[i][n] = ref_out[n], cand_out[n]
+                _keep(seg, ref_store[i], ref_out)
+                _keep(cseg, cand_store[i], cand_out)
                 del ref_out, cand_out
                 done += 1
                 if progress:
                     progress(done, total)
     return missing
+
+
+class _Idle:
+    """The runner of a segment with nothing to run or return."""
+
+    def __enter__(self) -> _Idle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {}
+
+
+def _feeds(seg: Segment, feeds: Mapping[str, np.ndarray], store: Mapping[str, np.ndarray]
+           ) -> dict[str, np.ndarray]:
+    """A segment's inputs: the model inputs it reads and the boundary tensors it is given."""
+    return {**{n: feeds[n] for n in seg.model_inputs if n in feeds},
+            **{n: store[n] for n in seg.boundary}}
+
+
+def _keep(seg: Segment, store: dict[str, np.ndarray], outputs: Mapping[str, np.ndarray]
+          ) -> None:
+    """Drop the boundary tensors no later segment reads; keep the ones it produced that a
+    later segment reads."""
+    for n in seg.release:
+        del store[n]
+    for n in seg.carry:
+        store[n] = outputs[n]
 
 
 def run_marking(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]],

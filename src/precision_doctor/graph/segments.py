@@ -199,6 +199,32 @@ def segment_model(model: onnx.ModelProto, segment: Segment, outputs: Sequence[st
     return out
 
 
+def cut_like(model: onnx.ModelProto, segments: Sequence[Segment], other: onnx.ModelProto
+             ) -> list[Segment] | None:
+    """``segments`` of ``model`` carried over to ``other``, a rewrite of ``model`` that keeps
+    its node names and adds nodes of its own (e.g. the emulator's rounding round trips).
+
+    Each cut of ``other`` is placed right before the node that starts the segment in
+    ``model``, so every node ``other`` inserted after a node (a round trip of its output)
+    stays in that node's segment and a tensor produced in segment k of ``model`` is produced
+    in segment k of ``other`` too. Boundary tensors are recomputed for ``other``.
+
+    Returns:
+        One segment per segment of ``model``, or None when ``other`` lacks a cut node or
+        orders the cut nodes differently (the caller then cuts ``model`` itself).
+    """
+    position = {n.name: i for i, n in enumerate(other.graph.node) if n.name}
+    cuts = [0]
+    for seg in segments[1:]:
+        name = model.graph.node[seg.start].name
+        at = position.get(name)
+        if not name or at is None or at <= cuts[-1]:
+            return None
+        cuts.append(at)
+    cuts.append(len(other.graph.node))
+    return _describe(other, cuts)
+
+
 def missing_types(segments: Sequence[Segment], types: Mapping[str, onnx.TypeProto]
                   ) -> list[str]:
     """Boundary tensors whose type inference could not determine (they cannot be inputs)."""

@@ -25,6 +25,8 @@ class EmulatorRunner:
         plan: Precision of every node.
         name: Label for reports (default ``emulate-<default precision>``).
         intra_op_threads: ONNX Runtime threads (0 = default).
+        emulation: ``precision.emulate.emulate(model, plan)`` when the caller has it already
+            (it is then not built again).
 
     A segment of the planned model (``graph.segments.segment_model``) is emulated with the
     plan's decisions for its own nodes.
@@ -35,8 +37,10 @@ class EmulatorRunner:
     """
 
     def __init__(self, model: onnx.ModelProto, plan: PrecisionPlan, name: str | None = None,
-                 intra_op_threads: int = 0, cpu_mem_arena: bool = False) -> None:
+                 intra_op_threads: int = 0, cpu_mem_arena: bool = False,
+                 emulation: tuple[onnx.ModelProto, EmulationInfo] | None = None) -> None:
         self.model = model
+        self.emulation = emulation
         self.cpu_mem_arena = cpu_mem_arena
         self.plan = plan
         self.name = name or f"emulate-{plan.default.value}"
@@ -50,7 +54,7 @@ class EmulatorRunner:
             names = {n.name for n in self.model.graph.node}
             plan = PrecisionPlan(plan.default, {k: v for k, v in plan.overrides.items()
                                                 if k in names})
-        emulated, self.info = emulate(self.model, plan)
+        emulated, self.info = self.emulation or emulate(self.model, plan)
         self._ort = OrtRunner(emulated, ("cpu",), name=self.name,
                               intra_op_threads=self.intra_op_threads,
                               cpu_mem_arena=self.cpu_mem_arena).__enter__()
