@@ -80,8 +80,8 @@ KEEP_EMULATION_MAX_BYTES = 256 << 20
 def emulated(plan: PrecisionPlan) -> Candidate:
     """The CPU emulation of ``plan``.
 
-    The emulation of the last whole model it ran is kept, so that layerwise comparison cuts
-    that graph (``Candidate.graph``) instead of emulating every segment again.
+    The emulation of the last whole model it ran is kept until layerwise comparison takes it
+    (``Candidate.graph``), which cuts that graph instead of emulating every segment again.
     """
     name = f"emulate-{plan.default.value}"
     kept: list[tuple[onnx.ModelProto, tuple[onnx.ModelProto, EmulationInfo]]] = []
@@ -99,6 +99,7 @@ def emulated(plan: PrecisionPlan) -> Candidate:
 
     def graph(model: onnx.ModelProto) -> tuple[onnx.ModelProto, RunnerFactory] | None:
         done = emulation(model)
+        kept.clear()  # handed over: layerwise comparison holds it only while it runs
         if done is None:
             return None
         return done[0], lambda sub: OrtRunner(sub, ("cpu",), name=name)
