@@ -168,9 +168,10 @@ def test_prefetch_gives_the_same_search_and_closes_every_runner():
     assert sorted(map(sorted, opened)) == sorted(map(sorted, closed))  # and all closed
 
 
-def test_ranking_ignores_differences_below_two_significant_digits():
-    """Sensitivities that differ in the 4th digit (float32 summation order) are ties: the
-    ranking keeps topological order between them and does not move with the noise."""
+def test_ranking_ignores_the_last_digits_of_the_scores():
+    """Sensitivities equal to 1 significant digit (e.g. differing in the 4th, as float32
+    summation order makes them) are ties: the ranking keeps topological order between them
+    and does not move with the noise."""
     from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
     from precision_doctor.analysis.search import rank_by_sensitivity
 

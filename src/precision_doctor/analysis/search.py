@@ -94,9 +94,12 @@ def rank_by_sensitivity(layerwise: LayerwiseResult, candidates: Sequence[str],
     format or NaN/Inf is born; otherwise rel_l2(output) / max(largest rel_l2 of its inputs,
     unit roundoff), the local error gain.
     ``priority`` nodes (e.g. hazard findings) come first, in their given order. Scores are
-    compared to 2 significant digits: closer ones are ties, and ties and nodes without a
-    measurement keep topological order, so that the ranking does not depend on the last
-    digits of the statistics (float32 summation order moves them by ~1e-4 relative).
+    compared to 1 significant digit; ties and nodes without a measurement keep topological
+    order (an early node's rounding travels through more of the network). Measured
+    2026-11-24 (BENCHMARKS.md, session 4): exact scores, which moved with ~1e-4 relative
+    summation differences, gave det 11 or 9 FP32 nodes in 127-140 evaluations; 1 digit gives
+    3 nodes in 52 on det and 2 in 35 on rec (2 digits: 3 in 59 and 3 in 31; octaves: det 9
+    nodes that fail on ONNX Runtime CPU).
     """
     u = FORMATS[Precision(layerwise.target)].unit_roundoff
     score: dict[str, float] = {}
@@ -105,8 +108,17 @@ def rank_by_sensitivity(layerwise: LayerwiseResult, candidates: Sequence[str],
     order = {n: i for i, n in enumerate(candidates)}
     first = [n for n in dict.fromkeys(priority) if n in order]
     rest = sorted((n for n in candidates if n not in set(first)),
-                  key=lambda n: (-float(f"{score.get(n, 0.0):.2g}"), order[n]))
+                  key=lambda n: (-_bucket(score.get(n, 0.0)), order[n]))
     return first + rest
+
+
+def _bucket(score: float) -> float:
+    """A sensitivity score to 1 significant digit: the local gain separates orders of
+    magnitude (catastrophic, large, ordinary rounding), not the last digits, which move with
+    the statistics' float32 summation order."""
+    if score <= 0 or math.isinf(score):
+        return score
+    return float(f"{score:.1g}")
 
 
 def upstream_first(ranking: Sequence[str], model: onnx.ModelProto, output: str) -> list[str]:
