@@ -208,8 +208,10 @@ def test_fix_holds_the_model_until_saved(tmp_path: Path):
 def test_fix_metric_needs_threshold_and_target_errors():
     with pytest.raises(pd.PlanError, match="FP16 or BF16"):
         pd.fix(conv_bn(), [np.zeros((1, 3, 8, 8), np.float32)], target="tf32", quiet=True)
-    with pytest.raises(InputError, match="--threshold needs --metric"):
+    with pytest.raises(InputError, match="pass mark of a task metric"):
         pd.fix(conv_bn(), [np.zeros((1, 3, 8, 8), np.float32)], threshold=0.5, quiet=True)
+    with pytest.raises(InputError, match="pass mark of a task metric"):  # as diagnose does
+        pd.diagnose(conv_bn(), [np.zeros((1, 3, 8, 8), np.float32)], threshold=0.5, quiet=True)
 
 
 def _layer_info() -> dict:

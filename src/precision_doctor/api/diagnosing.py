@@ -114,6 +114,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
             the message lists the available ones).
         ReferenceError_: The FP32 reference itself produces NaN/Inf.
         MetricError: Unknown ``metric``, or the metric fails.
+        InputError: ``threshold`` without ``metric``.
     """
     if candidate_results is not None and (runner != "emulate" or candidate_model is not None):
         raise InputError("candidate_results is the candidate: drop runner/candidate_model (the "
@@ -124,12 +125,14 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         raise InputError("a task metric on recorded results is not supported yet: score the "
                          "recording with `diagnose` alone, or run the metric live")
     precision = parse_precision(target)
+    # before any loading: a threshold without a metric is refused, as fix refuses it
+    objective = (build_objective(None, metric, threshold, precision)
+                 if metric or threshold is not None else None)
     proto, path = as_model(model)
     samples = as_samples(data, proto, preprocess, max_samples)
     emulated_plan = build_plan(proto, precision, plan, keep)
     other = as_model(candidate_model)[0] if candidate_model is not None else None
     candidate = candidate_from_spec(runner, emulated_plan, proto, other)
-    objective = build_objective(None, metric, threshold, precision) if metric else None
     with progress_reporter(progress, quiet) as callback:
         report = diagnose_model(proto, samples, precision, candidate,
                                 parse_tolerances(tolerance, precision), layerwise=layerwise,

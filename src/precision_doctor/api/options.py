@@ -212,7 +212,8 @@ def build_objective(tolerance: ToleranceLike, metric: str | None, threshold: flo
             raise MetricError(f"metric {metric!r} has no default threshold: pass --threshold")
         return Objective(metric=m, threshold=threshold)
     if threshold is not None:
-        raise InputError("--threshold needs --metric")
+        raise InputError("a threshold (--threshold) is the pass mark of a task metric: give "
+                         "the metric too (--metric), or drop the threshold")
     return Objective(tolerances=parse_tolerances(tolerance, target)
                      or {"*": default_tolerance(target)})
 
