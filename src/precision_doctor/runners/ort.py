@@ -151,14 +151,15 @@ class OrtRunner:
         """What ``InferenceSession`` opens: a path, or bytes (+ external initializers)."""
         if not isinstance(self.model, onnx.ModelProto):
             return os.fspath(self.model)
-        if has_external_data(self.model):
+        external = has_external_data(self.model)
+        if external:
             self._tmp = tempfile.TemporaryDirectory(prefix="precision-doctor-ort-")
             try:  # hard links to the weight files: ONNX Runtime memory-maps them itself
                 return str(link_model(self.model, Path(self._tmp.name), copy=False))
             except OSError:  # another file system: hand the weights over in memory
                 self._tmp.cleanup()
                 self._tmp = None
-        if has_external_data(self.model) and self.model.ByteSize() < PROTOBUF_LIMIT:
+        if external and self.model.ByteSize() < PROTOBUF_LIMIT:
             # ONNX Runtime drops unread initializers before it takes the external ones.
             model = drop_unused_external(self.model)
             names, arrays = external_initializers(model)
