@@ -115,10 +115,14 @@ def test_diagnose_tolerance_forms_and_task_metric():
     per_output = pd.diagnose(model, feeds(), tolerance=["probs:rel_l2=0.5"], layerwise=False,
                              noise=False, quiet=True)
     assert per_output.outputs[0].tolerance.rel_l2 == 0.5
-    d = pd.diagnose(model, feeds(), metric="top1", layerwise=False, noise=False, quiet=True)
+    stages: list[str] = []
+    d = pd.diagnose(model, feeds(), metric="top1", layerwise=False, noise=False,
+                    progress=lambda stage, done, total: stages.append(stage))
     assert d.task is not None and d.task["passed"] is True and set(d.task["per_sample"]) == {
         "data[0]", "data[1]"}
     assert pd.Diagnosis.from_dict(d.to_dict()).task == d.task
+    # the metric scores the runs diagnose made; the model is not run again for it
+    assert "reference" in stages and not any(s.startswith("task-") for s in stages)
 
 
 def test_progress_callback_and_quiet():

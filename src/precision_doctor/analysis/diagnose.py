@@ -78,7 +78,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
              decisions: bool = True,
              candidate_results: str | Path | Recording | None = None,
              candidate_log: str | Path | None = None,
-             stress: bool = False) -> DiagnosisReport:
+             stress: bool = False,
+             runs: dict[str, dict[str, list[np.ndarray]]] | None = None) -> DiagnosisReport:
     """Diagnose ``model`` in ``target`` precision on ``samples``.
 
     Args:
@@ -108,6 +109,9 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         decisions: Detect decision outputs and report their flips.
         stress: For transformers and an FP16 target, also run the stress probe
             (``analysis.stress``: up to ~26 extra FP32 runs of the first sample).
+        runs: A dict that receives the plain runs' outputs, ``"reference"`` and
+            ``"candidate"`` (output name -> one float32 array per sample), for a caller that
+            scores them further (the API's task metric) without running them again.
 
     Returns:
         ``DiagnosisReport``.
@@ -144,6 +148,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
     if candidate.recorded is not None:
         check_recorded_outputs(ref, cand, [s.name for s in samples],
                                candidate.recorded.recording.source)
+    if runs is not None:
+        runs.update(reference=ref, candidate=cand)
 
     t0 = time.perf_counter()
     probe_outputs: dict[str, dict[str, list[np.ndarray]]] = {}

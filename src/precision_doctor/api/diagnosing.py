@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+import numpy as np
 import onnx
 
 from precision_doctor.analysis.candidates import Candidate, candidate_from_spec, reference_factory
@@ -133,6 +134,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
     emulated_plan = build_plan(proto, precision, plan, keep)
     other = as_model(candidate_model)[0] if candidate_model is not None else None
     candidate = candidate_from_spec(runner, emulated_plan, proto, other)
+    runs: dict[str, dict[str, list[np.ndarray]]] = {}  # the plain runs, scored again below
     with progress_reporter(progress, quiet) as callback:
         report = diagnose_model(proto, samples, precision, candidate,
                                 parse_tolerances(tolerance, precision), layerwise=layerwise,
@@ -142,15 +144,20 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
                                                    if candidate_results is not None else None),
                                 candidate_log=(str(candidate_log)
                                                if candidate_log is not None else None),
-                                stress=stress)
-        task = (task_score(proto, samples, candidate, objective, callback)
+                                stress=stress, runs=runs)
+        task = (task_score(proto, samples, candidate, objective, callback, runs)
                 if objective is not None else None)
     return convert(Diagnosis, report, task=task)
 
 
 def task_score(model: onnx.ModelProto, samples: Sequence[Sample], candidate: Candidate,
-               objective: Objective, progress: Progress | None = None) -> dict[str, Any]:
+               objective: Objective, progress: Progress | None = None,
+               runs: Mapping[str, Mapping[str, list[np.ndarray]]] | None = None
+               ) -> dict[str, Any]:
     """The task metric of the candidate's outputs against the FP32 reference's.
+
+    ``runs``: the outputs diagnose already computed (``"reference"``, ``"candidate"``); the
+    model is run here only when they are missing.
 
     Returns:
         ``{"metric": description, "passed", "value" (worst sample), "per_sample"}``.
@@ -159,8 +166,11 @@ def task_score(model: onnx.ModelProto, samples: Sequence[Sample], candidate: Can
         MetricError: The metric raised or returned NaN.
     """
     names = [o.name for o in model.graph.output]
-    reference = run_all(reference_factory(model), samples, names, "task-reference", progress)
-    outputs = run_all(candidate.factory(model), samples, names, "task-candidate", progress)
+    runs = runs or {}
+    reference = runs.get("reference") or run_all(reference_factory(model), samples, names,
+                                                  "task-reference", progress)
+    outputs = runs.get("candidate") or run_all(candidate.factory(model), samples, names,
+                                               "task-candidate", progress)
     objective = objective.with_samples(samples)
     score = objective.score(reference, outputs)
     return {"metric": objective.describe(), "passed": score.passed,
