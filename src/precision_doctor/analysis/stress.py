@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from precision_doctor.analysis.transformer import TransformerReport, analyze_transformer
+from precision_doctor.analysis.transformer import HeadroomProbe, TransformerReport
 from precision_doctor.analysis.transformer_sites import find_layernorms
 from precision_doctor.formats import Precision
 from precision_doctor.graph.outputs import mark_outputs
@@ -131,18 +131,37 @@ def _feeds(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], factor: floa
             for k, v in feeds.items()}
 
 
-def _overflow(report: TransformerReport) -> tuple[str, str, str, float] | None:
-    """(kind, node, tensor, peak) of the first overflowing site in graph order, or None."""
+def _overflow(probe: HeadroomProbe, got: Mapping[str, np.ndarray]
+              ) -> tuple[str, str, str, float] | None:
+    """(kind, node, tensor, peak) of the first overflowing site in graph order, or None, from
+    one run's site tensors: the residual max|x|, the square (x - mean)^2 of a LayerNorm with
+    FP16 statistics (``analysis.transformer``), the attention scores max|s|."""
     hits = []
-    for s in report.layernorms:
-        if s.input_max > FP16_OVERFLOW:
-            hits.append(("residual", s.node, s.input, s.input_max))
-        elif s.statistics == "fp16" and s.square_peak > FP16_OVERFLOW:
-            hits.append(("variance", s.node, s.input, s.square_peak))
-    for a in report.attention:
-        if a.scores_max > FP16_OVERFLOW:
-            hits.append(("scores", a.matmul, a.scores, a.scores_max))
+    for s in probe.lns:
+        x = got[s.input]
+        top = float(np.abs(x).max()) if x.size else 0.0
+        if top > FP16_OVERFLOW:
+            hits.append(("residual", s.node, s.input, top))
+        elif s.kind == "decomposed" or s.stash_type != 1:
+            peak = _square_peak(x, s.axis)
+            if peak > FP16_OVERFLOW:
+                hits.append(("variance", s.node, s.input, peak))
+    for a in probe.atts:
+        sc = got[a.scores]
+        top = float(np.abs(sc).max()) if sc.size else 0.0
+        if top > FP16_OVERFLOW:
+            hits.append(("scores", a.matmul, a.scores, top))
     return hits[0] if hits else None
+
+
+def _square_peak(x: np.ndarray, axis: int) -> float:
+    """max (x - mean)^2 over the normalized axes, in float64 (``layernorm_statistics``'s
+    ``square_peak``)."""
+    if not x.size:
+        return 0.0
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    x64 = x.astype(np.float64)
+    return float(np.abs(x64 - x64.mean(axis=axes, keepdims=True)).max()) ** 2
 
 
 def stress_probe(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]],
@@ -169,35 +188,38 @@ def stress_probe(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarr
     base = dict(samples[0])
     scaled = f"tensor: {tensor}" if internal else "inputs: " + ", ".join(
         k for k, v in base.items() if np.issubdtype(np.asarray(v).dtype, np.floating))
+    sites = HeadroomProbe(probe)  # sites and session once; each factor is one run
+    if not sites.lns and not sites.atts:
+        return StressResult(scaled, None, GRID[-1], None, None, None, None, 0, None)
     evaluations = 0
 
     def at(factor: float) -> tuple[str, str, str, float] | None:
         nonlocal evaluations
         evaluations += 1
-        rep = analyze_transformer(probe, [_feeds(probe, base, factor, internal)])
-        return _overflow(rep) if rep is not None else None
+        return _overflow(sites, sites.fetch(_feeds(probe, base, factor, internal)))
 
     safe, hit, factor = 0.0, None, None
-    for f in GRID:
-        hit = at(f)
-        if hit is not None:
-            factor = f
-            break
-        safe = f
-    if factor is None or hit is None:
-        return StressResult(scaled, None, safe, None, None, None, None, evaluations, None)
-    if safe > 0:
-        lo, hi = safe, factor
-        for _ in range(BISECT_STEPS):
-            mid = math.sqrt(lo * hi)
-            got = at(mid)
-            if got is None:
-                lo = mid
-            else:
-                hi, hit = mid, got
-        safe, factor = lo, hi
+    with sites:
+        for f in GRID:
+            hit = at(f)
+            if hit is not None:
+                factor = f
+                break
+            safe = f
+        if factor is None or hit is None:
+            return StressResult(scaled, None, safe, None, None, None, None, evaluations, None)
+        if safe > 0:
+            lo, hi = safe, factor
+            for _ in range(BISECT_STEPS):
+                mid = math.sqrt(lo * hi)
+                got = at(mid)
+                if got is None:
+                    lo = mid
+                else:
+                    hi, hit = mid, got
+            safe, factor = lo, hi
     kind, node, where, peak = hit
-    check = next((s.square for s in find_layernorms(probe) if s.node == node and s.square), None)
+    check = next((s.square for s in sites.lns if s.node == node and s.square), None)
     # a fused LayerNorm's square is internal to the op: no tensor to check (verified None)
     target: str | None = check if kind == "variance" else where
     verified = None

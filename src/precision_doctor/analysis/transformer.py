@@ -269,48 +269,76 @@ def analyze_transformer(model: onnx.ModelProto, samples: Sequence[Mapping[str, n
     Raises:
         BackendError: ONNX Runtime fails on the model.
     """
-    lns, atts = _sites_of(model)
-    if not lns and not atts:
+    probe = HeadroomProbe(model)
+    if not probe.lns and not probe.atts:
         return None
-    blocks = assign_blocks(lns, atts)
-    names = sorted({s.input for s in lns} | {a.scores for a in atts}
-                   | {a.softmax_input for a in atts})
-    graph_inputs = {i.name for i in model.graph.input}
-    fetch = [n for n in names if n not in graph_inputs]
-    ln_acc: dict[str, dict[str, float]] = {}
-    att_acc: dict[str, list[float]] = {}
-    with OrtRunner(mark_outputs(model, fetch), name="transformer-probe") as runner:
+    with probe:
+        return probe.measure(samples)
+
+
+class HeadroomProbe:
+    """The LayerNorm and attention sites (``lns``, ``atts``) of ``analyze_transformer`` and
+    one FP32 session fetching them, set up once for many runs (the stress probe runs one
+    sample at up to ~26 scales). Use inside ``with``; raises ``BackendError`` there when ONNX
+    Runtime cannot open the model."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.lns, self.atts = _sites_of(model)
+        self.blocks = assign_blocks(self.lns, self.atts)
+        self.names = sorted({s.input for s in self.lns} | {a.scores for a in self.atts}
+                            | {a.softmax_input for a in self.atts})
+        self.graph_inputs = {i.name for i in model.graph.input}
+        self.fetch_names = [n for n in self.names if n not in self.graph_inputs]
+        self._runner = OrtRunner(mark_outputs(model, self.fetch_names), name="transformer-probe")
+
+    def __enter__(self) -> HeadroomProbe:
+        self._runner.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._runner.__exit__(*exc)
+
+    def fetch(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The site tensors (LayerNorm inputs, attention scores) of one FP32 run, float32."""
+        got = {**{n: feeds[n] for n in self.names if n in self.graph_inputs},
+               **self._runner.run(dict(feeds), self.fetch_names)}
+        return {k: np.asarray(v, dtype=np.float32) for k, v in got.items()}
+
+    def measure(self, samples: Sequence[Mapping[str, np.ndarray]]) -> TransformerReport:
+        """``analyze_transformer``'s report over ``samples``."""
+        lns, atts = self.lns, self.atts
+        ln_acc: dict[str, dict[str, float]] = {}
+        att_acc: dict[str, list[float]] = {}
         for feeds in samples:
-            got = {**{n: feeds[n] for n in names if n in graph_inputs},
-                   **runner.run(dict(feeds), fetch)}
+            got = self.fetch(feeds)
             for s in lns:
-                x = np.asarray(got[s.input], dtype=np.float32)
+                x = got[s.input]
                 st = layernorm_statistics(x, s.axis, s.epsilon)
                 st["input_max"] = float(np.abs(x).max()) if x.size else 0.0
                 acc = ln_acc.setdefault(s.node, {})
                 for k, v in st.items():
                     acc[k] = max(acc.get(k, -math.inf), v)
             for a in atts:
-                sc = np.asarray(got[a.scores], dtype=np.float32)
-                si = np.asarray(got[a.softmax_input], dtype=np.float32)
+                sc, si = got[a.scores], got[a.softmax_input]
                 acc2 = att_acc.setdefault(a.softmax, [0.0, -math.inf])
                 acc2[0] = max(acc2[0], float(np.abs(sc).max()) if sc.size else 0.0)
                 acc2[1] = max(acc2[1], float(si.max()) if si.size else -math.inf)
-    ln_stats = tuple(LayerNormStat(
-        s.node, s.kind, s.input, blocks[s.node], a["input_max"], _headroom(a["input_max"]),
-        a["dev_max"], a["square_peak"], _headroom(a["square_peak"]),
-        "fp16" if s.kind == "decomposed" or s.stash_type != 1 else "fp32",
-        bool(a["fp16_stats_overflow"]),
-        a["fp16_stats_rel_l2"], a["fp32_stats_rel_l2"])
-        for s in lns for a in (ln_acc[s.node],))
-    att_stats = tuple(AttentionStat(
-        a.softmax, a.matmul, a.scores, blocks[a.softmax], a.scale, m, _headroom(m), si,
-        bool(m > FP16_MAX and a.scale is not None and m * abs(a.scale) <= FP16_MAX))
-        for a in atts for m, si in (att_acc[a.softmax],))
-    kinds = sorted({"fused-stash0" if s.kind == "fused" and s.stash_type != 1 else s.kind
-                    for s in lns})
-    return TransformerReport(ln_stats, att_stats, _block_rows(ln_stats, att_stats),
-                             tuple(STATISTICS[k] for k in kinds))
+        blocks = self.blocks
+        ln_stats = tuple(LayerNormStat(
+            s.node, s.kind, s.input, blocks[s.node], a["input_max"], _headroom(a["input_max"]),
+            a["dev_max"], a["square_peak"], _headroom(a["square_peak"]),
+            "fp16" if s.kind == "decomposed" or s.stash_type != 1 else "fp32",
+            bool(a["fp16_stats_overflow"]),
+            a["fp16_stats_rel_l2"], a["fp32_stats_rel_l2"])
+            for s in lns for a in (ln_acc[s.node],))
+        att_stats = tuple(AttentionStat(
+            a.softmax, a.matmul, a.scores, blocks[a.softmax], a.scale, m, _headroom(m), si,
+            bool(m > FP16_MAX and a.scale is not None and m * abs(a.scale) <= FP16_MAX))
+            for a in atts for m, si in (att_acc[a.softmax],))
+        kinds = sorted({"fused-stash0" if s.kind == "fused" and s.stash_type != 1 else s.kind
+                        for s in lns})
+        return TransformerReport(ln_stats, att_stats, _block_rows(ln_stats, att_stats),
+                                 tuple(STATISTICS[k] for k in kinds))
 
 
 def _block_rows(lns: Sequence[LayerNormStat], atts: Sequence[AttentionStat]
