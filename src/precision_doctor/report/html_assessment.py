@@ -8,20 +8,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from precision_doctor.analysis.diagnosis import DiagnosisReport
-from precision_doctor.report.terminal_assessment import num
+from precision_doctor.report.numbers import fmt3
 
 if TYPE_CHECKING:
     from precision_doctor.report.html import Section
 
 
 def sci(x: object) -> str:
-    """A JSON scalar for the page: numbers as ``1.14e-02``, text unchanged, ``–`` for None."""
+    """A JSON scalar for the page: numbers as ``report.numbers.fmt3`` writes them, text
+    unchanged, ``–`` for None."""
     if x is None:
         return "–"
     if isinstance(x, str):
-        return num(float(x)) if x in ("inf", "-inf", "nan") else x
+        return fmt3(float(x)) if x in ("inf", "-inf", "nan") else x
     if isinstance(x, (int, float)):
-        return num(x)
+        return fmt3(x)
     return str(x)
 
 

@@ -14,6 +14,8 @@ from typing import Any, Callable, Mapping
 
 from rich.console import Console
 
+from precision_doctor.report.numbers import fmt3, fmt_share
+
 
 def iframe(page: str, height_px: int = 640) -> str:
     """``page`` in an ``<iframe srcdoc>`` (escaped), for inline display in a notebook."""
@@ -63,8 +65,8 @@ def fix_summary(report: Mapping[str, Any]) -> str:
 
 
 def _num(value: Any) -> str:
-    return f"{float(value):.3g}" if isinstance(value, (int, float)) else html.escape(str(value))
+    return fmt3(value) if isinstance(value, (int, float)) else html.escape(str(value))
 
 
 def _pct(value: Any) -> str:
-    return f"{float(value):.1%}" if isinstance(value, (int, float)) else "?"
+    return fmt_share(float(value), 1) if isinstance(value, (int, float)) else "?"

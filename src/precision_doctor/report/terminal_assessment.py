@@ -15,31 +15,12 @@ from rich.markup import escape
 
 from precision_doctor.analysis.diagnosis import DiagnosisReport
 from precision_doctor.analysis.rootcause import MINOR_IMPACT
+from precision_doctor.report.numbers import fmt3, fmt_share
 
 COLORS = {"within-tolerance": "green", "rounding": "yellow", "decision-flips": "yellow",
           "defect": "red"}
 SHOWN_FLIPS = 10  # when the assessment is decision-flips
 SHOWN_FLIPS_OTHERWISE = 3  # e.g. a broken map flips thousands of pixels: a sample is enough
-
-
-def num(x: float | int | None) -> str:
-    """3 significant digits in scientific notation (``1.14e-02``); ints as they are."""
-    if x is None:
-        return "n/a"
-    if isinstance(x, bool):
-        return "yes" if x else "no"
-    if isinstance(x, int):
-        return str(x)
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return f"{x:.2e}"
-
-
-def pct(x: float | None) -> str:
-    """A share in [0, 1] as ``96.0%`` (``n/a`` for None)."""
-    return "n/a" if x is None else f"{x:.1%}"
 
 
 def render_assessment(report: DiagnosisReport, console: Console) -> None:
@@ -52,8 +33,9 @@ def render_assessment(report: DiagnosisReport, console: Console) -> None:
     console.print(f"  {escape(a.summary)}")
     console.print(f"  [bold]Remedy:[/] {escape(a.remedy)}")
     if report.explained_share is not None:
-        console.print(f"  All findings' remedies together remove {pct(report.explained_share)} "
-                      f"of the output error; unexplained: {pct(1 - report.explained_share)}.")
+        share = report.explained_share
+        console.print(f"  All findings' remedies together remove {fmt_share(share, 1)} of the "
+                      f"output error; unexplained: {fmt_share(1 - share, 1)}.")
     if a.nodes:
         console.print(f"  Nodes: {escape(', '.join(a.nodes[:8]))}"
                       + (f" and {len(a.nodes) - 8} more" if len(a.nodes) > 8 else ""))
@@ -75,18 +57,18 @@ def _render_rewritten(report: DiagnosisReport, console: Console) -> None:
     verdict = str(rw.get("verdict", "")).upper()
     color = "green" if verdict == "PASS" else "red"
     console.print(f"Rewritten model ({escape(', '.join(rw.get('rewrites', ())))}): "
-                  f"[{color}]{verdict}[/], worst rel L2 {num(worst)}")
+                  f"[{color}]{verdict}[/], worst rel L2 {fmt3(worst)}")
 
 
 def _render_decisions(report: DiagnosisReport, console: Console) -> None:
     for d in report.decisions:
-        task = (f", {d.task_metric} agreement {pct(d.task_agreement)}"
+        task = (f", {d.task_metric} agreement {fmt_share(d.task_agreement, 1)}"
                 if d.task_agreement is not None else "")
         axis = "" if d.kind == "sigmoid-map" else f", axis {d.axis}"
         console.print(f"Decisions of {escape(d.output)} ({d.kind}{axis}): "
                       f"{d.flips} of {d.positions} flipped{task}; flips carry "
-                      f"{pct(d.flip_error_share)} of the squared error; rel L2 without "
-                      f"them {num(d.rel_l2_without_flips)}")
+                      f"{fmt_share(d.flip_error_share, 1)} of the squared error; rel L2 without "
+                      f"them {fmt3(d.rel_l2_without_flips)}")
         if d.suggested_metric:
             console.print(f"  suggested task metric: --metric {escape(d.suggested_metric)}")
     flips = report.decision_flips
@@ -95,8 +77,8 @@ def _render_decisions(report: DiagnosisReport, console: Console) -> None:
     for i, f in enumerate(flips[:shown], 1):
         changed = {True: "changed", False: "unchanged", None: "unknown"}[f.task_changed]
         console.print(f"  flip {i}: {escape(f.sample)} {escape(f.output)} at {list(f.position)}: "
-                      f"margin {num(f.fp32_margin)}, FP32 noise {num(f.fp32_noise)}, "
-                      f"error share {pct(f.error_share)}, task result {changed}")
+                      f"margin {fmt3(f.fp32_margin)}, FP32 noise {fmt3(f.fp32_noise)}, "
+                      f"error share {fmt_share(f.error_share, 1)}, task result {changed}")
     if len(flips) > shown:
         console.print(f"  ({len(flips) - shown} more listed flips in the JSON and HTML reports)")
 
@@ -116,4 +98,4 @@ def _float(v: object) -> float:
     return float(v) if isinstance(v, (int, float, str)) else math.nan
 
 
-__all__ = ["num", "pct", "render_assessment", "render_minor"]
+__all__ = ["render_assessment", "render_minor"]
