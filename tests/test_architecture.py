@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "precision_doctor"
 # feature package (audit.render) sits in the report layer while the rest of audit/ does not.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("precision_doctor", "precision_doctor.errors", "precision_doctor.formats",
-              "precision_doctor.jsonable")),
+              "precision_doctor.jsonable", "precision_doctor.numbers")),
     ("graph", ("precision_doctor.graph",)),
     ("precision", ("precision_doctor.precision",)),
     # inputs/ turns data into validated feeds for runners (it uses the runners' TensorMeta).

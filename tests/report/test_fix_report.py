@@ -29,8 +29,8 @@ from precision_doctor.analysis.fix_review import review_fixed_diagnosis
 from precision_doctor.analysis.objective import Objective
 from precision_doctor.compare.tolerance import Tolerance
 from precision_doctor.formats import Precision
+from precision_doctor.numbers import fmt_vs
 from precision_doctor.report.fix_terminal import render_fix
-from precision_doctor.report.numbers import fmt_vs
 
 LOOSE = Objective(tolerances={"*": Tolerance(rel_l2=0.5)})
 

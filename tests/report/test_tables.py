@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 from rich.text import Text
 
-from precision_doctor.report.numbers import WIDTH, fmt3, fmt_share, fmt_vs
+from precision_doctor.numbers import WIDTH, fmt3, fmt_share, fmt_vs
 from precision_doctor.report.tables import Col, MetricTable, metric_table
 
 

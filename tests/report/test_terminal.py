@@ -17,8 +17,8 @@ from precision_doctor import cli
 from precision_doctor.analysis.candidates import emulated
 from precision_doctor.analysis.diagnose import diagnose
 from precision_doctor.formats import Precision
+from precision_doctor.numbers import fmt3
 from precision_doctor.precision.plan import PrecisionPlan
-from precision_doctor.report.numbers import fmt3
 from precision_doctor.report.terminal import render_diagnosis
 
 

@@ -51,6 +51,7 @@ from precision_doctor.analysis.decisions import DecisionFlip, DecisionSummary
 from precision_doctor.analysis.rootcause import Finding
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.jsonable import from_json_float, json_float
+from precision_doctor.numbers import fmt3
 
 DEFECT_MIN_SHARE = 0.5
 DECISION_MIN_SHARE = 0.5
@@ -137,8 +138,8 @@ def defect_candidates(findings: Sequence[Finding], target: Precision) -> list[Fi
 
 
 def _g(x: float | None) -> str:
-    """3 significant digits, ``1.14e-02`` (the same form in terminal, JSON text and HTML)."""
-    return "n/a" if x is None else f"{x:.2e}"
+    """3 significant digits as every report writes them (``precision_doctor.numbers.fmt3``)."""
+    return "n/a" if x is None else fmt3(x)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ import onnx
 
 from precision_doctor.errors import PrecisionDoctorError
 from precision_doctor.jsonable import from_json_float, json_float
+from precision_doctor.numbers import fmt3
 
 SIGMOID_THRESHOLD = 0.5
 SUM_TOLERANCE = 1e-3
@@ -366,7 +367,7 @@ def _flip(name, kind, axis, t, total_err2, sample_names, probes, refs, changed_i
     what = ("time step" if kind == "ctc" else "element" if kind == "sigmoid-map"
             else "position")
     detail = (f"{what} {list(pos)} of {sample}: FP32 picks {label(top[0])} over "
-              f"{label(top[1])} by {margin:.2e}, the candidate picks {label(cand)}; "
+              f"{label(top[1])} by {fmt3(margin)}, the candidate picks {label(cand)}; "
               f"{share:.1%} of the output's squared error")
     if changed is not None and kind == "ctc":
         detail += "; decoded text " + ("changed" if changed else "unchanged")

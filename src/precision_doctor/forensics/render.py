@@ -1,7 +1,7 @@
 """Terminal rendering (rich) of a ``ForensicsResult``.
 
 File names and summaries go through ``Text`` so that brackets in them are never read as rich
-markup. Numbers use ``report.numbers.fmt3`` (3 significant digits, as in every report) and tables
+markup. Numbers use ``numbers.fmt3`` (3 significant digits, as in every report) and tables
 ``report.tables.metric_table`` (key: value blocks when the console is narrow: nothing is cut).
 """
 
@@ -16,7 +16,7 @@ from rich.text import Text
 
 from precision_doctor.forensics.analyze import EXPLAINED_REL_STD
 from precision_doctor.forensics.result import ForensicsResult, InputFinding
-from precision_doctor.report.numbers import fmt3
+from precision_doctor.numbers import fmt3
 from precision_doctor.report.tables import Cell, Col, MetricTable, metric_table
 
 KIND_COLORS = {"layout": "red", "channel-order": "red", "scale": "red", "normalization": "red",

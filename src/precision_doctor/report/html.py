@@ -28,9 +28,9 @@ from markupsafe import Markup
 
 from precision_doctor.analysis.diagnosis import DiagnosisReport
 from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
+from precision_doctor.numbers import fmt3, fmt_vs
 from precision_doctor.report import plots
 from precision_doctor.report.html_assessment import assessment_section
-from precision_doctor.report.numbers import fmt3, fmt_vs
 
 FOCUS_ROWS = 14  # rows of the "around the first divergence" table
 COLLAPSE_ROWS = 40  # longer tables start collapsed in <details>

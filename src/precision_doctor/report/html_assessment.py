@@ -8,14 +8,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from precision_doctor.analysis.diagnosis import DiagnosisReport
-from precision_doctor.report.numbers import fmt3
+from precision_doctor.numbers import fmt3
 
 if TYPE_CHECKING:
     from precision_doctor.report.html import Section
 
 
 def sci(x: object) -> str:
-    """A JSON scalar for the page: numbers as ``report.numbers.fmt3`` writes them, text
+    """A JSON scalar for the page: numbers as ``precision_doctor.numbers.fmt3`` writes them, text
     unchanged, ``–`` for None."""
     if x is None:
         return "–"

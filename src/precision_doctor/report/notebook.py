@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 from rich.console import Console
 
-from precision_doctor.report.numbers import fmt3, fmt_share
+from precision_doctor.numbers import fmt3, fmt_share
 
 
 def iframe(page: str, height_px: int = 640) -> str:

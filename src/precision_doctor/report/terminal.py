@@ -1,6 +1,6 @@
 """Terminal rendering of a diagnosis with rich: verdict first, then outputs, findings, layers.
 
-Every number goes through ``report.numbers`` (3 significant digits, the same strings as the HTML
+Every number goes through ``numbers.fmt3`` (3 significant digits, the same strings as the HTML
 report) and every table through ``report.tables.metric_table``, which turns into key: value blocks
 when the console is too narrow: at 80 columns no number or header is ever cut with ``…``.
 """
@@ -18,7 +18,7 @@ from rich.text import Text
 from precision_doctor.analysis.diagnosis import DiagnosisReport, OutputResult
 from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
 from precision_doctor.analysis.rootcause import Finding
-from precision_doctor.report.numbers import fmt3, fmt_count, fmt_share
+from precision_doctor.numbers import fmt3, fmt_count, fmt_share
 from precision_doctor.report.tables import Cell, Col, MetricTable, metric_table
 from precision_doctor.report.terminal_assessment import render_assessment, render_minor
 

@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from precision_doctor.analysis.diagnosis import DiagnosisReport
 from precision_doctor.analysis.rootcause import MINOR_IMPACT
-from precision_doctor.report.numbers import fmt3, fmt_share
+from precision_doctor.numbers import fmt3, fmt_share
 
 COLORS = {"within-tolerance": "green", "rounding": "yellow", "decision-flips": "yellow",
           "defect": "red"}

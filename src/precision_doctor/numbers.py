@@ -1,5 +1,5 @@
-"""How every report (terminal, HTML) writes a number: one formatter, so the same value reads the
-same everywhere.
+"""How every report (terminal, HTML, the texts of the diagnosis) writes a number: one formatter,
+so the same value reads the same everywhere.
 
 Rules (issue 10, "Readable at 80 columns"):
 
