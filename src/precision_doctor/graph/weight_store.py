@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -77,14 +78,6 @@ class WeightStore:
 STORE = WeightStore()
 
 
-def stored_ir_tensor(array: np.ndarray, name: str, key: tuple | None = None
-                     ) -> ir.ExternalTensor:
-    """``array`` as an onnx-ir tensor backed by the process's ``WeightStore``."""
-    location, offset, length = STORE.put(array, key)
-    return ir.ExternalTensor(location, offset, length, ir.DataType.from_numpy(array.dtype),
-                             shape=ir.Shape(array.shape), name=name)
-
-
 def stored_tensor_proto(array: np.ndarray, name: str) -> onnx.TensorProto:
     """``array`` as a ``TensorProto`` referencing the process's ``WeightStore``."""
     location, offset, length = STORE.put(array)
@@ -92,6 +85,27 @@ def stored_tensor_proto(array: np.ndarray, name: str) -> onnx.TensorProto:
                               data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype))
     set_external_info(tensor, location, offset, length)
     return tensor
+
+
+def stored_copy(source: ir.ExternalTensor, key: tuple, dtype: ir.DataType, name: str,
+                compute: Callable[[], np.ndarray]) -> tuple[ir.ExternalTensor, bool]:
+    """A tensor derived from the external weight ``source`` (rounded, converted), kept in the
+    weight store under ``key`` (``ir_external_key``): ``compute()`` runs only the first time in
+    this process; later emulation or written models reuse the stored bytes.
+
+    Returns:
+        (the derived tensor, whether ``compute`` ran now).
+
+    Raises:
+        BackendError: The store cannot be written.
+    """
+    entry = STORE.get(key)
+    computed = entry is None
+    if entry is None:
+        derived = compute()
+        entry = STORE.put(derived, key)
+        del derived
+    return ir.ExternalTensor(*entry, dtype, shape=ir.Shape(source.shape), name=name), computed
 
 
 def ir_external_key(tensor: object, tag: str) -> tuple | None:

@@ -50,7 +50,7 @@ import onnx_ir as ir
 from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.formats import Precision, round_to
 from precision_doctor.graph.load import opset_of
-from precision_doctor.graph.weight_store import STORE, ir_external_key, stored_ir_tensor
+from precision_doctor.graph.weight_store import ir_external_key, stored_copy
 from precision_doctor.precision.emulate_layernorm import expand_low_precision_stats
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
 
@@ -144,15 +144,12 @@ class _Emulator:
             tensor: ir.TensorProtocol
             if isinstance(const, ir.ExternalTensor) and stored is not None:
                 # External weight: the rounded copy goes to the weight store, once per process.
-                entry = STORE.get(stored)
-                if entry is None:
-                    rounded = round_to(const.numpy(), p).astype(const.dtype.numpy())
-                    tensor = stored_ir_tensor(rounded, name, stored)
-                    del rounded
-                    const.release()  # unmap the source weights
-                else:
-                    tensor = ir.ExternalTensor(*entry, const.dtype, shape=ir.Shape(const.shape),
-                                               name=name)
+                source = const
+                tensor, computed = stored_copy(
+                    source, stored, source.dtype, name,
+                    lambda: round_to(source.numpy(), p).astype(source.dtype.numpy()))
+                if computed:
+                    source.release()  # unmap the source weights
             else:
                 array = const.numpy()
                 tensor = ir.tensor(round_to(array, p).astype(array.dtype), name=name)

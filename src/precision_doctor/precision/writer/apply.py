@@ -23,7 +23,7 @@ import onnx_ir as ir
 
 from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.formats import FORMATS
-from precision_doctor.graph.weight_store import STORE, ir_external_key
+from precision_doctor.graph.weight_store import ir_external_key, stored_copy
 from precision_doctor.precision.writer.decide import FLOAT, PRECISION_OF, Decisions
 from precision_doctor.precision.writer.schema import has_subgraph, subgraph_nodes
 
@@ -174,15 +174,15 @@ class _Writer:
             # A weight kept in an external data file: its copy goes to the weight store (once
             # per process: a search with --runner writes a model per evaluation), so the
             # written model stays a small proto (``graph.external``; saved with external data).
-            entry = STORE.get(stored)
-            if entry is None:
+            store_key = stored
+
+            def converted() -> np.ndarray:
                 array = self.d.constants.array(v)
                 assert array is not None
-                low, _CONVERT_WARNINGS[stored] = convert_array(array, dtype, v.name or "")
-                entry = STORE.put(low, stored)
-                del low
-            tensor = ir.ExternalTensor(*entry, dtype, shape=ir.Shape(const.shape),
-                                       name=tensor_name or "")
+                low, _CONVERT_WARNINGS[store_key] = convert_array(array, dtype, v.name or "")
+                return low
+
+            tensor = stored_copy(const, store_key, dtype, tensor_name or "", converted)[0]
             warning = _CONVERT_WARNINGS.get(stored) or ""
         else:
             array = self.d.constants.array(v)
