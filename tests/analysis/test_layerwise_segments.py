@@ -260,3 +260,19 @@ def test_cut_like_places_each_cut_before_the_segment_start_node():
     start = model.graph.node[segs[2].start].name
     next(n for n in renamed.graph.node if n.name == start).name = "not-there"
     assert cut_like(model, segs, renamed) is None
+
+
+def test_statistics_of_huge_finite_values_do_not_overflow():
+    """An attention mask of -3.4e38 (float32's lowest): its squares overflow a float32 sum, so
+    the relative L2 error must come from float64 sums, not inf/inf or x/inf."""
+    fmt = FORMATS[FP16]
+    r = np.full(4096, -3.4e38, np.float32)
+    r[::2] = 0.5
+    c = r.copy()
+    c[::2] = 0.5 * (1 + 1e-3)
+    acc = _Accumulator(TensorSite("mask", "n", "Add", 0, r.size))
+    with np.errstate(over="raise"):
+        acc.add(r, c, fmt.max, fmt.min_subnormal, fmt.min_normal)
+    rec = acc.record(fmt.max)
+    assert rec.overflow == 2048 and rec.cand_nan == rec.cand_inf == 0
+    assert 0 < rec.rel_l2 < 1e-30 and rec.max_abs_err == pytest.approx(5e-4, rel=1e-3)
