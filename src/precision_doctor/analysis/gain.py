@@ -94,6 +94,34 @@ def nonfinite_birth(records: Sequence[LayerRecord], inputs_of: Mapping[str, Sequ
     return None
 
 
+def absorbed_births(records: Sequence[LayerRecord], inputs_of: Mapping[str, Sequence[str]],
+                    threshold: float) -> set[str]:
+    """Nodes whose Inf/NaN birth their consumers absorb: the tensor has compared consumers, and
+    every one of them is finite in the candidate with rel_l2 <= ``threshold``. The typical case
+    is an additive attention mask of -3.4e38 (float32's lowest) that FP16 turns into -inf and
+    the Softmax after it turns into exact zeros: the candidate is right there, the "birth" is
+    the FP16 spelling of the same mask.
+
+    Args:
+        records / inputs_of: As :func:`local_gains`.
+        threshold: The divergence threshold (``LayerwiseResult.threshold``).
+    """
+    by_name = {r.tensor: r for r in records}
+    consumers: dict[str, list[LayerRecord]] = {}
+    for tensor, inputs in inputs_of.items():
+        if tensor in by_name:
+            for name in inputs:
+                consumers.setdefault(name, []).append(by_name[tensor])
+    out = set()
+    for g in local_gains(records, inputs_of, 1.0):
+        after = consumers.get(g.record.tensor, [])
+        if g.born_nonfinite and after and all(
+                not _nonfinite(c) and math.isfinite(c.rel_l2) and c.rel_l2 <= threshold
+                for c in after):
+            out.add(g.record.node)
+    return out
+
+
 def top_gains(records: Sequence[LayerRecord], inputs_of: Mapping[str, Sequence[str]],
               unit_roundoff: float, threshold: float, k: int, min_gain: float = 2.0
               ) -> list[Gain]:
@@ -122,7 +150,8 @@ def largest_jump(records: Sequence[LayerRecord], inputs_of: Mapping[str, Sequenc
     """The first divergence by error jump: where the error grows most beyond its inputs.
 
     An Inf/NaN birth is the largest possible jump (the first one wins), unless its node is in
-    ``harmless`` (e.g. an attention mask whose -inf was measured not to change the outputs).
+    ``harmless`` (e.g. an attention mask whose -inf was measured not to change the outputs) or
+    its consumers absorb it (``absorbed_births``).
     Otherwise the largest finite gain among tensors that end above ``threshold`` (a jump to an
     error that stays below the tolerance is not a divergence).
 
@@ -130,6 +159,7 @@ def largest_jump(records: Sequence[LayerRecord], inputs_of: Mapping[str, Sequenc
         The ``Gain`` or None when no tensor ends above ``threshold``.
     """
     gains = local_gains(records, inputs_of, unit_roundoff)
+    harmless = set(harmless) | absorbed_births(records, inputs_of, threshold)
     born = next((g for g in gains if g.born_nonfinite and g.record.node not in harmless), None)
     if born is not None:
         return born
