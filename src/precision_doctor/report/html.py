@@ -30,7 +30,7 @@ from precision_doctor.analysis.diagnosis import DiagnosisReport
 from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
 from precision_doctor.numbers import fmt3, fmt_vs
 from precision_doctor.report import plots
-from precision_doctor.report.html_assessment import assessment_section
+from precision_doctor.report.html_assessment import assessment_section, sci
 
 FOCUS_ROWS = 14  # rows of the "around the first divergence" table
 COLLAPSE_ROWS = 40  # longer tables start collapsed in <details>
@@ -100,7 +100,7 @@ def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.PackageLoader("precision_doctor", "report/templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(num=fmt_num, sortkey=sort_key, pct=fmt_pct)
+    env.filters.update(num=fmt_num, sortkey=sort_key, pct=fmt_pct, sci=sci)
     return env
 
 

@@ -1,6 +1,6 @@
 """The HTML assessment section: assessment, decisions, flips, rewritten run (``assessment.j2``).
 
-Numbers use 3 significant digits in scientific notation (``1.14e-02``), as in the terminal.
+Numbers go through ``numbers.fmt3`` (the template's ``sci`` filter), as in the terminal.
 """
 
 from __future__ import annotations
@@ -28,16 +28,11 @@ def sci(x: object) -> str:
 
 def assessment_section(report: DiagnosisReport) -> Section | None:
     """The section (id ``assessment``), or None for a report without an assessment."""
-    from precision_doctor.report.html import Section, _env
+    from precision_doctor.report.html import Section, _render
 
     if report.assessment is None:
         return None
-    env = _env()
-    env.filters.setdefault("sci", sci)
-    html = env.get_template("assessment.j2").render(r=report)
-    from markupsafe import Markup
-
-    return Section("assessment", "Assessment", Markup(html))
+    return Section("assessment", "Assessment", _render("assessment.j2", r=report))
 
 
 __all__ = ["assessment_section", "sci"]
