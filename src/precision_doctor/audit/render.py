@@ -170,6 +170,14 @@ def render_audit(report: AuditReport, console: Console, max_layers: int | None =
         console.print(Text(f"warning: {w}", style="yellow"))
 
 
+def _pair_rows(pairs: Sequence[Any]) -> list[list[Cell]]:
+    """Rows of ``_PAIR_COLUMNS`` for paired layers or regions of two builds (``a_layer``,
+    ``b_layer``, ``a_precision``, ``b_precision``, ``a_time_ms``, ``b_time_ms``, ``match``)."""
+    return [[Text(_short(x.a_layer or "-", 50)), Text(_short(x.b_layer or "-", 50)),
+             Text.assemble(_p(x.a_precision), " → ", _p(x.b_precision)), _ms(x.a_time_ms),
+             _ms(x.b_time_ms), x.match] for x in pairs]
+
+
 def render_build_diff(diff: BuildDiff, console: Console, top: int = 20) -> None:
     """Print a comparison of two builds: precision/time per precision, fused regions, changes.
 
@@ -193,10 +201,7 @@ def render_build_diff(diff: BuildDiff, console: Console, top: int = 20) -> None:
                      _ms(rb.get("time_ms")), _pct(rb.get("time_share"))])
     console.print(metric_table("Precision per build", cols, rows))
     if diff.regions:
-        console.print(metric_table("Fused regions", _PAIR_COLUMNS, [
-            [Text(_short(r.a_layer or "-", 50)), Text(_short(r.b_layer or "-", 50)),
-             Text.assemble(_p(r.a_precision), " → ", _p(r.b_precision)), _ms(r.a_time_ms),
-             _ms(r.b_time_ms), r.match] for r in diff.regions]))
+        console.print(metric_table("Fused regions", _PAIR_COLUMNS, _pair_rows(diff.regions)))
     counts: dict[tuple[str | None, str | None], int] = {}
     for c in diff.precision_changes:
         counts[(c.a_precision, c.b_precision)] = counts.get((c.a_precision, c.b_precision), 0) + 1
@@ -205,10 +210,7 @@ def render_build_diff(diff: BuildDiff, console: Console, top: int = 20) -> None:
     changes = sorted(diff.precision_changes, key=lambda c: -(c.b_time_ms or 0.0))[:top]
     if changes:
         console.print(metric_table(f"Slowest changed layers (top {len(changes)})",
-                                   _PAIR_COLUMNS, [
-            [Text(_short(c.a_layer or "-", 50)), Text(_short(c.b_layer or "-", 50)),
-             Text.assemble(_p(c.a_precision), " → ", _p(c.b_precision)), _ms(c.a_time_ms),
-             _ms(c.b_time_ms), c.match] for c in changes]))
+                                   _PAIR_COLUMNS, _pair_rows(changes)))
     ra, rb = diff.reformat.get("a", {}), diff.reformat.get("b", {})
     console.print(Text(f"Precision-converting reformats: A {ra.get('layers', 0)} "
                        f"({_ms(ra.get('time_ms'))} ms), B {rb.get('layers', 0)} "
