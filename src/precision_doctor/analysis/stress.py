@@ -32,7 +32,7 @@ import onnx
 from onnx import helper
 
 from precision_doctor.analysis.transformer import HeadroomProbe, TransformerReport
-from precision_doctor.analysis.transformer_sites import find_layernorms
+from precision_doctor.analysis.transformer_sites import centered, find_layernorms
 from precision_doctor.formats import Precision
 from precision_doctor.graph.outputs import mark_outputs
 from precision_doctor.jsonable import from_json_float, json_float
@@ -142,8 +142,8 @@ def _overflow(probe: HeadroomProbe, got: Mapping[str, np.ndarray]
         top = float(np.abs(x).max()) if x.size else 0.0
         if top > FP16_OVERFLOW:
             hits.append(("residual", s.node, s.input, top))
-        elif s.kind == "decomposed" or s.stash_type != 1:
-            peak = _square_peak(x, s.axis)
+        elif s.fp16_statistics:
+            peak = float(np.abs(centered(x, s.axis)).max()) ** 2 if x.size else 0.0
             if peak > FP16_OVERFLOW:
                 hits.append(("variance", s.node, s.input, peak))
     for a in probe.atts:
@@ -152,16 +152,6 @@ def _overflow(probe: HeadroomProbe, got: Mapping[str, np.ndarray]
         if top > FP16_OVERFLOW:
             hits.append(("scores", a.matmul, a.scores, top))
     return hits[0] if hits else None
-
-
-def _square_peak(x: np.ndarray, axis: int) -> float:
-    """max (x - mean)^2 over the normalized axes, in float64 (``layernorm_statistics``'s
-    ``square_peak``)."""
-    if not x.size:
-        return 0.0
-    axes = tuple(range(axis % x.ndim, x.ndim))
-    x64 = x.astype(np.float64)
-    return float(np.abs(x64 - x64.mean(axis=axes, keepdims=True)).max()) ** 2
 
 
 def stress_probe(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]],

@@ -38,6 +38,7 @@ from precision_doctor.analysis.transformer_sites import (
     AttentionSite,
     LayerNormSite,
     assign_blocks,
+    centered,
     find_attention,
     find_layernorms,
 )
@@ -84,9 +85,7 @@ def layernorm_statistics(x: np.ndarray, axis: int, eps: float) -> dict[str, floa
         the normalized output vs FP64; inf when non-finite).
     """
     axes = tuple(range(axis % x.ndim, x.ndim))
-    x64 = x.astype(np.float64)
-    mean64 = x64.mean(axis=axes, keepdims=True)
-    d64 = x64 - mean64
+    d64 = centered(x, axis)
     exact = d64 / np.sqrt((d64 ** 2).mean(axis=axes, keepdims=True) + eps)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         x16 = x.astype(_F16).astype(np.float32)
@@ -327,7 +326,7 @@ class HeadroomProbe:
         ln_stats = tuple(LayerNormStat(
             s.node, s.kind, s.input, blocks[s.node], a["input_max"], _headroom(a["input_max"]),
             a["dev_max"], a["square_peak"], _headroom(a["square_peak"]),
-            "fp16" if s.kind == "decomposed" or s.stash_type != 1 else "fp32",
+            "fp16" if s.fp16_statistics else "fp32",
             bool(a["fp16_stats_overflow"]),
             a["fp16_stats_rel_l2"], a["fp32_stats_rel_l2"])
             for s in lns for a in (ln_acc[s.node],))

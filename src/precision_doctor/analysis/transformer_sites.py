@@ -62,6 +62,18 @@ class LayerNormSite:
     epsilon: float = 1e-5
     stats_nodes: tuple[str, ...] = ()
 
+    @property
+    def fp16_statistics(self) -> bool:
+        """Whether FP16 is assumed to compute its statistics: decomposed, or fused with
+        ``stash_type`` != 1 (``analysis.transformer``'s module docstring)."""
+        return self.kind == "decomposed" or self.stash_type != 1
+
+
+def centered(x: np.ndarray, axis: int) -> np.ndarray:
+    """x - mean(x) over a LayerNorm's normalized axes (``axis`` to the last), in float64."""
+    x64 = x.astype(np.float64)
+    return x64 - x64.mean(axis=tuple(range(axis % x.ndim, x.ndim)), keepdims=True)
+
 
 @dataclass(frozen=True)
 class AttentionSite:
