@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from precision_doctor.compare.metrics import l2_ratio
 from precision_doctor.formats import FloatFormat
 from precision_doctor.graph.outputs import TensorSite
 from precision_doctor.jsonable import from_json_float, json_float
@@ -230,12 +231,7 @@ class _Accumulator:
 
     def record(self, fmt_max: float) -> LayerRecord:
         s = self.site
-        if self.nan or self.inf:
-            rel = math.inf
-        elif self.ref2 == 0:
-            rel = 0.0 if self.err2 == 0 else math.inf
-        else:
-            rel = math.sqrt(self.err2 / self.ref2)
+        rel = l2_ratio(self.err2, self.ref2, self.nan + self.inf)
         headroom = math.log2(fmt_max / self.ref_max) if self.ref_max > 0 else math.inf
         return LayerRecord(s.name, s.node, s.op_type, s.index, self.numel, self.ref_max,
                            self.cand_max, self.err_max,

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from precision_doctor.compare.metrics import l2_ratio
 from precision_doctor.compare.tasks.registry import TaskMetric, evaluate_metric, sample_context
 from precision_doctor.compare.tolerance import Tolerance, check_values, elementwise_pass_share
 
@@ -201,7 +202,7 @@ class Objective:
             tol = self.tolerance_of(name)
             errors = [sample_error(r, c) for r, c in zip(reference[name], candidate[name])]
             nan, inf = sum(e[1] for e in errors), sum(e[2] for e in errors)
-            rel_l2 = _rel_l2(sum(e[0] for e in errors), ref2, nan + inf)
+            rel_l2 = l2_ratio(sum(e[0] for e in errors), ref2, nan + inf)
             share = (elementwise_pass_share(reference[name], candidate[name], tol)
                      if tol.atol is not None or tol.rtol is not None else None)
             ok, _ = check_values(rel_l2, nan, inf, tol, share)
@@ -258,15 +259,6 @@ def sample_error(r: np.ndarray, c: np.ndarray) -> tuple[float, int, int]:
     ok = np.isfinite(np.asarray(r, np.float64).ravel()) & np.isfinite(c64)
     d = d[ok]
     return float(np.dot(d, d)), int(np.isnan(c64).sum()), int(np.isinf(c64).sum())
-
-
-def _rel_l2(err2: float, ref2: float, nonfinite: int) -> float:
-    """sqrt(err2 / ref2), the same conventions as ``compare.metrics.compute_metrics``."""
-    if nonfinite:
-        return math.inf
-    if ref2 == 0:
-        return 0.0 if err2 == 0 else math.inf
-    return math.sqrt(err2 / ref2)
 
 
 class ScoreStream:

@@ -92,12 +92,7 @@ def compute_metrics(reference: Sequence[np.ndarray], candidate: Sequence[np.ndar
     e = np.abs(cf - rf)
     ref_norm2 = float(np.dot(rf, rf))
     err_norm2 = float(np.dot(cf - rf, cf - rf))
-    if nan or inf:
-        rel_l2 = math.inf
-    elif ref_norm2 == 0:
-        rel_l2 = 0.0 if err_norm2 == 0 else math.inf
-    else:
-        rel_l2 = math.sqrt(err_norm2 / ref_norm2)
+    rel_l2 = l2_ratio(err_norm2, ref_norm2, nan + inf)
     cand_norm2 = float(np.dot(cf, cf))
     cosine = (float(np.dot(cf, rf)) / math.sqrt(cand_norm2 * ref_norm2)
               if cand_norm2 > 0 and ref_norm2 > 0 else float(cand_norm2 == ref_norm2))
@@ -123,6 +118,17 @@ def compute_metrics(reference: Sequence[np.ndarray], candidate: Sequence[np.ndar
         nan=nan, inf=inf, ref_nonfinite=ref_nonfinite, argmax_agreement=agreement)
 
 
+def l2_ratio(err2: float, ref2: float, nonfinite: int = 0) -> float:
+    """Relative L2 error sqrt(err2 / ref2) from the squared norms of the error and of the
+    reference: inf when the candidate has ``nonfinite`` NaN/Inf values, 0 for an exact zero
+    reference reproduced exactly, inf for any error against a zero reference."""
+    if nonfinite:
+        return math.inf
+    if ref2 == 0:
+        return 0.0 if err2 == 0 else math.inf
+    return math.sqrt(err2 / ref2)
+
+
 def relative_l2(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]) -> float:
     """Relative L2 error ||c - r|| / ||r|| over all samples (inf if the candidate is not finite)."""
     num = den = 0.0
@@ -133,6 +139,4 @@ def relative_l2(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]
         d = c64 - r64
         num += float(np.vdot(d, d))
         den += float(np.vdot(r64, r64))
-    if den == 0:
-        return 0.0 if num == 0 else math.inf
-    return math.sqrt(num / den)
+    return l2_ratio(num, den)
