@@ -15,7 +15,7 @@ import onnx
 from precision_doctor.analysis.layerwise import RunnerFactory, WholeGraph
 from precision_doctor.analysis.layerwise_engines import SegmentFallback
 from precision_doctor.errors import BackendError
-from precision_doctor.graph.external import external_bytes
+from precision_doctor.graph.external import small_in_memory
 from precision_doctor.graph.load import input_metadata
 from precision_doctor.graph.outputs import mark_outputs
 from precision_doctor.graph.segments import is_segment
@@ -72,11 +72,6 @@ class RecordedSource:
     cross_check: PrecisionPlan | None = None
 
 
-# Largest model (weights in the proto) whose emulation is kept for layerwise comparison to cut:
-# a kept emulation holds a rounded copy of every weight in the proto.
-KEEP_EMULATION_MAX_BYTES = 256 << 20
-
-
 def emulated(plan: PrecisionPlan) -> Candidate:
     """The CPU emulation of ``plan``.
 
@@ -87,8 +82,8 @@ def emulated(plan: PrecisionPlan) -> Candidate:
     kept: list[tuple[onnx.ModelProto, tuple[onnx.ModelProto, EmulationInfo]]] = []
 
     def emulation(model: onnx.ModelProto) -> tuple[onnx.ModelProto, EmulationInfo] | None:
-        if is_segment(model) or external_bytes(model) or \
-                model.ByteSize() >= KEEP_EMULATION_MAX_BYTES:
+        # a kept emulation holds a rounded copy of every weight: small models only
+        if is_segment(model) or not small_in_memory(model):
             return None
         if not kept or kept[0][0] is not model:
             kept[:] = [(model, emulate(model, plan))]

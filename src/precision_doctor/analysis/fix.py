@@ -35,7 +35,7 @@ from precision_doctor.analysis.transformer import fp32_statistics_nodes
 from precision_doctor.compare.metrics import compute_metrics
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision
-from precision_doctor.graph.external import external_bytes
+from precision_doctor.graph.external import small_in_memory
 from precision_doctor.graph.outputs import producer_inputs
 from precision_doctor.precision.plan import PrecisionPlan, select_nodes
 from precision_doctor.precision.rewrites import apply_rewrites
@@ -138,11 +138,9 @@ def _metrics(ref: Outputs, cand: Outputs) -> dict:
 # activation is a fresh mmap and half the CPU time is page faults. Measured 2026-11-24 on the
 # idle 2-core machine, `fix det.onnx` (3 full images, default tolerance): 256 s wall (495 s CPU,
 # 147M minor page faults), peak RSS 1.26 GB without; 133 s (253 s CPU, 20M faults), 1.97 GB
-# with; the same 9 FP32 nodes.
+# with; the same 9 FP32 nodes. In this process (--jobs 1) the search's sessions share one arena
+# instead (runners.ort_shared: 1.2 GB peak); this per-session arena serves the --jobs workers.
 SEARCH_ARENA = True
-# Largest model (weights in the proto) whose search opens the next evaluation's runner ahead:
-# two runners, and their weights, are alive at once.
-PREFETCH_MAX_BYTES = 256 << 20
 
 
 def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective: Objective,
@@ -247,8 +245,7 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
 
     # in this process, the evaluations' sessions reuse each other's memory (runners.ort_shared)
     # and the next evaluation's runner opens while one runs, where two of them fit in memory
-    prefetch = (jobs <= 1 and external_bytes(fixed_src) == 0
-                and fixed_src.ByteSize() < PREFETCH_MAX_BYTES)
+    prefetch = jobs <= 1 and small_in_memory(fixed_src)
     with shared_cpu() if jobs <= 1 else nullcontext():
         result = search_fp32_set(open_plan, samples, reference, objective, base, ranking,
                                  max_evals, progress, jobs, screen, prefetch)

@@ -160,6 +160,17 @@ def external_bytes(model: onnx.ModelProto) -> int:
     return sum(external_info(t)[2] or 0 for t in _get_all_tensors(model) if is_external(t))
 
 
+# Largest model held twice in memory on purpose (a search's next runner opened ahead, a kept
+# emulation model with its rounded weights): weights in the proto, none external.
+SMALL_MODEL_BYTES = 256 << 20
+
+
+def small_in_memory(model: onnx.ModelProto) -> bool:
+    """Whether every weight of ``model`` is in the proto and the proto is under
+    ``SMALL_MODEL_BYTES``: a second copy of it costs little."""
+    return not has_external_data(model) and model.ByteSize() < SMALL_MODEL_BYTES
+
+
 def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
     """The value of ``tensor`` (read-only memory map when external; the proto is not changed,
     unlike ``onnx.numpy_helper.to_array``, which loads the data into the proto)."""

@@ -30,8 +30,7 @@ from typing import Iterator
 import numpy as np
 
 _lock = threading.Lock()
-_depth = 0
-_threads: list[int] = []  # intra-op threads asked for by the open scopes, innermost last
+_scopes: list[int] = []  # the open scopes' intra-op thread counts, innermost last
 _registered = False
 _SHARED_KEY = "session.use_env_allocators"
 _SPIN_KEY = "session.intra_op.allow_spinning"
@@ -43,7 +42,7 @@ _ARENA_CFG = {"arena_extend_strategy": 1}
 
 def active() -> bool:
     """Whether sessions created now should use the shared arena."""
-    return _depth > 0
+    return bool(_scopes)
 
 
 def share_in(options) -> None:
@@ -61,8 +60,8 @@ def share_in(options) -> None:
             _registered = True
     options.add_session_config_entry(_SHARED_KEY, "1")
     options.add_session_config_entry(_SPIN_KEY, "0")
-    if _threads and _threads[-1] and not options.intra_op_num_threads:
-        options.intra_op_num_threads = _threads[-1]
+    if _scopes and _scopes[-1] and not options.intra_op_num_threads:
+        options.intra_op_num_threads = _scopes[-1]
 
 
 @contextmanager
@@ -77,17 +76,14 @@ def shared_cpu(intra_op_threads: int = 0) -> Iterator[None]:
     Scopes nest; the outermost one shrinks the arena when it ends. Sessions keep the arena
     they were created with, so a runner may outlive the scope.
     """
-    global _depth
     with _lock:
-        _depth += 1
-        _threads.append(intra_op_threads)
+        _scopes.append(intra_op_threads)
     try:
         yield
     finally:
         with _lock:
-            _depth -= 1
-            _threads.pop()
-            last = _depth == 0
+            _scopes.pop()
+            last = not _scopes
         if last and _registered:
             _shrink()
 
