@@ -276,10 +276,9 @@ def analyze_transformer(model: onnx.ModelProto, samples: Sequence[Mapping[str, n
 
 
 class HeadroomProbe:
-    """The LayerNorm and attention sites (``lns``, ``atts``) of ``analyze_transformer`` and
-    one FP32 session fetching them, set up once for many runs (the stress probe runs one
-    sample at up to ~26 scales). Use inside ``with``; raises ``BackendError`` there when ONNX
-    Runtime cannot open the model."""
+    """The LayerNorm and attention sites (``lns``, ``atts``) of ``analyze_transformer`` and one
+    FP32 session fetching them (opened by ``with``, which raises ``BackendError`` when ONNX
+    Runtime cannot), set up once for many runs: the stress probe runs up to ~26 scales."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.lns, self.atts = _sites_of(model)
@@ -288,17 +287,21 @@ class HeadroomProbe:
                             | {a.softmax_input for a in self.atts})
         self.graph_inputs = {i.name for i in model.graph.input}
         self.fetch_names = [n for n in self.names if n not in self.graph_inputs]
-        self._runner = OrtRunner(mark_outputs(model, self.fetch_names), name="transformer-probe")
+        self._model = model
+        self._runner: OrtRunner | None = None
 
-    def __enter__(self) -> HeadroomProbe:
-        self._runner.__enter__()
+    def __enter__(self) -> HeadroomProbe:  # the marked copy only for a model with sites
+        marked = mark_outputs(self._model, self.fetch_names)
+        self._runner = OrtRunner(marked, name="transformer-probe").__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._runner.__exit__(*exc)
+        if self._runner is not None:
+            self._runner.__exit__(*exc)
 
     def fetch(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The site tensors (LayerNorm inputs, attention scores) of one FP32 run, float32."""
+        assert self._runner is not None, "use the probe inside a `with` block"
         got = {**{n: feeds[n] for n in self.names if n in self.graph_inputs},
                **self._runner.run(dict(feeds), self.fetch_names)}
         return {k: np.asarray(v, dtype=np.float32) for k, v in got.items()}
