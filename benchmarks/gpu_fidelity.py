@@ -33,9 +33,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import default_assets, load_cases  # noqa: E402
 
-from precision_doctor.analysis.candidates import emulated, onnxruntime, run_samples  # noqa: E402,E501
-from precision_doctor.analysis.diagnose import diagnose  # noqa: E402
-from precision_doctor.analysis.layerwise import compare_layerwise  # noqa: E402
+from precision_doctor.layerwise.candidates import emulated, onnxruntime, run_samples  # noqa: E402,E501
+from precision_doctor.diagnosis.diagnose import diagnose  # noqa: E402
+from precision_doctor.layerwise.compare import compare_layerwise  # noqa: E402
 from precision_doctor.compare.metrics import relative_l2  # noqa: E402
 from precision_doctor.compare.tolerance import default_tolerance  # noqa: E402
 from precision_doctor.errors import PrecisionDoctorError  # noqa: E402

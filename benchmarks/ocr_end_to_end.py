@@ -4,7 +4,7 @@ Runs the real RapidOCR 1.4.4 client (``pip install rapidocr_onnxruntime==1.4.4``
 extra) on every image of ``shared/data/ocr/full_images`` three times, changing only the detector:
 
 (a) RapidOCR's own FP32 PP-OCRv4 det model (``shared/models/ppocrv4/det.onnx`` is the same file);
-(b) the FP16 model written by ``precision_doctor.analysis.fix.fix``; objective (``--metric``):
+(b) the FP16 model written by ``precision_doctor.repair.pipeline.fix``; objective (``--metric``):
     ``db-boxes`` = 1 on every image (the client's own DBPostProcess on both maps, boxes rounded to
     each source image's pixels, all identical), every candidate plan evaluated with ONNX Runtime
     CPU (``--runner ort:cpu``, the engine RapidOCR runs); ``--metric mask-iou`` gives the looser
@@ -100,8 +100,8 @@ def naive_fp16(model_path: Path, out: Path) -> Path:
 
 def run_fix(model_path: Path, images: Path, out: Path, metric: str) -> tuple[Path, dict]:
     """``precision-doctor fix`` through the library, as the CLI example in the issue."""
-    from precision_doctor.analysis.fix import fix
-    from precision_doctor.analysis.objective import Objective
+    from precision_doctor.repair.pipeline import fix
+    from precision_doctor.search.objective import Objective
     from precision_doctor.compare.tasks.registry import get_metric
     from precision_doctor.formats import Precision
     from precision_doctor.graph.load import input_metadata, load_model

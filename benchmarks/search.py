@@ -24,8 +24,8 @@ Each tool runs in a fresh subprocess; wall time, CPU time (user + system: less s
 wall time to other jobs on a shared machine) and peak RSS (``os.wait4`` rusage) are of that
 process (interpreter start and imports included). Each output model is then measured the same way
 here: ONNX Runtime CPU on every sample (relative L2 vs FP32, task metric), compute nodes left
-FP32 (a compute node, ``analysis.cost.compute_nodes``, whose float outputs are float32 by ONNX
-type inference), and their share of FLOPs (``analysis.cost.node_costs``).
+FP32 (a compute node, ``search.cost.compute_nodes``, whose float outputs are float32 by ONNX
+type inference), and their share of FLOPs (``search.cost.node_costs``).
 
 Usage (repo root, ``../shared`` present)::
 
@@ -125,8 +125,8 @@ def _threshold(spec: dict) -> float:
 def worker_ours(spec: dict, out: Path, ort_cpu: bool = False, jobs: int = 1) -> dict:
     import onnx
 
-    from precision_doctor.analysis.fix import fix
-    from precision_doctor.analysis.objective import Objective
+    from precision_doctor.repair.pipeline import fix
+    from precision_doctor.search.objective import Objective
     from precision_doctor.compare.tasks.registry import get_metric
     from precision_doctor.compare.tolerance import Tolerance
     from precision_doctor.formats import Precision
@@ -233,7 +233,7 @@ def fp32_compute_nodes(model) -> list[str]:
     """Compute nodes whose float outputs are float32 (ONNX type inference)."""
     import onnx
 
-    from precision_doctor.analysis.cost import compute_nodes
+    from precision_doctor.search.cost import compute_nodes
 
     inferred = onnx.shape_inference.infer_shapes(model)
     g = inferred.graph
@@ -255,7 +255,7 @@ def measure(model_path: Path, spec: dict, samples, reference: dict) -> dict:
     import numpy as np
     import onnx
 
-    from precision_doctor.analysis.cost import fp32_share, node_costs
+    from precision_doctor.search.cost import fp32_share, node_costs
     from precision_doctor.compare.metrics import compute_metrics
     from precision_doctor.runners.ort import OrtRunner
 
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO / "src"))
     import numpy as np
 
-    from precision_doctor.analysis.candidates import reference_factory
+    from precision_doctor.layerwise.candidates import reference_factory
 
     spec = task_spec(args.model, args.shared)
     model, samples = _samples(spec)

@@ -25,8 +25,8 @@ import math
 import time
 from pathlib import Path
 
-from precision_doctor.analysis.stress import stress_probe
-from precision_doctor.analysis.transformer import analyze_transformer
+from precision_doctor.diagnosis.headroom.stress import stress_probe
+from precision_doctor.diagnosis.headroom.probe import analyze_transformer
 from precision_doctor.graph.load import input_metadata, load_model
 from precision_doctor.inputs import load_samples
 from precision_doctor.precision.rewrites import apply_rewrites

@@ -13,8 +13,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "precision_doctor"
 
-# Module prefixes per layer. The most specific prefix decides, so a rendering module inside a
-# feature package (audit.render) sits in the report layer while the rest of audit/ does not.
+# Module prefixes per layer; a package lies in one layer (the most specific prefix decides).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("precision_doctor", "precision_doctor.errors", "precision_doctor.formats",
               "precision_doctor.jsonable", "precision_doctor.numbers")),
@@ -23,13 +22,18 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # inputs/ turns data into validated feeds for runners (it uses the runners' TensorMeta).
     ("runners", ("precision_doctor.runners", "precision_doctor.inputs")),
     ("compare", ("precision_doctor.compare",)),
-    # audit/ analyses an engine's layer information; forensics/ analyses two input tensors.
-    ("analysis", ("precision_doctor.analysis", "precision_doctor.audit",
-                  "precision_doctor.forensics")),
-    # Terminal renderers of audit/forensics, and the engine recipes (commands rendered from a
-    # plan, with ONNX Runtime options parsed by runners.ort_options), are report material.
-    ("report", ("precision_doctor.report", "precision_doctor.audit.render",
-                "precision_doctor.forensics.render", "precision_doctor.precision.recipes")),
+    # audit/ reads an engine's layer information; forensics/ compares two input tensors.
+    ("engine", ("precision_doctor.audit", "precision_doctor.forensics")),
+    # Every intermediate tensor compared; candidate runners cut like the model.
+    ("layerwise", ("precision_doctor.layerwise",)),
+    # Objective, sensitivity ranking, bisection, evaluation pool, cost.
+    ("search", ("precision_doctor.search",)),
+    # Assessment, decisions, root causes, hazards, noise, transformer headroom.
+    ("diagnosis", ("precision_doctor.diagnosis",)),
+    # fix: rewrite, rank, search, write, verify; the review of the fixed model.
+    ("repair", ("precision_doctor.repair",)),
+    # Terminal, HTML, JSON files and engine recipes.
+    ("report", ("precision_doctor.report",)),
     ("workflows", ("precision_doctor.workflows", "precision_doctor.api")),
     ("cli", ("precision_doctor.cli", "precision_doctor.__main__")),
 ]

@@ -184,8 +184,8 @@ def audit(
     from precision_doctor.api import audit as audit_engine_build
     from precision_doctor.audit import audit_engine, compare_builds
     from precision_doctor.audit.buildlog import is_build_log
-    from precision_doctor.audit.render import render_audit, render_build_diff
     from precision_doctor.report.files import check_writable, write_json
+    from precision_doctor.report.terminal.audit import render_audit, render_build_diff
 
     if layer_info.is_file() and is_build_log(layer_info):
         _audit_log(layer_info, onnx_model, json_path, force)
@@ -204,7 +204,7 @@ def audit(
             data["compare"] = diff.to_dict()
         if report.build_log is not None:  # read and linked by the API (audit(log=...))
             from precision_doctor.audit.buildlog import BuildLog
-            from precision_doctor.audit.logrender import render_build_log
+            from precision_doctor.report.terminal.buildlog import render_build_log
 
             data["build_log"] = dict(report.build_log)
             facts = {k: v for k, v in report.build_log.items() if k != "links"}
@@ -220,8 +220,8 @@ def _audit_log(path: Path, onnx_model: Optional[Path], json_path: Optional[Path]
                force: bool) -> None:
     """``audit BUILD.log``: the log's precision lines; exit 1 when some are flagged."""
     from precision_doctor.audit.buildlog import read_build_log
-    from precision_doctor.audit.logrender import render_build_log
     from precision_doctor.report.files import check_writable, write_json
+    from precision_doctor.report.terminal.buildlog import render_build_log
 
     try:
         check_writable([json_path], force)
@@ -252,8 +252,8 @@ def inputs_command(
 ) -> None:
     """Preprocessing forensics: what differs between two inputs meant to be the same sample."""
     from precision_doctor.api import compare_inputs
-    from precision_doctor.forensics.render import render_forensics
     from precision_doctor.report.files import check_writable, write_json
+    from precision_doctor.report.terminal.forensics import render_forensics
 
     try:
         check_writable([json_path], force)

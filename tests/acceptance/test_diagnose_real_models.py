@@ -2,11 +2,11 @@
 
 import pytest
 
-from precision_doctor.analysis.candidates import emulated
-from precision_doctor.analysis.diagnose import diagnose
+from precision_doctor.diagnosis.diagnose import diagnose
 from precision_doctor.formats import Precision
 from precision_doctor.graph import input_metadata, load_model
 from precision_doctor.inputs import load_samples
+from precision_doctor.layerwise.candidates import emulated
 from precision_doctor.precision.plan import PrecisionPlan
 
 pytestmark = pytest.mark.shared
@@ -93,8 +93,8 @@ def test_rec_passes_fp16_with_layernorm_hazards_measured(shared_dir):
 def test_det_segments_give_the_records_of_one_marked_run(shared_dir):
     """Issue 11: 15+ segments (each node once per precision) == the whole model with every
     tensor marked, tensor for tensor, on a real image."""
-    from precision_doctor.analysis.candidates import reference_factory
-    from precision_doctor.analysis.layerwise import compare_layerwise
+    from precision_doctor.layerwise.candidates import reference_factory
+    from precision_doctor.layerwise.compare import compare_layerwise
 
     model = load_model(shared_dir / "models/ppocrv4/det.onnx")
     samples = load_samples(shared_dir / "data/ocr/full_images", input_metadata(model),

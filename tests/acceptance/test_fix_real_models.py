@@ -9,14 +9,14 @@ import numpy as np
 import onnx
 import pytest
 
-from precision_doctor.analysis.fix import fix
-from precision_doctor.analysis.objective import Objective
 from precision_doctor.compare.tasks.mask import mask_iou_per_sample
 from precision_doctor.compare.tasks.registry import get_metric
 from precision_doctor.formats import Precision
 from precision_doctor.graph import input_metadata, load_model
 from precision_doctor.inputs import load_samples
+from precision_doctor.repair.pipeline import fix
 from precision_doctor.runners.ort import OrtRunner
+from precision_doctor.search.objective import Objective
 
 pytestmark = pytest.mark.shared
 

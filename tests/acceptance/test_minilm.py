@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from precision_doctor.analysis.candidates import emulated
-from precision_doctor.analysis.diagnose import diagnose
+from precision_doctor.diagnosis.diagnose import diagnose
 from precision_doctor.formats import Precision
 from precision_doctor.graph import input_metadata, load_model
 from precision_doctor.inputs import load_samples
+from precision_doctor.layerwise.candidates import emulated
 from precision_doctor.precision.plan import PrecisionPlan
 
 MODELS = Path(__file__).resolve().parents[2] / ".models"

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from tiny_models import S
 
-from precision_doctor.analysis.candidates import emulated
-from precision_doctor.analysis.diagnose import diagnose
-from precision_doctor.analysis.transformer import analyze_transformer
+from precision_doctor.diagnosis.diagnose import diagnose
+from precision_doctor.diagnosis.headroom.probe import analyze_transformer
 from precision_doctor.formats import Precision
 from precision_doctor.graph.load import load_model
+from precision_doctor.layerwise.candidates import emulated
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.precision.rewrites import apply_rewrites
 from precision_doctor.runners.emulator import EmulatorRunner

@@ -7,7 +7,7 @@ import re
 from rich.console import Console
 
 from precision_doctor.audit import audit_engine, compare_builds
-from precision_doctor.audit.render import render_audit, render_build_diff
+from precision_doctor.report.terminal.audit import render_audit, render_build_diff
 
 
 def text_of(fn, *args, **kwargs) -> str:

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from precision_doctor.analysis.objective import Objective
 from precision_doctor.compare.tasks.db import boxes_to_source, db_boxes, db_boxes_from_map
 from precision_doctor.compare.tasks.registry import get_metric
 from precision_doctor.errors import MetricError
+from precision_doctor.search.objective import Objective
 
 needs_client = pytest.mark.skipif(
     importlib.util.find_spec("rapidocr_onnxruntime") is None,

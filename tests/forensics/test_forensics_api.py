@@ -19,13 +19,13 @@ from precision_doctor.forensics import (
     output_effect,
     parse_source,
 )
-from precision_doctor.forensics.render import render_forensics
 from precision_doctor.inputs import (
     Sample,
     image_to_tensor,
     parse_preprocess,
     save_polygraphy_inputs,
 )
+from precision_doctor.report.terminal.forensics import render_forensics
 
 
 def _conv_model() -> onnx.ModelProto:

@@ -11,9 +11,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
 from test_transformer import D, T, attention_block  # noqa: E402
 
-from precision_doctor.analysis.candidates import reference_factory  # noqa: E402
 from precision_doctor.formats import Precision  # noqa: E402
 from precision_doctor.graph.outputs import mark_outputs  # noqa: E402
+from precision_doctor.layerwise.candidates import reference_factory  # noqa: E402
 from precision_doctor.precision.plan import PrecisionPlan  # noqa: E402
 from precision_doctor.precision.rewrites import apply_rewrites  # noqa: E402
 from precision_doctor.runners.emulator import EmulatorRunner  # noqa: E402
@@ -122,9 +122,9 @@ def test_fix_keeps_only_the_statistics_in_fp32_when_the_layernorm_is_not_fused()
     (6 nodes: mean, Sub, Pow, variance, +eps, Sqrt) instead of searching; target met."""
     from tiny_models import S
 
-    from precision_doctor.analysis.fix import fix
-    from precision_doctor.analysis.objective import Objective
     from precision_doctor.compare.tolerance import Tolerance
+    from precision_doctor.repair.pipeline import fix
+    from precision_doctor.search.objective import Objective
 
     model = attention_block(fused=False)
     samples = [S(f"s{i}", {"x": _x(200.0)["x"] * (1 + i / 10)}) for i in range(2)]

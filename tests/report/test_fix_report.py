@@ -22,15 +22,15 @@ from tiny_models import conv_bn, random_samples, tensor
 from typer.testing import CliRunner
 
 from precision_doctor import cli
-from precision_doctor.analysis.candidates import onnxruntime
-from precision_doctor.analysis.diagnose import diagnose
-from precision_doctor.analysis.fix import fix
-from precision_doctor.analysis.fix_review import review_fixed_diagnosis
-from precision_doctor.analysis.objective import Objective
 from precision_doctor.compare.tolerance import Tolerance
+from precision_doctor.diagnosis.diagnose import diagnose
 from precision_doctor.formats import Precision
+from precision_doctor.layerwise.candidates import onnxruntime
 from precision_doctor.numbers import fmt_vs
-from precision_doctor.report.fix_terminal import render_fix
+from precision_doctor.repair.pipeline import fix
+from precision_doctor.repair.review import review_fixed_diagnosis
+from precision_doctor.report.terminal.fix import render_fix
+from precision_doctor.search.objective import Objective
 
 LOOSE = Objective(tolerances={"*": Tolerance(rel_l2=0.5)})
 

@@ -16,12 +16,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from precision_doctor.analysis.candidates import emulated
-from precision_doctor.analysis.diagnose import diagnose
-from precision_doctor.analysis.diagnosis import DiagnosisReport
+from precision_doctor.diagnosis.diagnose import diagnose
+from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.formats import Precision
 from precision_doctor.graph.load import input_metadata
 from precision_doctor.inputs import load_samples
+from precision_doctor.layerwise.candidates import emulated
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.report import plots
 from precision_doctor.report.html import fmt_num, render_fix_section, render_html, sort_key

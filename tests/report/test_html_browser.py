@@ -94,11 +94,11 @@ def test_csp_blocks_any_other_script(page: str, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_real_recognizer_report_in_chromium(shared_dir: Path, tmp_path: Path) -> None:
     """PP-OCRv4 rec on one real text crop: a passing report with plots, in the browser."""
-    from precision_doctor.analysis.candidates import emulated
-    from precision_doctor.analysis.diagnose import diagnose
+    from precision_doctor.diagnosis.diagnose import diagnose
     from precision_doctor.formats import Precision
     from precision_doctor.graph.load import input_metadata, load_model
     from precision_doctor.inputs import load_samples
+    from precision_doctor.layerwise.candidates import emulated
     from precision_doctor.precision.plan import PrecisionPlan
 
     model_path = shared_dir / "models/ppocrv4/rec.onnx"

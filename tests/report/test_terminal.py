@@ -14,12 +14,12 @@ from tiny_models import random_samples, transformer_block
 from typer.testing import CliRunner
 
 from precision_doctor import cli
-from precision_doctor.analysis.candidates import emulated
-from precision_doctor.analysis.diagnose import diagnose
+from precision_doctor.diagnosis.diagnose import diagnose
 from precision_doctor.formats import Precision
+from precision_doctor.layerwise.candidates import emulated
 from precision_doctor.numbers import fmt3
 from precision_doctor.precision.plan import PrecisionPlan
-from precision_doctor.report.terminal import render_diagnosis
+from precision_doctor.report.terminal.diagnosis import render_diagnosis
 
 
 def _text(report, width: int) -> str:

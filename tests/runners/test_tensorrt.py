@@ -14,9 +14,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from precision_doctor.analysis.candidates import candidate_from_spec
 from precision_doctor.errors import BackendError, BackendUnavailable
 from precision_doctor.formats import Precision
+from precision_doctor.layerwise.candidates import candidate_from_spec
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners import tensorrt as adapter
 from precision_doctor.runners.ort import OrtRunner

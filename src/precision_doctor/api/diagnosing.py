@@ -8,10 +8,6 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnx
 
-from precision_doctor.analysis.candidates import Candidate, candidate_from_spec, reference_factory
-from precision_doctor.analysis.candidates import run_samples as run_all
-from precision_doctor.analysis.diagnose import diagnose as diagnose_model
-from precision_doctor.analysis.objective import Objective
 from precision_doctor.api.options import (
     DataLike,
     ModelLike,
@@ -26,10 +22,14 @@ from precision_doctor.api.options import (
     progress_reporter,
 )
 from precision_doctor.api.results import Diagnosis, convert
+from precision_doctor.diagnosis.diagnose import diagnose as diagnose_model
 from precision_doctor.errors import InputError
 from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import json_float
+from precision_doctor.layerwise.candidates import Candidate, candidate_from_spec, reference_factory
+from precision_doctor.layerwise.candidates import run_samples as run_all
 from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.search.objective import Objective
 
 
 def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",

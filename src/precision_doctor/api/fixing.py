@@ -9,9 +9,6 @@ from typing import Any, Mapping, Sequence
 
 import onnx
 
-from precision_doctor.analysis.evalpool import resolve_jobs
-from precision_doctor.analysis.fix import FixResult
-from precision_doctor.analysis.fix import fix as fix_model
 from precision_doctor.api.options import (
     DataLike,
     ModelLike,
@@ -29,6 +26,8 @@ from precision_doctor.graph.load import input_metadata
 from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import dumps
 from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.repair.pipeline import FixResult
+from precision_doctor.repair.pipeline import fix as fix_model
 from precision_doctor.report.files import (
     check_writable,
     model_files,
@@ -38,6 +37,7 @@ from precision_doctor.report.files import (
 from precision_doctor.report.notebook import fix_summary
 from precision_doctor.runners.ort import OrtRunner
 from precision_doctor.runners.ort_options import ort_providers
+from precision_doctor.search.evalpool import resolve_jobs
 
 
 def sidecar_paths(output: str | os.PathLike) -> dict[str, Path]:
@@ -161,7 +161,7 @@ class Fix:
     def _recipes(self, report: dict, output: Path, side: dict[str, Path]) -> str:
         """Engine recipes as markdown; also stored in ``report["recipes"]``."""
         from precision_doctor.formats import Precision
-        from precision_doctor.precision.recipes import build_recipes
+        from precision_doctor.report.recipes import build_recipes
 
         shapes: dict[str, list[list[int]]] = {}
         for s in self.samples:
@@ -200,9 +200,9 @@ class Fix:
 
 
 def _fix_html(fixed: Fix, command: str | None) -> str:
-    from precision_doctor.analysis.candidates import onnxruntime
-    from precision_doctor.analysis.diagnose import diagnose
-    from precision_doctor.analysis.fix_review import review_fixed_diagnosis
+    from precision_doctor.diagnosis.diagnose import diagnose
+    from precision_doctor.layerwise.candidates import onnxruntime
+    from precision_doctor.repair.review import review_fixed_diagnosis
     from precision_doctor.report.html import render_html
 
     result = fixed.result

@@ -18,7 +18,6 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from precision_doctor.analysis.objective import Objective
 from precision_doctor.compare.tasks.registry import get_metric
 from precision_doctor.compare.tolerance import Tolerance, default_tolerance
 from precision_doctor.errors import InputError, InputNameError, MetricError, ModelLoadError
@@ -26,6 +25,7 @@ from precision_doctor.formats import Precision
 from precision_doctor.graph.load import input_metadata, load_model, name_nodes
 from precision_doctor.inputs import PreprocessSpec, Sample, check_sample, load_samples
 from precision_doctor.precision.plan import PrecisionPlan, select_nodes
+from precision_doctor.search.objective import Objective
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: ``stage`` names the step (``reference``, ``candidate``,

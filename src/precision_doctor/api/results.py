@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, TypeVar
 
-from precision_doctor.analysis.diagnosis import DiagnosisReport
 from precision_doctor.audit.records import AuditReport
+from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.forensics.result import ForensicsResult
 from precision_doctor.jsonable import dumps
 from precision_doctor.report.files import write_text_atomic
@@ -146,7 +146,7 @@ class Audit(AuditReport, _Views):
         return convert(cls, AuditReport.from_dict(data), build_log=data.get("build_log"))
 
     def _page(self) -> str:
-        from precision_doctor.audit.render import render_audit
+        from precision_doctor.report.terminal.audit import render_audit
 
         return console_page(lambda c: render_audit(self, c), f"Engine audit: {self.source}")
 
@@ -172,6 +172,6 @@ class InputComparison(ForensicsResult, _Views):
         return convert(cls, ForensicsResult.from_dict(data))
 
     def _page(self) -> str:
-        from precision_doctor.forensics.render import render_forensics
+        from precision_doctor.report.terminal.forensics import render_forensics
 
         return console_page(lambda c: render_forensics(self, c), "Preprocessing forensics")

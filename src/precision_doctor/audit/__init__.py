@@ -6,7 +6,7 @@ precision-converting reformats, and compare two builds of the same model.
 
     report = audit_engine("layers.json", profile_path="profile.json", onnx_model="model.onnx",
                           expect_fp32=["*LayerNorm*"])
-    render_audit(report, rich.console.Console())   # from precision_doctor.audit.render
+    render_audit(report, rich.console.Console())   # from precision_doctor.report.terminal.audit
     diff = compare_builds(report_fp32, report_fp16)
     log = read_build_log("build.log", onnx_model="model.onnx")  # trtexec/Polygraphy --verbose
 """

@@ -3,7 +3,7 @@
 Entry point: ``compare_inputs(a, b, preprocess_a=..., preprocess_b=..., model=...)`` returns a
 ``ForensicsResult`` naming channel order, layout, scale, mean/std normalization, resize,
 interpolation, crop offset and dtype differences, with the estimated transform and its residual;
-``forensics.render.render_forensics(result, console)`` prints it (report layer).
+``report.terminal.forensics.render_forensics(result, console)`` prints it (report layer).
 ``analyze_tensors`` works on arrays directly and ``output_effect`` measures how far the
 difference moves a model's outputs next to FP16's effect.
 """

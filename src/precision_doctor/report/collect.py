@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision
-from precision_doctor.precision.recipes import ShapeRange, _b, _fence, _shell, _x, shape_ranges
+from precision_doctor.report.recipes import ShapeRange, _b, _fence, _shell, _x, shape_ranges
 
 
 @dataclass(frozen=True)

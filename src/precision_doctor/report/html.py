@@ -26,8 +26,8 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from precision_doctor.analysis.diagnosis import DiagnosisReport
-from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
+from precision_doctor.diagnosis.report import DiagnosisReport
+from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult
 from precision_doctor.numbers import fmt3, fmt_vs
 from precision_doctor.report import plots
 from precision_doctor.report.html_assessment import assessment_section, sci
@@ -218,7 +218,7 @@ def layerwise_section(report: DiagnosisReport) -> Section | None:
 
 
 def transformer_section(report: DiagnosisReport) -> Section | None:
-    """Per-block FP16 headroom of a transformer (``analysis.transformer``), if measured."""
+    """Per-block FP16 headroom of a transformer (``diagnosis.headroom.probe``), if measured."""
     t = report.transformer
     if not t:
         return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from precision_doctor.analysis.diagnosis import DiagnosisReport
+from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.numbers import fmt3
 
 if TYPE_CHECKING:

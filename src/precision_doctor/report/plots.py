@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from precision_doctor.analysis.layerwise import LayerRecord, LayerwiseResult
 from precision_doctor.formats import FORMATS, Precision
+from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -39,7 +39,7 @@ RC: dict[str, Any] = {"svg.fonttype": "none", "svg.hashsalt": "precision-doctor"
 BLUE, RED, ORANGE, GREEN, GREY, PURPLE = ("#2563eb", "#dc2626", "#ea580c", "#16a34a",
                                           "#6b7280", "#7c3aed")
 FIGSIZE = (10.0, 3.8)  # inches; the page scales the SVG to its column width
-LOW_HEADROOM_BITS = 2.0  # same threshold as analysis.rootcause (a 4x larger input overflows)
+LOW_HEADROOM_BITS = 2.0  # same threshold as diagnosis.rootcause (a 4x larger input overflows)
 RASTER_POINTS = 2000  # larger scatters are embedded as a PNG inside the SVG (keeps it small)
 
 

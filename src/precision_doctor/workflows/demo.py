@@ -33,13 +33,13 @@ from PIL import Image
 from rich.console import Console
 from rich.markup import escape
 
-from precision_doctor.analysis.diagnosis import DiagnosisReport
-from precision_doctor.analysis.fix import FixResult
-from precision_doctor.analysis.layerwise import LAYERWISE_BUDGET
+from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.errors import BackendUnavailable
+from precision_doctor.layerwise.compare import LAYERWISE_BUDGET
 from precision_doctor.numbers import fmt3, fmt_vs
+from precision_doctor.repair.pipeline import FixResult
 from precision_doctor.report.files import check_writable, write_bytes_atomic
-from precision_doctor.report.fix_terminal import applied_rewrites
+from precision_doctor.report.terminal.fix import applied_rewrites
 from precision_doctor.workflows.diagnose import run_diagnose
 from precision_doctor.workflows.fix import run_fix, sidecar_paths
 

@@ -7,13 +7,13 @@ from typing import Sequence
 
 from rich.console import Console
 
-from precision_doctor.analysis.diagnosis import DiagnosisReport
 from precision_doctor.api.diagnosing import diagnose
 from precision_doctor.api.options import invocation
+from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.errors import InputError
 from precision_doctor.report.files import check_writable, write_json, write_text_atomic
 from precision_doctor.report.progress import progress_bar
-from precision_doctor.report.terminal import render_diagnosis
+from precision_doctor.report.terminal.diagnosis import render_diagnosis
 
 
 def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, target: str,

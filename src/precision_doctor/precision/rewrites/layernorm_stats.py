@@ -18,7 +18,7 @@ Decomposed LayerNorms are fused first by ``fuse-layernorm``, which writes ``stas
 One that stays decomposed (``fuse-layernorm`` not selected, or its check failed) and whose FP16
 statistics overflow on the calibration data gets FP32 statistics from ``fix`` instead: its six
 statistics nodes are kept FP32 in the plan (Casts around the reduction only; see
-``analysis.transformer.fp32_statistics_nodes``), when this rule is selected.
+``diagnosis.headroom.probe.fp32_statistics_nodes``), when this rule is selected.
 """
 
 from __future__ import annotations

@@ -1,1 +1,0 @@
-"""Analysis: layerwise comparison, hazards, root causes, search."""

@@ -1,0 +1,1 @@
+"""The diagnosis: assessment, decisions, root causes, hazards, noise, transformer headroom."""

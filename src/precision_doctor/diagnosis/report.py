@@ -1,0 +1,197 @@
+"""The diagnosis result: a frozen, versioned record that round-trips through JSON.
+
+JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 2)::
+
+    {
+      "schema": "precision-doctor/diagnosis", "schema_version": 2, "tool_version": "0.1.0",
+      "verdict": "pass" | "fail",
+      "assessment": {"kind": "within-tolerance" | "rounding" | "decision-flips" | "defect",
+                     "summary", "evidence": {name: scalar}, "remedy", "explained_share",
+                     "nodes": [str]} | null,
+      "explained_share": float | null,
+      "decision_flips": [{"output", "sample", "position": [int], "fp32_margin", "fp32_noise",
+                          "task_changed", "error_share", "fp32_top": [int, int],
+                          "candidate_top", "detail"}],
+      "decisions": [{"output", "kind", "axis", "positions", "flips", "argmax_agreement",
+                     "task_agreement", "task_metric", "suggested_metric", "why",
+                     "rel_l2_without_flips", "flip_error_share"}],
+      "rewritten": {"rewrites": [str], "outputs": [<output>], "verdict"} | null,
+      "model": {"path", "opset", "nodes", "sha256"},
+      "target": "fp16", "reference": "ort-cpu", "candidate": "emulate-fp16",
+      "samples": [{"name", "shapes": {input: [dims]}}],
+      "outputs": [{"name", "passed", "reason", "tolerance": {...}, "metrics": {...},
+                   "noise_floor", "noise_multiple"}],
+      "noise": {"per_output", "probes", "skipped"} | null,
+      "findings": [{"kind", "node", "op_type", "tensor", "summary", "evidence", "remedy",
+                    "severity", "nodes", "impact", "group": "main" | "minor"}],
+      "hazards": [{"kind", "node", "op_type", "tensor", "detail", "severity", "nodes", "evidence"}],
+      "layerwise": {"target", "threshold", "first_divergence", "largest_jump", "nan_birth",
+                    "chunks",
+                    "missing", "records": [{"tensor", "node", "op_type", "index", "numel",
+                    "ref_max_abs", "cand_max_abs", "max_abs_err", "mean_abs_err", "rel_l2",
+                    "cand_nan", "cand_inf", "ref_nonfinite", "overflow", "flush_to_zero",
+                    "subnormal", "lost_to_zero", "headroom_bits"}]} | null,
+      "emulation": {...} | null, "timings_s": {stage: seconds}, "warnings": [str],
+      "recording": null | {"statement", "source", "format", "runner", "engine",
+                  "tensorrt_version", "iterations", "tensors", "notes", "recorded_tensors",
+                  "matched_tensors", "missing": {tensor: reason}, "missing_by_reason",
+                  "unmatched", "cross_check": {"emulator", "fp32_nodes", "outputs", "layers",
+                  "worse_than_emulated"} | null}   (``layerwise.recording.recording_section``)
+      "transformer": {"layernorms", "attention", "blocks", "statistics", "stress"} | null
+    }
+
+``transformer``: per-block FP16 headroom of a model with LayerNorms or attention
+(``diagnosis.headroom.probe.TransformerReport.to_dict``; ``stress`` from
+``diagnosis.headroom.stress``).
+
+Non-finite floats are written as the strings "inf", "-inf", "nan" (JSON has no such numbers).
+
+Version 2 (this version) added ``assessment`` (rules in ``diagnosis.assessment``),
+``explained_share``, ``decision_flips`` and ``decisions`` (``diagnosis.decisions``),
+``rewritten`` (the emulation of the model after the safe rewrites an engine applies anyway),
+each finding's ``group`` and ``layerwise.largest_jump`` (the first divergence by error jump,
+``layerwise.gain.largest_jump``; ``first_divergence`` stays the first tolerance crossing).
+``from_dict`` reads versions 1 and 2; a version-1 report has no assessment (None).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from precision_doctor import __version__
+from precision_doctor.compare.metrics import OutputMetrics
+from precision_doctor.compare.tolerance import Tolerance
+from precision_doctor.diagnosis.assessment import Assessment
+from precision_doctor.diagnosis.decisions import DecisionFlip, DecisionSummary
+from precision_doctor.diagnosis.hazards import Hazard
+from precision_doctor.diagnosis.noise import NoiseFloor
+from precision_doctor.diagnosis.rootcause import Finding
+from precision_doctor.jsonable import from_json_float, json_float
+from precision_doctor.layerwise.compare import LayerwiseResult
+
+SCHEMA = "precision-doctor/diagnosis"
+SCHEMA_VERSION = 2
+
+
+@dataclass(frozen=True)
+class OutputResult:
+    """Verdict and statistics of one model output.
+
+    Attributes:
+        name: Output name.
+        passed: Whether it meets its tolerance.
+        reason: Why (the violated bound with numbers, or the bound met).
+        tolerance: The bound applied.
+        metrics: Error statistics over all samples.
+        noise_floor: FP32 noise floor (relative L2), None if not measured.
+        noise_multiple: metrics.rel_l2 / noise_floor (None if not measured or floor is 0).
+    """
+
+    name: str
+    passed: bool
+    reason: str
+    tolerance: Tolerance
+    metrics: OutputMetrics
+    noise_floor: float | None = None
+    noise_multiple: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "passed": self.passed, "reason": self.reason,
+                "tolerance": self.tolerance.to_dict(), "metrics": self.metrics.to_dict(),
+                "noise_floor": json_float(self.noise_floor) if self.noise_floor is not None
+                else None,
+                "noise_multiple": json_float(self.noise_multiple)
+                if self.noise_multiple is not None else None}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> OutputResult:
+        nf, nm = d.get("noise_floor"), d.get("noise_multiple")
+        return cls(d["name"], d["passed"], d["reason"], Tolerance.from_dict(d["tolerance"]),
+                   OutputMetrics.from_dict(d["metrics"]),
+                   from_json_float(nf) if nf is not None else None,
+                   from_json_float(nm) if nm is not None else None)
+
+
+@dataclass(frozen=True)
+class DiagnosisReport:
+    """Everything ``diagnose`` found. See the module docstring for the JSON layout."""
+
+    verdict: str
+    model: dict
+    target: str
+    reference: str
+    candidate: str
+    samples: tuple[dict, ...]
+    outputs: tuple[OutputResult, ...]
+    findings: tuple[Finding, ...]
+    hazards: tuple[Hazard, ...]
+    layerwise: LayerwiseResult | None = None
+    noise: NoiseFloor | None = None
+    emulation: dict | None = None
+    timings_s: dict = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    tool_version: str = __version__
+    assessment: Assessment | None = None
+    explained_share: float | None = None
+    decision_flips: tuple[DecisionFlip, ...] = ()
+    decisions: tuple[DecisionSummary, ...] = ()
+    rewritten: dict | None = None
+    largest_jump: str | None = None
+    recording: dict | None = None  # recorded candidate: runner, version, cross-check
+    transformer: dict | None = None  # diagnosis.headroom.probe.TransformerReport.to_dict()
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tool_version": self.tool_version,
+            "verdict": self.verdict, "model": dict(self.model), "target": self.target,
+            "reference": self.reference, "candidate": self.candidate,
+            "samples": [dict(s) for s in self.samples],
+            "outputs": [o.to_dict() for o in self.outputs],
+            "noise": self.noise.to_dict() if self.noise else None,
+            "findings": [f.to_dict() for f in self.findings],
+            "hazards": [h.to_dict() for h in self.hazards],
+            "layerwise": ({**self.layerwise.to_dict(), "largest_jump": self.largest_jump}
+                          if self.layerwise else None),
+            "emulation": self.emulation, "timings_s": dict(self.timings_s),
+            "warnings": list(self.warnings),
+            "assessment": self.assessment.to_dict() if self.assessment else None,
+            "explained_share": json_float(self.explained_share),
+            "decision_flips": [f.to_dict() for f in self.decision_flips],
+            "decisions": [d.to_dict() for d in self.decisions],
+            "rewritten": self.rewritten,
+            "recording": self.recording,
+            "transformer": self.transformer,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> DiagnosisReport:
+        """Inverse of ``to_dict``.
+
+        Raises:
+            ValueError: Not a precision-doctor diagnosis, or a newer schema version.
+        """
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"not a precision-doctor diagnosis (schema={d.get('schema')!r})")
+        if int(d.get("schema_version", 0)) > SCHEMA_VERSION:
+            raise ValueError(f"diagnosis schema {d['schema_version']} is newer than this tool "
+                             f"understands ({SCHEMA_VERSION}); upgrade precision-doctor")
+        return cls(
+            d["verdict"], dict(d["model"]), d["target"], d["reference"], d["candidate"],
+            tuple(d.get("samples", ())), tuple(OutputResult.from_dict(o) for o in d["outputs"]),
+            tuple(Finding.from_dict(f) for f in d.get("findings", ())),
+            tuple(Hazard.from_dict(h) for h in d.get("hazards", ())),
+            LayerwiseResult.from_dict(d["layerwise"]) if d.get("layerwise") else None,
+            NoiseFloor.from_dict(d["noise"]) if d.get("noise") else None,
+            d.get("emulation"), dict(d.get("timings_s", {})), tuple(d.get("warnings", ())),
+            d.get("tool_version", __version__),
+            Assessment.from_dict(d["assessment"]) if d.get("assessment") else None,
+            from_json_float(share) if (share := d.get("explained_share")) is not None else None,
+            tuple(DecisionFlip.from_dict(f) for f in d.get("decision_flips", ())),
+            tuple(DecisionSummary.from_dict(x) for x in d.get("decisions", ())),
+            d.get("rewritten"), (d.get("layerwise") or {}).get("largest_jump"),
+            recording=d.get("recording"), transformer=d.get("transformer"))

@@ -1,0 +1,1 @@
+"""Layerwise comparison: segment engines, tensor statistics, local error gains, recorded tensors."""

@@ -1,0 +1,287 @@
+"""Candidates: how to build the runner under test for a (possibly output-marked) model.
+
+A ``Candidate`` is a factory, because layerwise comparison rebuilds the runner for models with
+different marked outputs. ``candidate_from_spec`` maps the CLI's ``--runner`` text to one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from precision_doctor.errors import BackendError
+from precision_doctor.graph.external import small_in_memory
+from precision_doctor.graph.load import input_metadata
+from precision_doctor.graph.outputs import mark_outputs
+from precision_doctor.graph.segments import is_segment
+from precision_doctor.inputs.recording import Recording
+from precision_doctor.layerwise.compare import RunnerFactory, WholeGraph
+from precision_doctor.layerwise.engines import SegmentFallback
+from precision_doctor.precision.emulate import EmulationInfo, emulate
+from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.runners.base import Runner
+from precision_doctor.runners.emulator import EmulatorRunner
+from precision_doctor.runners.ort import OrtRunner, resolve_provider
+from precision_doctor.runners.ort_options import ort_providers
+from precision_doctor.runners.recorded import RecordedRunner
+from precision_doctor.runners.tensorrt import TensorRTRunner
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """How to build the candidate runner for a (possibly output-marked) model.
+
+    Attributes:
+        name: Label in reports.
+        factory: Model proto -> runner.
+        plan: The precision plan when the candidate is the emulator (enables measuring the
+            impact of each finding); None for real engines.
+        tf32: Whether the engine may use TF32 for FP32 MatMul/Conv (None: not applicable).
+            ONNX Runtime's CUDA EP enables TF32 unless ``use_tf32=0`` (CUDA EP docs).
+        segments: The factory runs the sub-models it is given (segments of the diagnosed
+            model), so layerwise comparison can run each node once; False for candidates
+            that run a model of their own (rewritten, FP16), which need marked outputs.
+        graph: Model -> (the candidate's own whole graph, a runner factory for its sub-models)
+            or None; layerwise comparison cuts that graph instead of building the candidate
+            per segment (``layerwise.compare.compare_layerwise``'s ``candidate_graph``).
+    """
+
+    name: str
+    factory: RunnerFactory
+    plan: PrecisionPlan | None = None
+    tf32: bool | None = None
+    recorded: RecordedSource | None = None
+    segments: bool = False
+    graph: WholeGraph | None = None
+
+
+@dataclass(frozen=True)
+class RecordedSource:
+    """A candidate whose outputs were recorded elsewhere (``Candidate.recorded``).
+
+    Attributes:
+        recording: The recording, one iteration per sample (``match_samples``).
+        cross_check: The plan the emulator runs for the emulated-vs-recorded side-by-side
+            (None: no cross-check).
+    """
+
+    recording: Recording
+    cross_check: PrecisionPlan | None = None
+
+
+def emulated(plan: PrecisionPlan) -> Candidate:
+    """The CPU emulation of ``plan``.
+
+    The emulation of the last whole model it ran is kept until layerwise comparison takes it
+    (``Candidate.graph``), which cuts that graph instead of emulating every segment again.
+    """
+    name = f"emulate-{plan.default.value}"
+    kept: list[tuple[onnx.ModelProto, tuple[onnx.ModelProto, EmulationInfo]]] = []
+
+    def emulation(model: onnx.ModelProto) -> tuple[onnx.ModelProto, EmulationInfo] | None:
+        # a kept emulation holds a rounded copy of every weight: small models only
+        if is_segment(model) or not small_in_memory(model):
+            return None
+        if not kept or kept[0][0] is not model:
+            kept[:] = [(model, emulate(model, plan))]
+        return kept[0][1]
+
+    def factory(model: onnx.ModelProto) -> EmulatorRunner:
+        return EmulatorRunner(model, plan, name=name, emulation=emulation(model))
+
+    def graph(model: onnx.ModelProto) -> tuple[onnx.ModelProto, RunnerFactory] | None:
+        done = emulation(model)
+        kept.clear()  # handed over: layerwise comparison holds it only while it runs
+        if done is None:
+            return None
+        return done[0], lambda sub: OrtRunner(sub, ("cpu",), name=name)
+
+    return Candidate(name, factory, plan, segments=True, graph=graph)
+
+
+def emulated_fused(model: onnx.ModelProto, plan: PrecisionPlan,
+                   rewritten: onnx.ModelProto | None = None) -> Candidate:
+    """Emulation of ``plan`` on the model an engine would actually run: BatchNorm folded into
+    the convolution, decomposed LayerNorm fused (``precision.rewrites``). Tensors are matched
+    by name; those the rewrites removed are not compared. The plan is applied to the nodes the
+    rewritten model still has (its default covers the new nodes). ``rewritten``: the result
+    of ``apply_rewrites(model)`` when the caller already has it."""
+    from precision_doctor.precision.rewrites import apply_rewrites
+
+    if rewritten is None:
+        rewritten, _ = apply_rewrites(model)
+    names = {n.name for n in rewritten.graph.node}
+    fused_plan = PrecisionPlan(plan.default, {k: v for k, v in plan.overrides.items()
+                                              if k in names})
+    name = f"emulate-fused-{plan.default.value}"
+
+    def factory(marked: onnx.ModelProto) -> EmulatorRunner:
+        _refuse_segments(marked, name)
+        target = mark_outputs(rewritten, [o.name for o in marked.graph.output])
+        return EmulatorRunner(target, fused_plan, name=name)
+
+    return Candidate(name, factory)
+
+
+def onnxruntime(providers: Sequence[str], provider_options: Sequence[Mapping[str, str]] | None
+                = None, model: onnx.ModelProto | None = None, name: str | None = None
+                ) -> Candidate:
+    """ONNX Runtime with ``providers`` on ``model`` (default: the diagnosed model itself).
+
+    When ``model`` differs from the diagnosed model (e.g. an FP16 model written by ``fix``),
+    the tensors marked on the diagnosed model are marked on ``model`` too, by name.
+    """
+    label = name or "ort-" + "+".join(providers)
+
+    def factory(marked: onnx.ModelProto) -> OrtRunner:
+        if model is not None:
+            _refuse_segments(marked, label)
+        target = marked if model is None else mark_outputs(
+            model, [o.name for o in marked.graph.output])
+        return OrtRunner(target, providers, provider_options, name=label)
+
+    tf32 = None
+    if providers and resolve_provider(providers[0]) == "CUDAExecutionProvider":
+        opts = (provider_options or [{}])[0]
+        tf32 = str(opts.get("use_tf32", "1")).lower() not in ("0", "false")
+    return Candidate(label, factory, tf32=tf32, segments=model is None)
+
+
+def _refuse_segments(model: onnx.ModelProto, name: str) -> None:
+    """A candidate running a model of its own cannot run a segment of the diagnosed one."""
+    if is_segment(model):
+        raise SegmentFallback(f"the candidate {name} runs a model of its own, not segments of "
+                              "the diagnosed model")
+
+
+def reference_factory(model: onnx.ModelProto) -> OrtRunner:
+    """ONNX Runtime CPU in FP32: the trusted reference."""
+    return OrtRunner(model, ("cpu",), name="ort-cpu")
+
+
+def recorded(recording: Recording, model: onnx.ModelProto,
+             cross_check: PrecisionPlan | None = None) -> Candidate:
+    """Outputs recorded on another machine (``inputs.recording``) as the candidate.
+
+    Args:
+        recording: Matched to the samples (``match_samples``): iteration i is sample i.
+        model: The diagnosed model (for input metadata).
+        cross_check: Emulator plan to compare against the recording, tensor by tensor.
+    """
+    name = f"recorded {recording.runner}"
+    inputs = input_metadata(model)
+
+    def factory(marked: onnx.ModelProto) -> RecordedRunner:
+        return RecordedRunner(recording.iterations, inputs,
+                              [o.name for o in marked.graph.output], name)
+
+    tf32 = recording.settings.get("tf32")  # from the build log: enables the TF32 root cause
+    return Candidate(name, factory, tf32=tf32 if isinstance(tf32, bool) else None,
+                     recorded=RecordedSource(recording, cross_check))
+
+
+def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,
+                        candidate_model: onnx.ModelProto | None = None) -> Candidate:
+    """Build the candidate named by ``spec``.
+
+    Args:
+        spec: ``emulate``, ``emulate-fused`` (the model after BatchNorm folding and LayerNorm
+            fusion, as engines run it) or an ONNX Runtime spec such as ``ort:cuda,tf32=0``
+            (see ``precision_doctor.runners.ort_options``), or ``trt[:tf32=1,...]``
+            (TensorRT via Polygraphy, ``runners.tensorrt``; untested with real TensorRT).
+        plan: The precision plan (used by the emulators).
+        model: The diagnosed model.
+        candidate_model: For ``ort``/``trt`` runners, run this model (e.g. the FP16 model written by
+            ``fix``) instead of the diagnosed one.
+
+    Raises:
+        BackendError: Unknown runner or bad ORT options.
+    """
+    text = spec.strip()
+    if text in ("emulate", "emulate-fused"):
+        if candidate_model is not None:
+            raise BackendError("--candidate-model is for ort runners; the emulator derives its "
+                               "model from the plan")
+        return emulated(plan) if text == "emulate" else emulated_fused(model, plan)
+    if text.startswith("ort"):
+        providers, options = ort_providers(text)
+        return onnxruntime(providers, options, candidate_model, name=text.replace(",", " "))
+    if text == "trt" or text.startswith("trt:"):
+        return tensorrt(trt_options(text), candidate_model, name=text.replace(",", " "))
+    raise BackendError(f"unknown runner {spec!r}: use 'emulate', 'emulate-fused', "
+                       "'ort:<provider>[,options]' (e.g. ort:cuda,tf32=0) or "
+                       "'trt[:tf32=0,fp16=0,strongly_typed=1]'", runner=spec)
+
+
+def tensorrt(options: Mapping[str, Any], model: onnx.ModelProto | None = None,
+             name: str = "trt") -> Candidate:
+    """TensorRT built by Polygraphy (``runners.tensorrt``; UNTESTED with real TensorRT).
+
+    Args:
+        options: ``TensorRTRunner`` keywords (``tf32``, ``fp16``, ``strongly_typed``).
+        model: Run this model (e.g. an FP16 model from ``fix``) with the diagnosed model's
+            marked tensors; default the diagnosed model.
+        name: Label in reports.
+    """
+    def factory(marked: onnx.ModelProto) -> TensorRTRunner:
+        target = marked if model is None else mark_outputs(
+            model, [o.name for o in marked.graph.output])
+        return TensorRTRunner(target, name=name, **options)
+
+    return Candidate(name, factory, tf32=bool(options.get("tf32", False)))
+
+
+def trt_options(spec: str) -> dict[str, Any]:
+    """``trt[:tf32=1,fp16=1,strongly_typed=0]`` -> ``TensorRTRunner`` keyword arguments.
+
+    Raises:
+        BackendError: Unknown key or a value that is not 0/1/true/false.
+    """
+    _, _, rest = spec.partition(":")
+    out: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, _, value = item.partition("=")
+        if key not in ("tf32", "fp16", "strongly_typed") or value.lower() not in (
+                "0", "1", "true", "false"):
+            raise BackendError(f"bad TensorRT option {item!r} in {spec!r}: use tf32=0|1, "
+                               "fp16=0|1, strongly_typed=0|1", runner=spec)
+        out[key] = value.lower() in ("1", "true")
+    return out
+
+
+def float32_outputs(result: Mapping[str, np.ndarray], names: Sequence[str]
+                    ) -> dict[str, np.ndarray]:
+    """The ``names`` outputs of one run, low-precision floats widened to float32 (exact)."""
+    out = {}
+    for n in names:
+        a = np.asarray(result[n])
+        out[n] = a.astype(np.float32) if a.dtype.kind == "f" and a.itemsize < 4 else a
+    return out
+
+
+def run_samples(runner: Runner, samples: Sequence, names: Sequence[str], stage: str = "",
+                progress: Callable[[str, int, int], None] | None = None
+                ) -> dict[str, list[np.ndarray]]:
+    """Run ``runner`` (entered and exited here) on every sample; float outputs as float32.
+
+    Args:
+        runner: A runner not yet entered.
+        samples: Objects with ``.feeds``.
+        names: Output names to collect.
+        stage / progress: ``progress(stage, done, total)`` after each sample.
+
+    Returns:
+        Output name -> one array per sample.
+    """
+    outs: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    with runner:
+        for i, s in enumerate(samples):
+            result = float32_outputs(runner.run(s.feeds), names)
+            for n in names:
+                outs[n].append(result[n])
+            if progress:
+                progress(stage, i + 1, len(samples))
+    return outs

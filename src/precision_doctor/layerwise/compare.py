@@ -1,0 +1,216 @@
+"""Layerwise comparison: every intermediate floating tensor of a candidate vs the reference.
+
+The graph is cut into consecutive segments that fit a memory budget, and each segment runs
+once per precision and sample, fed with its own runner's boundary tensors (see
+``layerwise_engines``); where no cut is possible (control flow, a candidate that runs a model
+of its own) tensors are marked as outputs in chunks instead, and the result says why.
+Statistics are streamed over samples, so only one segment of one sample is held in memory.
+Per tensor it records the error (relative L2, max/mean abs), NaN/Inf in the candidate, the
+reference's range against the target format (overflow above its max, flush-to-zero below half
+its smallest subnormal, subnormals) and the headroom in bits, log2(format max / observed max).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import onnx
+
+from precision_doctor.formats import FORMATS, Precision
+from precision_doctor.graph.outputs import TensorSite, float_activations, producer_inputs
+from precision_doctor.graph.segments import (
+    cut_like,
+    missing_types,
+    plan_segments,
+    why_not_segmentable,
+)
+from precision_doctor.graph.shapes import infer_types
+from precision_doctor.layerwise.engines import (
+    CandidateGraph,
+    Progress,
+    RunnerFactory,
+    SegmentFallback,
+    node_output_bytes,
+    run_marking,
+    run_segments,
+    side_thread,
+)
+from precision_doctor.layerwise.gain import nonfinite_birth
+from precision_doctor.layerwise.stats import LayerRecord, StatsPool, _Accumulator
+from precision_doctor.runners.ort_shared import shared_cpu
+
+__all__ = ["LAYERWISE_BUDGET", "LayerRecord", "LayerwiseResult", "Progress", "RunnerFactory",
+           "WholeGraph", "_Accumulator", "compare_layerwise"]
+
+MODES = ("segments", "marking")
+# model -> (the candidate's own whole graph, a runner factory for its sub-models)
+WholeGraph = Callable[[onnx.ModelProto], "tuple[onnx.ModelProto, RunnerFactory] | None"]
+# Default bytes of one segment (outputs + weights, both runners, one sample). Segments cost one
+# session each, not a model run, so a small budget is cheap: on PP-OCRv4 det at 640x640 (690 MB
+# of activations per sample and runner) 256 MiB gives 6 segments and a `diagnose` peak RSS of
+# 0.74 GB, against 1.77 GB with one segment (measured 2026-11-24, BENCHMARKS.md).
+LAYERWISE_BUDGET = 256 << 20
+
+
+@dataclass(frozen=True)
+class LayerwiseResult:
+    """Layerwise comparison of a candidate against the reference.
+
+    Attributes:
+        target: Format whose range is checked.
+        threshold: Relative L2 error above which a tensor counts as diverged.
+        records: One per compared tensor, in topological order.
+        first_divergence: First tensor whose rel_l2 exceeds ``threshold`` (None if none).
+        nan_birth: First tensor with NaN/Inf in the candidate whose producer's inputs are
+            all finite (None if none).
+        chunks: Number of segments (mode ``segments``) or marked-output chunks (mode
+            ``marking``) run.
+        missing: Tensors that the candidate model did not expose.
+        mode: ``segments`` (each node executed once per precision and sample) or
+            ``marking`` (the whole model run once per chunk of marked outputs).
+        fallback_reason: Why marking was used instead of segments (None in segments mode).
+    """
+
+    target: str
+    threshold: float
+    records: tuple[LayerRecord, ...]
+    first_divergence: str | None
+    nan_birth: str | None
+    chunks: int
+    missing: tuple[str, ...] = field(default_factory=tuple)
+    mode: str = "segments"
+    fallback_reason: str | None = None
+
+    def record(self, tensor: str) -> LayerRecord | None:
+        """The record of ``tensor`` or None."""
+        for r in self.records:
+            if r.tensor == tensor:
+                return r
+        return None
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "threshold": self.threshold,
+                "first_divergence": self.first_divergence, "nan_birth": self.nan_birth,
+                "chunks": self.chunks, "missing": list(self.missing), "mode": self.mode,
+                "fallback_reason": self.fallback_reason,
+                "records": [r.to_dict() for r in self.records]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> LayerwiseResult:
+        return cls(data["target"], data["threshold"],
+                   tuple(LayerRecord.from_dict(r) for r in data["records"]),
+                   data.get("first_divergence"), data.get("nan_birth"), data.get("chunks", 0),
+                   tuple(data.get("missing", ())), data.get("mode", "marking"),
+                   data.get("fallback_reason"))
+
+
+def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]],
+                      make_reference: RunnerFactory, make_candidate: RunnerFactory,
+                      target: Precision, threshold: float, budget_bytes: int = LAYERWISE_BUDGET,
+                      tensors: Iterable[str] | None = None, progress: Progress | None = None,
+                      *, segments: bool = True, stats_threads: int | None = None,
+                      candidate_graph: WholeGraph | None = None) -> LayerwiseResult:
+    """Compare every floating intermediate tensor of candidate vs reference.
+
+    Args:
+        model: The FP32 model both factories start from (tensor names must match).
+        samples: Feed dicts.
+        make_reference / make_candidate: Build a runner for a sub-model of ``model`` (a
+            segment, or in marking mode the whole model with marked outputs).
+        target: Format whose range is checked (FP16 max 65504 = largest finite binary16).
+        threshold: rel_l2 above which a tensor counts as diverged.
+        budget_bytes: Estimated bytes of one segment's outputs and weights (or of one chunk's
+            marked outputs), both runners, one sample.
+        tensors: Restrict to these tensor names (default: every floating activation).
+        progress: Called as ``progress(done_runs, total_runs)``.
+        segments: False when ``make_candidate`` cannot run sub-models of ``model`` (it runs a
+            model of its own, e.g. a rewritten or FP16 model): marking is used.
+        stats_threads: Threads computing the statistics (default: up to 2); 1 also runs the
+            candidate after the reference instead of at the same time.
+        candidate_graph: ``model`` -> (the candidate's own whole graph, a runner factory for
+            its sub-models) or None, e.g. the emulation model: its segments, cut where the
+            model's are (``graph.segments.cut_like``), then replace ``make_candidate`` on the
+            model's segments. Where the cut cannot be carried over, ``make_candidate`` is used.
+
+    Returns:
+        ``LayerwiseResult`` (``mode`` and ``fallback_reason`` say which engine ran).
+
+    Raises:
+        BackendError: A runner fails.
+    """
+    shapes = {k: v.shape for k, v in samples[0].items()} if samples else {}
+    all_sites = float_activations(model, shapes)
+    sites = all_sites
+    if tensors is not None:
+        wanted = set(tensors)
+        sites = [s for s in sites if s.name in wanted]
+    fmt = FORMATS[target]
+    reason = why_not_segmentable(model) if segments else (
+        "the candidate runner runs a model of its own, not sub-models of this one")
+    stats = StatsPool(sites, fmt, stats_threads)
+    side = side_thread() if stats_threads != 1 else None
+    # the segments' (or chunks') sessions reuse each other's memory and do not spin while the
+    # statistics run; the reference and the candidate run at once on half the cores each
+    # (runners.ort_shared)
+    with shared_cpu(max(1, (os.cpu_count() or 1) // 2) if side is not None else 0):
+        try:
+            outcome = reason if reason is not None else _by_segments(
+                model, samples, make_reference, make_candidate, all_sites, sites, stats,
+                budget_bytes, progress, side, candidate_graph)
+            if isinstance(outcome, str):  # marking, with fresh accumulators
+                reason = outcome
+                stats.close()
+                stats = StatsPool(sites, fmt, stats_threads)
+                count, missing = run_marking(model, samples, make_reference, make_candidate, sites,
+                                             stats, budget_bytes, progress, side)
+            else:
+                count, missing = outcome
+            records = stats.records(sites, set(missing))
+        finally:
+            stats.close()
+            if side is not None:
+                side.shutdown()
+    first = next((r.tensor for r in records if r.rel_l2 > threshold), None)
+    return LayerwiseResult(target.value, threshold, records, first, _nan_birth(model, records),
+                           count, tuple(sorted(set(missing))),
+                           "segments" if reason is None else "marking", reason)
+
+
+def _by_segments(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]],
+                 make_reference: RunnerFactory, make_candidate: RunnerFactory,
+                 all_sites: Sequence[TensorSite], sites: Sequence[TensorSite],
+                 stats: StatsPool, budget_bytes: int, progress: Progress | None,
+                 side: ThreadPoolExecutor | None, candidate_graph: WholeGraph | None
+                 ) -> tuple[int, list[str]] | str:
+    """(segments run, sites missing) or, when segments cannot be used, the reason."""
+    cut = plan_segments(model, node_output_bytes(model, all_sites), budget_bytes // 2)
+    types = infer_types(model)
+    unknown = missing_types(cut, types)
+    if unknown:
+        return (f"ONNX shape inference cannot type boundary tensor {unknown[0]!r}, so it "
+                "cannot be a segment input")
+    whole = None
+    own = candidate_graph(model) if candidate_graph is not None else None
+    if own is not None:
+        graph, factory = own
+        cut_there = cut_like(model, cut, graph)
+        if cut_there is not None:
+            graph_types = infer_types(graph)
+            if not missing_types(cut_there, graph_types):
+                whole = CandidateGraph(graph, cut_there, graph_types, factory)
+    try:
+        return len(cut), run_segments(model, cut, types, samples, make_reference,
+                                      make_candidate, sites, stats, progress, side, whole)
+    except SegmentFallback as exc:
+        return str(exc)
+
+
+def _nan_birth(model: onnx.ModelProto, records: Sequence[LayerRecord]) -> str | None:
+    """First tensor with NaN/Inf in the candidate whose producer's inputs are finite
+    (``layerwise.gain.nonfinite_birth``)."""
+    birth = nonfinite_birth(records, producer_inputs(model))
+    return birth.tensor if birth is not None else None

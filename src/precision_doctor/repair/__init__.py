@@ -1,0 +1,1 @@
+"""``fix``: rewrite, rank, search, write, verify; and the review of the fixed model."""

@@ -1,0 +1,1 @@
+"""Terminal renderers (rich): diagnosis, assessment, fix, audit, build log, forensics."""

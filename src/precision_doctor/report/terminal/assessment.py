@@ -1,0 +1,101 @@
+"""Terminal rendering of the assessment, the decisions and their flips, and the rewritten run.
+
+Printed right after the verdict line: the assessment is what a person reads first. Plain
+``key: value`` lines (no tables), so that nothing is cut at 80 columns; numbers have 3
+significant digits (``1.14e-02``), shares are percentages with one decimal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from rich.console import Console
+from rich.markup import escape
+
+from precision_doctor.diagnosis.report import DiagnosisReport
+from precision_doctor.diagnosis.rootcause import MINOR_IMPACT
+from precision_doctor.numbers import fmt3, fmt_share
+
+COLORS = {"within-tolerance": "green", "rounding": "yellow", "decision-flips": "yellow",
+          "defect": "red"}
+SHOWN_FLIPS = 10  # when the assessment is decision-flips
+SHOWN_FLIPS_OTHERWISE = 3  # e.g. a broken map flips thousands of pixels: a sample is enough
+
+
+def render_assessment(report: DiagnosisReport, console: Console) -> None:
+    """Print the assessment block (nothing for a version-1 report without one)."""
+    a = report.assessment
+    if a is None:
+        return
+    color = COLORS.get(a.kind, "white")
+    console.print(f"[bold {color}]Assessment: {a.kind}[/]")
+    console.print(f"  {escape(a.summary)}")
+    console.print(f"  [bold]Remedy:[/] {escape(a.remedy)}")
+    if report.explained_share is not None:
+        share = report.explained_share
+        console.print(f"  All findings' remedies together remove {fmt_share(share, 1)} of the "
+                      f"output error; unexplained: {fmt_share(1 - share, 1)}.")
+    if a.nodes:
+        console.print(f"  Nodes: {escape(', '.join(a.nodes[:8]))}"
+                      + (f" and {len(a.nodes) - 8} more" if len(a.nodes) > 8 else ""))
+    _render_rewritten(report, console)
+    _render_decisions(report, console)
+    if report.largest_jump is not None and report.layerwise is not None:
+        rec = report.layerwise.record(report.largest_jump)
+        where = f" ({escape(rec.op_type)} {escape(rec.node)})" if rec else ""
+        console.print(f"First divergence by error jump: {escape(report.largest_jump)}{where}; "
+                      "tolerance first crossed at: "
+                      f"{escape(report.layerwise.first_divergence or 'nowhere')}")
+
+
+def _render_rewritten(report: DiagnosisReport, console: Console) -> None:
+    rw = report.rewritten
+    if not rw:
+        return
+    worst = max((_float(o["metrics"]["rel_l2"]) for o in rw.get("outputs", ())), default=None)
+    verdict = str(rw.get("verdict", "")).upper()
+    color = "green" if verdict == "PASS" else "red"
+    console.print(f"Rewritten model ({escape(', '.join(rw.get('rewrites', ())))}): "
+                  f"[{color}]{verdict}[/], worst rel L2 {fmt3(worst)}")
+
+
+def _render_decisions(report: DiagnosisReport, console: Console) -> None:
+    for d in report.decisions:
+        task = (f", {d.task_metric} agreement {fmt_share(d.task_agreement, 1)}"
+                if d.task_agreement is not None else "")
+        axis = "" if d.kind == "sigmoid-map" else f", axis {d.axis}"
+        console.print(f"Decisions of {escape(d.output)} ({d.kind}{axis}): "
+                      f"{d.flips} of {d.positions} flipped{task}; flips carry "
+                      f"{fmt_share(d.flip_error_share, 1)} of the squared error; rel L2 without "
+                      f"them {fmt3(d.rel_l2_without_flips)}")
+        if d.suggested_metric:
+            console.print(f"  suggested task metric: --metric {escape(d.suggested_metric)}")
+    flips = report.decision_flips
+    shown = (SHOWN_FLIPS if report.assessment and report.assessment.kind == "decision-flips"
+             else SHOWN_FLIPS_OTHERWISE)
+    for i, f in enumerate(flips[:shown], 1):
+        changed = {True: "changed", False: "unchanged", None: "unknown"}[f.task_changed]
+        console.print(f"  flip {i}: {escape(f.sample)} {escape(f.output)} at {list(f.position)}: "
+                      f"margin {fmt3(f.fp32_margin)}, FP32 noise {fmt3(f.fp32_noise)}, "
+                      f"error share {fmt_share(f.error_share, 1)}, task result {changed}")
+    if len(flips) > shown:
+        console.print(f"  ({len(flips) - shown} more listed flips in the JSON and HTML reports)")
+
+
+def render_minor(report: DiagnosisReport, console: Console) -> None:
+    """One line for the collapsed ``minor`` findings group."""
+    minor = [f for f in report.findings if f.group == "minor"]
+    if not minor:
+        return
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(Counter(f.kind for f in minor).items()))
+    console.print(f"{len(minor)} minor finding(s) collapsed (measured impact < "
+                  f"{MINOR_IMPACT:.0%} each, or unmeasured warnings): {kinds}; see the JSON or "
+                  "HTML report")
+
+
+def _float(v: object) -> float:
+    return float(v) if isinstance(v, (int, float, str)) else math.nan
+
+
+__all__ = ["render_assessment", "render_minor"]

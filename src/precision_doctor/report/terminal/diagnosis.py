@@ -1,0 +1,163 @@
+"""Terminal rendering of a diagnosis with rich: verdict first, then outputs, findings, layers.
+
+Every number goes through ``numbers.fmt3`` (3 significant digits, the same strings as the HTML
+report) and every table through ``report.tables.metric_table``, which turns into key: value blocks
+when the console is too narrow: at 80 columns no number or header is ever cut with ``…``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
+from rich.text import Text
+
+from precision_doctor.diagnosis.report import DiagnosisReport, OutputResult
+from precision_doctor.diagnosis.rootcause import Finding
+from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult
+from precision_doctor.numbers import fmt3, fmt_count, fmt_share
+from precision_doctor.report.tables import Cell, Col, MetricTable, metric_table
+from precision_doctor.report.terminal.assessment import render_assessment, render_minor
+
+OUTPUT_COLUMNS = (Col("output", "key"), Col("verdict", "tag"), Col("rel L2"), Col("max abs"),
+                  Col("p99 abs"), Col("1-cos"), Col("SNR dB"), Col("NaN/Inf"),
+                  Col("argmax", label="argmax agree"), Col("x noise"))
+OUTPUT_CAPTION = ("rel L2 = |c - r| / |r|; 1-cos = 1 - cosine similarity; argmax = share of "
+                  "positions with the same argmax; x noise = rel L2 / FP32 noise floor")
+FINDING_COLUMNS = (Col("#", "tag"), Col("kind", "tag"), Col("node", "key"), Col("impact"),
+                   Col("evidence", "text"), Col("remedy", "text"))
+LAYER_COLUMNS = (Col("#", "tag"), Col("tensor", "key"), Col("op", "name"), Col("rel L2"),
+                 Col("max|x|", label="ref max|x|"), Col("bits", label="headroom bits"),
+                 Col("ovf", label="overflow"), Col("ftz", label="flush"), Col("NaN/Inf"))
+LAYER_CAPTION = ("max|x| = largest FP32 magnitude; bits = headroom to the format's max (log2); "
+                 "ovf / ftz = elements that overflow / flush to zero")
+
+
+def verdict_tag(passed: bool) -> Text:
+    """``pass`` in green or ``fail`` in red."""
+    return Text("pass", style="green") if passed else Text("fail", style="red")
+
+
+def outputs_table(outputs: tuple[OutputResult, ...] | list[OutputResult],
+                  title: str | None = "Outputs") -> MetricTable:
+    """Per-output metrics (``OutputResult``) as a width-adaptive table."""
+    rows: list[list[Cell]] = []
+    for o in outputs:
+        m = o.metrics
+        one_minus_cos = None if m.cosine is None else 1.0 - m.cosine
+        rows.append([o.name, verdict_tag(o.passed), fmt3(m.rel_l2), fmt3(m.max_abs),
+                     fmt3(m.p99_abs), fmt3(one_minus_cos), fmt3(m.snr_db),
+                     f"{m.nan}/{m.inf}", fmt3(m.argmax_agreement), fmt3(o.noise_multiple)])
+    return metric_table(title, OUTPUT_COLUMNS, rows, caption=OUTPUT_CAPTION)
+
+
+def findings_table(findings: Sequence[Finding]) -> MetricTable:
+    """Findings ranked by measured impact (the main group; minor ones are one line)."""
+    rows: list[list[Cell]] = []
+    for i, f in enumerate(findings, 1):
+        color = {"error": "red", "warning": "yellow"}.get(f.severity, "")
+        rows.append([f"#{i}", Text(f.kind, style=color), f.node, fmt_share(f.impact), f.summary,
+                     f.remedy])
+    return metric_table("Findings (ranked by measured impact)", FINDING_COLUMNS, rows)
+
+
+def layer_rows(lw: LayerwiseResult, layers: int) -> list[LayerRecord]:
+    """The rows to show: around the first divergence, else the largest errors."""
+    if lw.first_divergence:
+        idx = {r.tensor: i for i, r in enumerate(lw.records)}
+        start = max(0, idx.get(lw.first_divergence, len(lw.records)) - layers // 2)
+        return list(lw.records[start:start + layers])
+    return sorted(lw.records,
+                  key=lambda r: -r.rel_l2 if math.isfinite(r.rel_l2) else -1e300)[:layers]
+
+
+def layers_table(lw: LayerwiseResult, layers: int) -> MetricTable:
+    """The layerwise rows (see ``layer_rows``), the first divergence in red."""
+    rows = layer_rows(lw, layers)
+    cells = [[f"#{r.index}", r.tensor, r.op_type, fmt3(r.rel_l2), fmt3(r.ref_max_abs),
+              fmt3(r.headroom_bits), fmt_count(r.overflow), fmt_count(r.flush_to_zero),
+              f"{r.cand_nan}/{r.cand_inf}"] for r in rows]
+    styles = ["red" if r.tensor == lw.first_divergence else None for r in rows]
+    title = ("Layerwise (around the first divergence)" if lw.first_divergence
+             else "Layerwise (largest errors)")
+    return metric_table(title, LAYER_COLUMNS, cells, caption=LAYER_CAPTION, row_styles=styles)
+
+
+def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12) -> None:
+    """Print ``report``.
+
+    Args:
+        report: The diagnosis.
+        console: Where to print.
+        layers: How many rows of the layerwise table to show (worst and around the first
+            divergence); 0 hides it.
+    """
+    ok = report.passed
+    title = (f"[bold {'green' if ok else 'red'}]{'PASS' if ok else 'FAIL'}[/] "
+             f"{escape(report.model.get('path') or 'model')} in {report.target.upper()} "
+             f"({escape(report.candidate)} vs {escape(report.reference)}, "
+             f"{len(report.samples)} sample(s))")
+    console.print(Panel(title, expand=False))
+    render_assessment(report, console)
+
+    console.print(outputs_table(report.outputs))
+    for o in report.outputs:
+        console.print(Text(f"  {o.name}: {o.reason}"))
+    if report.recording:
+        _render_recording(report.recording, console)
+
+    main = [f for f in report.findings if f.group == "main"]
+    if main:
+        console.print(findings_table(main))
+    else:
+        console.print("No main findings.")
+    render_minor(report, console)
+
+    lw = report.layerwise
+    if lw is not None and layers:
+        unit = "segment" if lw.mode == "segments" else "marked-output chunk"
+        console.print(Text.assemble(
+            f"Layerwise: {len(lw.records)} tensors in {lw.chunks} {unit}(s); first divergence "
+            f"(rel L2 > {fmt3(lw.threshold)}): ", (lw.first_divergence or "none", "bold"),
+            "; NaN/Inf born at: ", (lw.nan_birth or "nowhere", "bold")))
+        if lw.fallback_reason:
+            console.print(Text(f"  (each chunk re-ran the whole model: {lw.fallback_reason})"))
+        console.print(layers_table(lw, layers))
+    hazards = [h for h in report.hazards if h.severity != "low"]
+    if hazards:
+        console.print(f"Static hazards ({len(hazards)} medium/high of {len(report.hazards)}):")
+        for h in hazards[:10]:
+            console.print(Text(f"  - [{h.severity}] {h.detail}"))
+    if report.noise is not None:
+        floor = ", ".join(f"{k}={fmt3(v)}" for k, v in report.noise.per_output.items())
+        probes = ", ".join(report.noise.probes) or "none"
+        console.print(Text(f"FP32 noise floor (rel L2): {floor} (probes: {probes})"))
+    for w in report.warnings:
+        console.print(Text.assemble(("warning:", "yellow"), f" {w}"))
+
+
+def _render_recording(rec: dict, console: Console) -> None:
+    """The recorded candidate: the plain statement, the cross-check per output, the gaps."""
+    console.print(f"[bold]Recording:[/] {escape(rec['statement'])}")
+    cc = rec.get("cross_check")
+    if cc:
+        for o in cc["outputs"]:
+            console.print(f"  {escape(o['name'])}: recorded rel L2 "
+                          f"{fmt3(_f(o['recorded_rel_l2']))} vs emulated "
+                          f"({escape(cc['emulator'])}) "
+                          f"{fmt3(_f(o['emulated_rel_l2']))}")
+        worse = cc.get("worse_than_emulated") or []
+        if worse:
+            console.print(f"  {len(worse)} tensor(s) > 4x worse than the emulation, first "
+                          f"[bold]{escape(worse[0])}[/]: not what the plan computes there "
+                          "(a fused region in lower precision, or weights changed)")
+    if rec.get("missing"):
+        kinds = ", ".join(f"{c} {escape(k)}" for k, c in rec["missing_by_reason"].items())
+        console.print(f"  {len(rec['missing'])} ONNX tensor(s) not in the recording ({kinds})")
+
+
+def _f(x: object) -> float | None:
+    return None if x is None else float(x)  # type: ignore[arg-type]

@@ -1,0 +1,90 @@
+"""Terminal rendering of a ``fix`` result: the objective the user set first, then before/after.
+
+The headline is the fixed model against *the fix's objective* (the task metric and threshold, or
+the tolerance), with the original model's naive low-precision score beside it; every number goes
+through ``numbers.fmt3`` and every table through ``report.tables`` (readable at 80 columns).
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.text import Text
+
+from precision_doctor.numbers import fmt3, fmt_vs
+from precision_doctor.repair.pipeline import FixResult
+from precision_doctor.report.tables import Col, MetricTable, metric_table
+from precision_doctor.report.terminal.diagnosis import verdict_tag
+
+BEFORE_AFTER_COLUMNS = (Col("output", "key"), Col("before"), Col("after"),
+                        Col("after emu", label="after (emulated)"))
+BEFORE_AFTER_CAPTION = ("before = original model, naive {target} (emulated); after = the written "
+                        "model run by ONNX Runtime CPU; after emu = its plan, emulated")
+
+
+def objective_line(result: FixResult) -> Text:
+    """``<score label>: original in FP16 <v> (fail) -> fixed <v> (pass)``, each value printed
+    with the digits that keep it on its side of the threshold (``numbers.fmt_vs``)."""
+    threshold, higher = result.pass_mark
+    before = fmt_vs(result.score_before.value, threshold, higher)
+    after = fmt_vs(result.score_after.value, threshold, higher)
+    op = ">=" if higher else "<="
+    return Text.assemble(
+        f"{result.score_label} (passes {op} {threshold:g}): ",
+        f"original in {result.target.upper()} {before} (", verdict_tag(result.score_before.passed),
+        f") -> fixed {after} (", verdict_tag(result.score_after.passed), ")")
+
+
+def before_after_table(result: FixResult) -> MetricTable:
+    """Relative L2 error per output: naive low precision, fixed (ORT CPU), fixed (emulated)."""
+    rows = [[name, fmt3(result.before[name].get("rel_l2")),
+             fmt3(result.after.get(name, {}).get("rel_l2")),
+             fmt3(result.after_emulated.get(name, {}).get("rel_l2"))] for name in result.before]
+    return metric_table("Before / after (rel L2 vs the FP32 reference)", BEFORE_AFTER_COLUMNS,
+                        rows, caption=BEFORE_AFTER_CAPTION.format(target=result.target.upper()))
+
+
+def render_fix(result: FixResult, console: Console) -> None:
+    """Print the fix: verdict against the objective, before/after, FP32 share, kept nodes."""
+    ok = result.passed
+    console.print(Text.assemble(
+        ("PASS" if ok else "FAIL", f"bold {'green' if ok else 'red'}"),
+        f" {result.target.upper()} fix against the objective: {result.objective}"))
+    console.print(Text("  ") + objective_line(result))
+    console.print(before_after_table(result))
+    s = result.share
+    console.print(f"FP32: {s['fp32_nodes']} of {s['compute_nodes']} compute nodes "
+                  f"({s['nodes']:.1%}), {s['flops']:.1%} of FLOPs, {s['params']:.1%} of "
+                  f"parameters")
+    console.print(Text(resources_line(result.resources)))
+    applied = applied_rewrites(result)
+    if applied:
+        console.print("rewrites: " + ", ".join(f"{k} x{v}" for k, v in sorted(applied.items())))
+    for name, d in result.plan.overrides.items():
+        console.print(Text(f"  FP32 {name}: {d.reason} {d.detail}"))
+    for t in result.near_ties:
+        console.print(Text(f"near-tie (left out of the target): {t.sample}: FP32 top-1 vs top-2 "
+                           f"margin {fmt3(t.margin)} < 2 x FP32 noise {fmt3(t.noise)}"))
+    for note in result.notes:
+        console.print(Text(f"note: {note}"))
+    for w in result.warnings:
+        console.print(Text.assemble(("warning:", "yellow"), f" {w}"))
+
+
+def applied_rewrites(result: FixResult) -> dict[str, int]:
+    """How many times each numerically safe rewrite rule was applied, by rule name."""
+    applied: dict[str, int] = {}
+    for r in result.rewrites.get("records", []):
+        if r.get("applied"):
+            applied[r["rule"]] = applied.get(r["rule"], 0) + 1
+    return applied
+
+
+def resources_line(r: dict) -> str:
+    """``12 evaluations (40 sample runs), 95.2 s wall (150.1 s CPU), peak RSS 812 MiB``."""
+    if not r:
+        return ""
+    workers = (f", {r['jobs']} jobs (largest worker {r['peak_rss_workers_mb']:.0f} MiB)"
+               if r.get("jobs", 1) > 1 else "")
+    return (f"{r['evaluations']} evaluations ({r['samples_run']} sample runs), "
+            f"{r['wall_s']:.1f} s wall ({r['cpu_s']:.1f} s CPU), peak RSS "
+            f"{r['peak_rss_mb']:.0f} MiB{workers}")

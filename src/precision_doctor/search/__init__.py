@@ -1,0 +1,1 @@
+"""The search machinery: objective, sensitivity ranking, bisection, evaluation pool, cost."""

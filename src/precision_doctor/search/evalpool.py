@@ -1,0 +1,200 @@
+"""Run the samples of one search evaluation, in this process or across a process pool.
+
+``--jobs N`` starts N worker processes (forked, so each inherits the model, the samples and
+the plan -> runner function without pickling them). Per evaluation, samples are handed out in
+waves of N in the search's sample order, one sample per worker; each worker keeps one ONNX
+Runtime session per plan (opened on its first sample of that plan). Results are consumed in the
+sample order, so every decision (pass/fail, which sample stopped an evaluation, the sample
+order) is the same for any N; only the work done past a stop within a wave is wasted.
+
+In this process (``jobs`` = 1) the search can say which plan it will most likely evaluate next
+(``prepare``): its runner is opened on a thread while the current plan runs. Opening a runner
+is Python work (the emulator rewrites the model) and ONNX Runtime session creation, which
+releases the GIL; the sample runs release it too, so the two overlap on the second core
+instead of taking turns (fix on PP-OCRv4 det: 0.25 s of each ~0.9 s evaluation).
+
+Each worker's session gets ``cores // N`` ONNX Runtime intra-op threads (at least 1) so the
+pool does not oversubscribe the cores. The decisions are the same for any N as long as the
+engine's outputs do not depend on its thread count: measured 2026-11-24 with ONNX Runtime
+1.32 CPU, PP-OCRv4 det and rec (plain and emulated FP16) give bitwise identical outputs with 1
+and 2 intra-op threads; tests/search/test_search_speed.py checks ``jobs=2`` against
+``jobs=1`` on a tiny transformer.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.pool
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Generator, Sequence
+
+import numpy as np
+
+from precision_doctor.errors import InputError
+from precision_doctor.layerwise.candidates import float32_outputs
+from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.runners.base import Runner
+
+# plan -> a runner of the plan, not entered; with --jobs > 1 it is called as
+# ``open_plan(plan, threads)`` (ONNX Runtime intra-op threads per worker session)
+OpenPlan = Callable[..., Runner]
+Outputs1 = dict[str, np.ndarray]
+
+_WORKER: dict = {}  # set in the parent right before the fork; workers read their copy
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (``os.sched_getaffinity`` where available)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_jobs(jobs: int | str, samples: int) -> int:
+    """Worker count for ``--jobs``: an integer >= 1, or ``auto`` = usable cores / ONNX Runtime
+    threads per worker (1), capped at the number of samples.
+
+    Raises:
+        InputError: Not a positive integer nor ``auto``.
+    """
+    if isinstance(jobs, str):
+        if jobs.strip().lower() == "auto":
+            return max(1, min(usable_cores(), samples))
+        try:
+            jobs = int(jobs)
+        except ValueError:
+            raise InputError(f"--jobs must be a positive integer or 'auto', not {jobs!r}"
+                             ) from None
+    if jobs < 1:
+        raise InputError(f"--jobs must be >= 1 (got {jobs})")
+    return min(jobs, max(samples, 1))
+
+
+def _open(open_plan: OpenPlan, plan: PrecisionPlan, threads: int) -> Runner:
+    return open_plan(plan, threads) if threads else open_plan(plan)
+
+
+def _entered(open_plan: OpenPlan, plan: PrecisionPlan) -> Runner:
+    runner = _open(open_plan, plan, 0)
+    runner.__enter__()
+    return runner
+
+
+def _worker_run(plan: PrecisionPlan, index: int) -> tuple[int, Outputs1]:
+    state = _WORKER
+    if state.get("plan") != plan:
+        if state.get("runner") is not None:
+            state["runner"].__exit__(None, None, None)
+            state["runner"] = None
+        state["runner"] = _open(state["open_plan"], plan, state["threads"]).__enter__()
+        state["plan"] = plan
+    result = state["runner"].run(state["samples"][index].feeds)
+    return index, float32_outputs(result, state["names"])
+
+
+class SampleRunner:
+    """Runs the samples of an evaluation (``jobs`` = 1: in this process).
+
+    Args:
+        open_plan: Plan -> runner (not entered); called as ``open_plan(plan, threads)`` in
+            pool workers.
+        samples: Calibration samples (``.feeds``).
+        names: Output names to collect.
+        jobs: Worker processes (1 = none).
+        prefetch: Let ``prepare`` open the next plan's runner ahead (``jobs`` = 1 only; two
+            runners are then alive at once, so leave it off for models whose weights do not
+            fit twice).
+    """
+
+    def __init__(self, open_plan: OpenPlan, samples: Sequence, names: Sequence[str],
+                 jobs: int = 1, prefetch: bool = False) -> None:
+        self.open_plan, self.samples, self.names = open_plan, samples, list(names)
+        self.jobs = jobs if "fork" in multiprocessing.get_all_start_methods() else 1
+        self._pool: multiprocessing.pool.Pool | None = None
+        self._opener = ThreadPoolExecutor(1) if prefetch and self.jobs <= 1 else None
+        self._ahead: tuple[PrecisionPlan, Future] | None = None
+
+    def __enter__(self) -> SampleRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._drop_ahead()
+        if self._opener is not None:
+            self._opener.shutdown()
+            self._opener = None
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def prepare(self, plan: PrecisionPlan) -> None:
+        """Start opening ``plan``'s runner on a thread (a hint: ``run`` of another plan
+        closes it unused). Does nothing without ``prefetch``."""
+        if self._opener is None or (self._ahead is not None and self._ahead[0] == plan):
+            return
+        self._drop_ahead()
+        self._ahead = (plan, self._opener.submit(_entered, self.open_plan, plan))
+
+    def _take_ahead(self, plan: PrecisionPlan) -> Runner | None:
+        """The runner opened ahead for ``plan`` (entered), or None."""
+        if self._ahead is None or self._ahead[0] != plan:
+            self._drop_ahead()
+            return None
+        job, self._ahead = self._ahead[1], None
+        return job.result()  # an error opening it is the evaluation's error
+
+    def _drop_ahead(self) -> None:
+        if self._ahead is None:
+            return
+        job, self._ahead = self._ahead[1], None
+        try:
+            runner = job.result()
+        except Exception:  # noqa: BLE001 - a plan that will not run: its error does not matter
+            return
+        runner.__exit__(None, None, None)
+
+    def _start(self) -> None:
+        _WORKER.clear()
+        _WORKER.update(open_plan=self.open_plan, samples=self.samples, names=self.names,
+                       threads=max(1, usable_cores() // self.jobs), plan=None, runner=None)
+        self._pool = multiprocessing.get_context("fork").Pool(self.jobs)
+
+    def run(self, plan: PrecisionPlan, order: Sequence[int]
+            ) -> Generator[tuple[int, Outputs1], None, None]:
+        """Outputs of ``plan`` on the samples ``order`` names, yielded in that order.
+
+        The runner is taken (or opened) when this is called, so a ``prepare`` right after
+        concerns the evaluation after this one. Stop iterating to stop the evaluation (with a
+        pool, the rest of the current wave of ``jobs`` samples has run already; nothing
+        further starts).
+
+        Raises:
+            BackendError: A runner fails.
+        """
+        if self.jobs <= 1:
+            return self._run_here(self._take_ahead(plan) or _entered(self.open_plan, plan),
+                                  order)
+        return self._run_pool(plan, order)
+
+    def _run_here(self, runner: Runner, order: Sequence[int]
+                  ) -> Generator[tuple[int, Outputs1], None, None]:
+        try:
+            for i in order:
+                yield i, float32_outputs(runner.run(self.samples[i].feeds), self.names)
+        finally:
+            runner.__exit__(None, None, None)
+
+    def _run_pool(self, plan: PrecisionPlan, order: Sequence[int]
+                  ) -> Generator[tuple[int, Outputs1], None, None]:
+        if self._pool is None:
+            self._start()
+        pool = self._pool
+        assert pool is not None
+        order = list(order)
+        for start in range(0, len(order), self.jobs):
+            wave = [pool.apply_async(_worker_run, (plan, i))
+                    for i in order[start:start + self.jobs]]
+            for job in wave:
+                yield job.get()

@@ -1,0 +1,69 @@
+"""The FP32-set search on a fake engine: minimal sets, budget, fail-fast over samples."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from precision_doctor.compare.tasks.registry import get_metric
+from precision_doctor.errors import TargetNotMetError
+from precision_doctor.formats import Precision
+from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.runners.base import TensorMeta
+from precision_doctor.runners.fake import FakeRunner
+from precision_doctor.search.bisection import search_fp32_set
+from precision_doctor.search.objective import Objective
+
+NODES = [f"n{i}" for i in range(40)]
+NEEDED = {"n7", "n23"}  # sample 2 flips unless both are FP32
+
+
+def _setup(needed=NEEDED):
+    samples = [SimpleNamespace(feeds={"x": np.full((1, 4), float(i), np.float32)})
+               for i in range(4)]
+    runs: list[int] = []
+
+    def open_plan(plan: PrecisionPlan) -> FakeRunner:
+        fp32 = set(plan.fp32_nodes())
+
+        def fn(feeds):
+            i = int(feeds["x"][0, 0])
+            runs.append(i)
+            logits = np.zeros((1, 3), np.float32)
+            flips = i == 2 and not needed <= fp32
+            logits[0, 1 if flips else 0] = 1.0
+            return {"y": logits}
+        return FakeRunner([TensorMeta("x", np.dtype(np.float32), (1, 4))], ["y"], fn)
+
+    reference = {"y": [np.array([[1.0, 0.0, 0.0]], np.float32) for _ in samples]}
+    return samples, open_plan, reference, runs
+
+
+def test_finds_exactly_the_needed_nodes_and_failing_evaluations_stop_early():
+    samples, open_plan, reference, runs = _setup()
+    objective = Objective(metric=get_metric("top1"), threshold=1.0)
+    result = search_fp32_set(open_plan, samples, reference, objective,
+                             PrecisionPlan(Precision.FP16), NODES, max_evals=100)
+    assert set(result.kept) == NEEDED and result.score.passed
+    assert result.evaluations <= 2 * 2 * 6 + 10  # O(k log N), N = 40
+    failed = [t for t in result.trials if not t.passed and t.stage in ("grow", "shrink")]
+    # after the start evaluation, sample 2 (the failing one) runs first: a failing
+    # evaluation costs one sample, a passing one all four
+    passed = [t for t in result.trials if t.passed and t.stage in ("grow", "shrink")]
+    complete = {"start", "all-fp32", "final"}
+    expected = (len(failed) + 4 * len(passed)
+                + 4 * sum(t.stage in complete for t in result.trials))
+    assert len(runs) == expected and failed
+
+
+def test_budget_and_unreachable_target():
+    samples, open_plan, reference, _ = _setup(needed={"not-a-candidate"})
+    objective = Objective(metric=get_metric("top1"), threshold=1.0)
+    with pytest.raises(TargetNotMetError, match="not met even with all 40"):
+        search_fp32_set(open_plan, samples, reference, objective,
+                        PrecisionPlan(Precision.FP16), NODES)
+    samples, open_plan, reference, _ = _setup()
+    result = search_fp32_set(open_plan, samples, reference, objective,
+                             PrecisionPlan(Precision.FP16), NODES, max_evals=5)
+    assert result.evaluations <= 6 and result.score.passed  # a passing superset
+    assert NEEDED <= set(result.kept)
