@@ -31,6 +31,7 @@ from precision_doctor.diagnosis.assessment import (
     rounding_depth,
     share_removed,
 )
+from precision_doctor.diagnosis.cures import out_of_range, overflow_regions
 from precision_doctor.diagnosis.decisions import read_decisions
 from precision_doctor.diagnosis.hazards import scan_hazards
 from precision_doctor.diagnosis.noise import measure_noise_floor
@@ -185,7 +186,11 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         timings["layerwise"] = time.perf_counter() - t0
 
     hazards = scan_hazards(model, target)
-    findings = build_findings(hazards, lw, target, verdict == "fail", inputs_of, candidate.tf32)
+    regions = (overflow_regions(model, out_of_range(
+        lw.records, FORMATS[target].max, [lw.nan_birth] if lw.nan_birth else []))
+        if lw is not None else {})
+    findings = build_findings(hazards, lw, target, verdict == "fail", inputs_of, candidate.tf32,
+                              regions)
     t0 = time.perf_counter()
     transformer = _transformer_section(model, samples, target, stress)
     timings["transformer"] = time.perf_counter() - t0
