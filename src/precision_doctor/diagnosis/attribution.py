@@ -24,6 +24,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
+from precision_doctor.compare.metrics import relative_l2
 from precision_doctor.compare.tolerance import Tolerance
 from precision_doctor.diagnosis.cures import expand_with_regions
 from precision_doctor.errors import TargetNotMetError
@@ -117,13 +118,14 @@ def attribute(model: onnx.ModelProto, samples: Sequence, reference: Outputs,
     cand = {k: [v[i] for i in chosen] for k, v in candidate.items()}
     tolerances: dict[str, Tolerance] = {"*": Tolerance(rel_l2=None)}
     for name in failing:
-        base = _rel_l2(ref[name], cand[name])
+        base = relative_l2(ref[name], cand[name])
         tolerances[name] = Tolerance(rel_l2=RESIDUAL * base if np.isfinite(base) else None)
     objective = Objective(tolerances=tolerances)
     forced = set(plan.overrides)
     candidates = [n.name for n in compute_nodes(model) if n.name not in forced]
     limit = max(MIN_SMALL, int(SMALL_SHARE * len(candidates)))
-    ranking = expand_with_regions(rank_by_sensitivity(layerwise, candidates, dict(inputs_of)),
+    ranking = expand_with_regions(rank_by_sensitivity(layerwise, candidates,
+                                                      {k: list(v) for k, v in inputs_of.items()}),
                                   regions)
 
     def open_plan(p: PrecisionPlan, threads: int = 0) -> EmulatorRunner:
@@ -147,15 +149,6 @@ def attribute(model: onnx.ModelProto, samples: Sequence, reference: Outputs,
     nodes = kept if status == "found" else ()
     return Attribution(status, nodes, connected_groups(model, nodes), tuple(chosen),
                        result.evaluations, time.perf_counter() - t0, limit, kept)
-
-
-def _rel_l2(ref: Sequence[np.ndarray], cand: Sequence[np.ndarray]) -> float:
-    errs = [sample_error(r, c) for r, c in zip(ref, cand)]
-    if any(e[1] or e[2] for e in errs):
-        return float("inf")
-    r2 = sum(float(np.dot(np.ravel(r).astype(np.float64), np.ravel(r).astype(np.float64)))
-             for r in ref)
-    return float(np.sqrt(sum(e[0] for e in errs) / r2)) if r2 > 0 else 0.0
 
 
 def connected_groups(model: onnx.ModelProto, nodes: Sequence[str]

@@ -84,6 +84,24 @@ def overflow_regions(model: onnx.ModelProto, tensors: Collection[str]
     return regions
 
 
+def absorbed_wrongly(records: Sequence[LayerRecord], inputs_of: Mapping[str, Sequence[str]],
+                     threshold: float, after: int = -1) -> LayerRecord | None:
+    """The first tensor (topological order, index > ``after``) that turns an upstream NaN/Inf
+    into a finite but wrong value: the candidate is finite there, some compared input of its
+    producer is not, and its rel L2 exceeds ``threshold``. Decided by value: 1/sqrt(inf) = 0
+    where FP32 computes 0.19 is this; exp(-inf) = 0 where FP32's exp(-3.4e38) is 0 too is
+    not (its error stays below the threshold).
+    """
+    by_name = {r.tensor: r for r in records}
+    for r in records:
+        if r.index <= after or r.cand_nan or r.cand_inf or r.ref_nonfinite:
+            continue
+        ups = [by_name[i] for i in inputs_of.get(r.tensor, ()) if i in by_name]
+        if any(u.cand_nan or u.cand_inf for u in ups) and r.rel_l2 > threshold:
+            return r
+    return None
+
+
 def expand_with_regions(ranking: Sequence[str], regions: Mapping[str, tuple[str, ...]]
                         ) -> list[str]:
     """``ranking`` with each region's other nodes right after its first ranked node, so that a
@@ -99,4 +117,4 @@ def expand_with_regions(ranking: Sequence[str], regions: Mapping[str, tuple[str,
     return out
 
 
-__all__ = ["expand_with_regions", "out_of_range", "overflow_regions"]
+__all__ = ["absorbed_wrongly", "expand_with_regions", "out_of_range", "overflow_regions"]

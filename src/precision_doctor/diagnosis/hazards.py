@@ -4,7 +4,8 @@ Checks (all against the target format's limits, see ``precision_doctor.formats``
 
 * float parameters (initializers, Constant nodes) above the format max (finite values only: a
   constant of +-inf, such as a mask fill or an open clamp bound, is inf in every format and is
-  no hazard), or non-zero values that flush to zero (below half the smallest subnormal, e.g. LayerNorm epsilon 1e-12 in FP16);
+  no hazard), or non-zero values that flush to zero (below half the smallest subnormal, e.g.
+  LayerNorm epsilon 1e-12 in FP16);
 * normalization epsilons (attributes) that flush to zero;
 * decomposed LayerNorm (ReduceMean-Sub-Pow/Mul-ReduceMean-Add-Sqrt-Div/Reciprocal), whose
   squared deviations overflow FP16 when |x - mean| > 256 (= sqrt(65504));

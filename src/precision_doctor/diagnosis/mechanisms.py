@@ -50,6 +50,8 @@ from typing import Sequence
 
 import numpy as np
 
+from precision_doctor.numbers import fmt3
+
 AMPLIFYING = 4.0  # local gain from which a node counts as amplifying (rounding alone: ~1-2)
 EXPLAINS = 2.0  # a condition number within 2x of the gain accounts for it (measured spread)
 SATURATED_SHARE = 0.01
@@ -215,40 +217,42 @@ def name_mechanism(facts: NodeFacts) -> Named | None:
     if sat is not None and sat >= SATURATED_SHARE and facts.downstream_gain >= AMPLIFYING:
         return Named("saturation", facts.node, op,
                      f"{sat:.1%} of its outputs lie within {SATURATION_ULPS} ULPs of 1 and a "
-                     f"consumer amplifies the loss {facts.downstream_gain:.3g}x",
+                     f"consumer amplifies the loss {fmt3(facts.downstream_gain)}x",
                      {"saturated_share": sat, "downstream_gain": facts.downstream_gain})
     if g < AMPLIFYING:
         return None
     kappa = cancellation_condition(op, ref, facts.axes) if op in SUM_OPS else None
     if kappa is not None and kappa >= max(AMPLIFYING, g / EXPLAINS):
         return Named("cancellation", facts.node, op,
-                     f"its result is {kappa:.3g}x smaller than its operands (condition number "
-                     f"kappa = {kappa:.3g}, kappa*u = {kappa * u:.2g}; local gain {g:.3g}x)",
+                     f"its result is {fmt3(kappa)}x smaller than its operands (condition "
+                     f"number kappa = {fmt3(kappa)}, kappa*u = {fmt3(kappa * u)}; local gain "
+                     f"{fmt3(g)}x)",
                      {"kappa": kappa, "kappa_u": kappa * u, "gain": g})
     if op in DIVISION_OPS and not (op == "Pow" and (facts.exponent or 0) >= 0):
         ev = divisor_error(op, ref, facts.cand_inputs) or {}
         return Named("small-divisor", facts.node, op,
-                     f"it divides by values as small as {ev.get('min_abs_divisor', math.nan):.3g}"
-                     f" that carry large relative errors; 1/x is perfectly conditioned, so its "
-                     f"{g:.3g}x normwise gain comes from those inaccurate small divisors",
+                     f"it divides by values as small as "
+                     f"{fmt3(ev.get('min_abs_divisor', math.nan))} that carry large relative "
+                     f"errors; 1/x is perfectly conditioned, so its "
+                     f"{fmt3(g)}x normwise gain comes from those inaccurate small divisors",
                      {**ev, "gain": g})
     x = ref[0] if ref else None
     kappa = exponent_condition(op, x, facts.ref_output, facts.exponent)
     if kappa is not None and kappa >= max(AMPLIFYING, g / EXPLAINS):
         return Named("exponent-amplification", facts.node, op,
-                     f"its condition number is {kappa:.3g} ({'|p|' if op == 'Pow' else '|x|'}: "
-                     f"a relative error e in the input comes out {kappa:.3g} e; local gain "
-                     f"{g:.3g}x)", {"kappa": kappa, "gain": g})
+                     f"its condition number is {fmt3(kappa)} ({'|p|' if op == 'Pow' else '|x|'}: "
+                     f"a relative error e in the input comes out {fmt3(kappa)} e; local gain "
+                     f"{fmt3(g)}x)", {"kappa": kappa, "gain": g})
     k = facts.reduced
     if op in REDUCTION_OPS and k and k >= 1 / math.sqrt(u) and g <= k:
         return Named("long-reduction", facts.node, op,
-                     f"each output sums K = {k} terms: worst-case error K*u = {k * u:.2g}, "
-                     f"typical sqrt(K)*u = {math.sqrt(k) * u:.2g}; local gain {g:.3g}x",
+                     f"each output sums K = {k} terms: worst-case error K*u = {fmt3(k * u)}, "
+                     f"typical sqrt(K)*u = {fmt3(math.sqrt(k) * u)}; local gain {fmt3(g)}x",
                      {"reduced": k, "k_u": k * u, "gain": g})
     if op in TF32_OPS and facts.tf32:
         return Named("tf32", facts.node, op,
                      f"the engine rounds its multiplicands to TF32 (u = 2^-11) over K = "
-                     f"{k or '?'} terms; local gain {g:.3g}x", {"reduced": k or 0, "gain": g})
+                     f"{k or '?'} terms; local gain {fmt3(g)}x", {"reduced": k or 0, "gain": g})
     return None
 
 

@@ -166,11 +166,16 @@ class _Builder:
             summary += f" (inside a decomposed LayerNorm of {len(nodes)} nodes, {nodes[0]} .. " \
                        f"{nodes[-1]})"
         elif len(nodes) > 1:
-            summary += (f"; the cure keeps its overflow region of {len(nodes)} nodes in FP32 "
-                        f"({nodes[0]} .. {nodes[-1]}: where the values exceed the format and "
-                        "the nodes reading them)")
-        finding = Finding(kind, node, op_type, tensor, summary, evidence,
-                          _remedy(kind, node, op_type, node in self.groups), severity, nodes)
+            summary += (f"; its overflow region is {len(nodes)} nodes ({nodes[0]} .. "
+                        f"{nodes[-1]}): those computing and reading the values above the "
+                        "format max")
+        remedy = _remedy(kind, node, op_type, node in self.groups)
+        if len(nodes) > 1 and node not in self.groups:
+            remedy = (f"keep the {len(nodes)} nodes of its overflow region in FP32 ({nodes[0]} "
+                      f".. {nodes[-1]}; one node alone is read back in the low format and "
+                      "overflows again), or rescale its inputs")
+        finding = Finding(kind, node, op_type, tensor, summary, evidence, remedy, severity,
+                          nodes)
         if i >= 0:
             self.findings[i] = finding
         else:
