@@ -213,7 +213,8 @@ def _name_mechanisms(model, samples, target: Precision, candidate: Candidate,
     sample = worst_samples(reference, cand, list(failing) or list(reference), 1)[0]
     facts = measure_operands(model, nodes, samples[sample].feeds, reference_factory,
                              candidate.factory if candidate.plan is not None else None, gains,
-                             u, bool(candidate.tf32) or target is Precision.TF32)
+                             u, bool(candidate.tf32) or target is Precision.TF32,
+                             fp32_accumulation=candidate.plan is not None)
     records = {r.node: r for r in layerwise.records}
     out = list(findings)
     for i in todo:

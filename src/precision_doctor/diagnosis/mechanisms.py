@@ -11,10 +11,16 @@ Algorithms", 2nd ed., SIAM 2002 (cited by section).
 
 Taxonomy, checked in this order (range events, found by ``diagnosis.rootcause``, come first):
 
+``tf32``
+    MatMul/Gemm/Conv whose multiplicands the engine rounds to TF32 (10 mantissa bits; target
+    ``tf32`` or an engine with TF32 on): the products carry u = 2^-11 relative error each,
+    amplified by the dot product's condition number (below). Checked before the other rules:
+    turning TF32 off is the remedy whatever amplifies it.
 ``cancellation``
-    Add/Sub/Sum/ReduceSum/ReduceMean whose result is much smaller than its operands. Condition
-    number of a sum (Higham §1.7, §4.2): kappa = || sum |x_i| || / || sum x_i || (normwise over
-    the output); rounding of the operands (relative u) comes out relative kappa * u. Example: a
+    Add/Sub/Sum/ReduceSum/ReduceMean, or the dot products of MatMul/Gemm, whose result is much
+    smaller than its operands. Condition number of a sum (Higham §1.7, §4.2): kappa =
+    || sum |x_i| || / || sum x_i || (normwise over the output; for A B: || |A| |B| || /
+    || A B ||); rounding of the operands (relative u) comes out relative kappa * u. Example: a
     variance computed as E[x^2] - E[x]^2.
 ``small-divisor``
     Div (its divisor), Reciprocal, or Pow with a negative exponent, whose output error is
@@ -31,13 +37,10 @@ Taxonomy, checked in this order (range events, found by ``diagnosis.rootcause``,
     ``AMPLIFYING`` downstream in the same cure) magnifies the loss.
 ``long-reduction``
     ReduceSum/ReduceMean/ReduceL1/ReduceL2/ReduceSumSquare/ReduceLogSumExp/MatMul/Gemm/Conv
-    over K >= 1/sqrt(u) terms (46 for FP16) with gain <= K: a sum of K rounded terms has a
-    worst-case error of gamma_K = K u / (1 - K u) (Higham Lemma 3.1, §4.2) and a typical one
-    of sqrt(K) u; it grows with K when partial sums are stored in the low format.
-``tf32``
-    MatMul/Gemm/Conv whose multiplicands the engine rounds to TF32 (10 mantissa bits; target
-    ``tf32`` or an engine with TF32 on): the products carry u = 2^-11 relative error each and
-    the K-term dot product sqrt(K) u typically.
+    over K >= 1/sqrt(u) terms (46 for FP16) with gain <= K, on an engine that stores partial
+    sums in the low format: a sum of K rounded terms has a worst-case error of gamma_K =
+    K u / (1 - K u) (Higham Lemma 3.1, §4.2) and a typical one of sqrt(K) u. The emulator
+    accumulates in FP32 (as tensor-core kernels do), so emulated diagnoses never name it.
 ``unnamed-mechanism``
     No rule accounts for the gain: said plainly, with the node, the gain and the measured cure.
 """
@@ -63,8 +66,9 @@ SATURATING_OPS = frozenset({"Sigmoid", "Tanh", "Softmax", "HardSigmoid", "Erf"})
 REDUCTION_OPS = frozenset({"ReduceSum", "ReduceMean", "ReduceL1", "ReduceL2", "ReduceSumSquare",
                            "ReduceLogSumExp", "MatMul", "Gemm", "Conv", "ConvTranspose"})
 TF32_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
-ORDER = ("saturation", "cancellation", "small-divisor", "exponent-amplification",
-         "long-reduction", "tf32")
+ORDER = ("saturation", "tf32", "cancellation", "small-divisor", "exponent-amplification",
+         "long-reduction")
+DOT_OPS = frozenset({"MatMul", "Gemm"})
 
 REMEDIES = {
     "cancellation":
@@ -106,6 +110,7 @@ class NodeFacts:
         unit_roundoff: u of the target format (TF32: 2^-11).
         tf32: Whether the engine rounds this node's multiplicands to TF32.
         downstream_gain: The largest gain among the node's consumers in the same cure.
+        fp32_accumulation: The candidate accumulates sums in FP32 (the emulator).
     """
 
     node: str
@@ -120,6 +125,7 @@ class NodeFacts:
     unit_roundoff: float = 2.0 ** -11
     tf32: bool = False
     downstream_gain: float = 0.0
+    fp32_accumulation: bool = True
 
 
 @dataclass(frozen=True)
@@ -143,12 +149,18 @@ def cancellation_condition(op_type: str, inputs: Sequence[np.ndarray | None],
     """kappa = || sum |x_i| || / || sum x_i || of a sum (Higham §4.2), or None.
 
     Args:
-        op_type: Add, Sub, Sum, ReduceSum or ReduceMean.
+        op_type: Add, Sub, Sum, ReduceSum, ReduceMean, MatMul or Gemm.
         inputs: The FP32 operands (broadcastable); a reduction's data input first.
         axes: Reduced axes (None: all).
     """
     ops = [np.asarray(x, np.float64) for x in inputs if x is not None]
-    if op_type in ("Add", "Sub", "Sum") and len(ops) >= 2:
+    if op_type in DOT_OPS and len(ops) >= 2 and ops[0].ndim >= 2 and ops[1].ndim >= 2:
+        a, b = ops[0], ops[1]
+        if op_type == "Gemm":  # transposes are the caller's: plain 2-D A B only
+            if a.shape[-1] != b.shape[0]:
+                return None
+        signed, absolute = np.matmul(a, b), np.matmul(np.abs(a), np.abs(b))
+    elif op_type in ("Add", "Sub", "Sum") and len(ops) >= 2:
         ops = list(np.broadcast_arrays(*ops))
         signed = ops[0] - ops[1] if op_type == "Sub" else np.sum(ops, axis=0)
         absolute = np.sum(np.abs(ops), axis=0)
@@ -221,7 +233,13 @@ def name_mechanism(facts: NodeFacts) -> Named | None:
                      {"saturated_share": sat, "downstream_gain": facts.downstream_gain})
     if g < AMPLIFYING:
         return None
-    kappa = cancellation_condition(op, ref, facts.axes) if op in SUM_OPS else None
+    k = facts.reduced
+    if op in TF32_OPS and facts.tf32:
+        return Named("tf32", facts.node, op,
+                     f"the engine rounds its multiplicands to TF32 (u = 2^-11) over K = "
+                     f"{k or '?'} terms; local gain {fmt3(g)}x", {"reduced": k or 0, "gain": g})
+    kappa = (cancellation_condition(op, ref, facts.axes) if op in SUM_OPS | DOT_OPS
+             else None)
     if kappa is not None and kappa >= max(AMPLIFYING, g / EXPLAINS):
         return Named("cancellation", facts.node, op,
                      f"its result is {fmt3(kappa)}x smaller than its operands (condition "
@@ -243,16 +261,12 @@ def name_mechanism(facts: NodeFacts) -> Named | None:
                      f"its condition number is {fmt3(kappa)} ({'|p|' if op == 'Pow' else '|x|'}: "
                      f"a relative error e in the input comes out {fmt3(kappa)} e; local gain "
                      f"{fmt3(g)}x)", {"kappa": kappa, "gain": g})
-    k = facts.reduced
-    if op in REDUCTION_OPS and k and k >= 1 / math.sqrt(u) and g <= k:
+    if (op in REDUCTION_OPS and k and k >= 1 / math.sqrt(u) and g <= k
+            and not facts.fp32_accumulation):
         return Named("long-reduction", facts.node, op,
                      f"each output sums K = {k} terms: worst-case error K*u = {fmt3(k * u)}, "
                      f"typical sqrt(K)*u = {fmt3(math.sqrt(k) * u)}; local gain {fmt3(g)}x",
                      {"reduced": k, "k_u": k * u, "gain": g})
-    if op in TF32_OPS and facts.tf32:
-        return Named("tf32", facts.node, op,
-                     f"the engine rounds its multiplicands to TF32 (u = 2^-11) over K = "
-                     f"{k or '?'} terms; local gain {fmt3(g)}x", {"reduced": k or 0, "gain": g})
     return None
 
 

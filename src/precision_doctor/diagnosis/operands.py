@@ -61,7 +61,8 @@ def _reduced(node: onnx.NodeProto, ins: Sequence[np.ndarray | None],
 def measure_operands(model: onnx.ModelProto, nodes: Sequence[str],
                      feeds: Mapping[str, np.ndarray], reference: RunnerFactory,
                      candidate: RunnerFactory | None, gains: Mapping[str, float],
-                     unit_roundoff: float, tf32: bool = False) -> dict[str, NodeFacts]:
+                     unit_roundoff: float, tf32: bool = False, fp32_accumulation: bool = True
+                     ) -> dict[str, NodeFacts]:
     """``NodeFacts`` of ``nodes`` (at most ``MAX_NODES``, in the given order) on one sample.
 
     Args:
@@ -73,6 +74,7 @@ def measure_operands(model: onnx.ModelProto, nodes: Sequence[str],
         gains: Node -> local error gain (``layerwise.gain``); missing nodes get 0.
         unit_roundoff: u of the target format.
         tf32: Whether the engine rounds MatMul/Conv multiplicands to TF32.
+        fp32_accumulation: Whether the candidate accumulates in FP32 (the emulator does).
 
     Returns:
         Node name -> facts (float64 arrays). Nodes not in the model are skipped.
@@ -85,8 +87,9 @@ def measure_operands(model: onnx.ModelProto, nodes: Sequence[str],
     tensors = [t for n in chosen for t in (*n.input, *n.output[:1]) if t and t not in consts]
     marked = mark_outputs(model, tensors)
     names = [o.name for o in marked.graph.output]
-    ref = _run(reference(marked), feeds, names)
-    cand = _run(candidate(marked), feeds, names) if candidate is not None else {}
+    inputs = {k: np.asarray(v) for k, v in feeds.items()}  # graph inputs cannot be marked
+    ref = {**inputs, **_run(reference(marked), feeds, names)}
+    cand = {**inputs, **_run(candidate(marked), feeds, names)} if candidate is not None else {}
     opset = opset_of(model)
     consumers: dict[str, list[str]] = {}
     for n in chosen:
@@ -111,7 +114,7 @@ def measure_operands(model: onnx.ModelProto, nodes: Sequence[str],
         facts[n.name] = NodeFacts(
             n.name, n.op_type, gains.get(n.name, 0.0), ref_in, cand_in, out,
             _axes(n, consts, rank, opset), exponent, _reduced(n, ref_in, out), unit_roundoff,
-            tf32, downstream if math.isfinite(downstream) else 0.0)
+            tf32, downstream if math.isfinite(downstream) else 0.0, fp32_accumulation)
     return facts
 
 
