@@ -26,8 +26,8 @@ from precision_doctor.graph.load import input_metadata
 from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import dumps
 from precision_doctor.precision.plan import PrecisionPlan
-from precision_doctor.repair.pipeline import FixResult
 from precision_doctor.repair.pipeline import fix as fix_model
+from precision_doctor.repair.result import FixResult
 from precision_doctor.report.files import (
     check_writable,
     model_files,

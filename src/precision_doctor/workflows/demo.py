@@ -37,7 +37,7 @@ from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.errors import BackendUnavailable
 from precision_doctor.layerwise.compare import LAYERWISE_BUDGET
 from precision_doctor.numbers import fmt3, fmt_vs
-from precision_doctor.repair.pipeline import FixResult
+from precision_doctor.repair.result import FixResult
 from precision_doctor.report.files import check_writable, write_bytes_atomic
 from precision_doctor.report.terminal.fix import applied_rewrites
 from precision_doctor.workflows.diagnose import run_diagnose

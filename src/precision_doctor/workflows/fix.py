@@ -10,7 +10,7 @@ from rich.console import Console
 from precision_doctor.api.fixing import fix, sidecar_paths
 from precision_doctor.api.options import invocation
 from precision_doctor.errors import InputError
-from precision_doctor.repair.pipeline import FixResult
+from precision_doctor.repair.result import FixResult
 from precision_doctor.report.files import check_writable
 from precision_doctor.report.progress import progress_bar
 from precision_doctor.report.terminal.fix import render_fix, resources_line

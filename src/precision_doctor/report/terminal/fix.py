@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.text import Text
 
 from precision_doctor.numbers import fmt3, fmt_vs
-from precision_doctor.repair.pipeline import FixResult
+from precision_doctor.repair.result import FixResult
 from precision_doctor.report.tables import Col, MetricTable, metric_table
 from precision_doctor.report.terminal.diagnosis import verdict_tag
 
