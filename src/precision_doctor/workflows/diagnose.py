@@ -12,8 +12,8 @@ from precision_doctor.api.options import invocation
 from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.errors import InputError
 from precision_doctor.report.files import check_writable, write_json, write_text_atomic
-from precision_doctor.report.progress import progress_bar
 from precision_doctor.report.terminal.diagnosis import render_diagnosis
+from precision_doctor.report.terminal.progress import progress_bar
 
 
 def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, target: str,

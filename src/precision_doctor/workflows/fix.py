@@ -12,8 +12,8 @@ from precision_doctor.api.options import invocation
 from precision_doctor.errors import InputError
 from precision_doctor.repair.result import FixResult
 from precision_doctor.report.files import check_writable
-from precision_doctor.report.progress import progress_bar
 from precision_doctor.report.terminal.fix import render_fix, resources_line
+from precision_doctor.report.terminal.progress import progress_bar
 from precision_doctor.workflows.collect import collect_section
 
 
