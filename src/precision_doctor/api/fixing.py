@@ -113,6 +113,8 @@ class Fix:
         """The stable JSON text of the report; also written to ``path`` when given.
 
         Raises:
+            OutputPathError: The folder of ``path`` is missing or not writable, or it is a
+                folder.
             OutputExistsError: ``path`` exists and ``force`` is False.
         """
         return json_text(self.to_dict(), path, force)
@@ -134,6 +136,8 @@ class Fix:
             What was written: ``{"model", "plan", "recipes", "report", "rewritten"}`` -> path.
 
         Raises:
+            OutputPathError: A file cannot be written: its folder is missing or not
+                writable, or it is a folder (nothing written).
             OutputExistsError: A file exists and ``force`` is False (nothing written).
             InputError: ``path`` is the source model (never overwritten), or no model is held.
         """
@@ -185,6 +189,8 @@ class Fix:
 
         Raises:
             InputError: The ``Fix`` was rebuilt from JSON (no model or samples to diagnose).
+            OutputPathError: The folder of ``path`` is missing or not writable, or it is a
+                folder.
             OutputExistsError: ``path`` exists and ``force`` is False.
         """
         if self.model is None or self.result is None or self.source is None or not self.samples:
