@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision
-from precision_doctor.report.commands import (
+from precision_doctor.report.shell import (
     ShapeRange,
     fence,
     polygraphy_shapes,

@@ -31,7 +31,7 @@ from precision_doctor.errors import ModelLoadError, PlanError
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.load import name_nodes
 from precision_doctor.precision.plan import PrecisionPlan
-from precision_doctor.report.commands import (
+from precision_doctor.report.shell import (
     ShapeRange,
     fence,
     poly_dims,

@@ -1,6 +1,6 @@
-"""Command-line syntax for trtexec and Polygraphy: optimization-profile shapes, dims, shell
-quoting and wrapping, Markdown fences. Shared by the engine recipes (``report.recipes``) and the
-collect recipe (``report.collect``).
+"""Shell commands for trtexec and Polygraphy: optimization-profile shapes, dims, quoting and
+wrapping, Markdown fences. Shared by the engine recipes (``report.recipes``) and the collect
+recipe (``report.collect``).
 
 Every argument goes through ``shlex.quote``: paths, node and input names are model-derived,
 untrusted strings.
