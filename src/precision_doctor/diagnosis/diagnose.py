@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
@@ -166,6 +167,9 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
                                        probe_outputs, model_path, resolution=math.sqrt(u))
                         if decisions else ([], []))
 
+    read = {d.output for d in summaries}  # argmax agreement means something there only
+    outputs = [o if o.name in read or o.metrics.argmax_agreement is None else
+               replace(o, metrics=replace(o.metrics, argmax_agreement=None)) for o in outputs]
     default_tol = _tolerance_for(out_names[0], tolerances, target)
     lw, jump = None, None
     inputs_of = producer_inputs(model)

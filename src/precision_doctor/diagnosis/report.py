@@ -52,7 +52,7 @@ Finding kinds: the range events and amplifiers of ``diagnosis.rootcause`` and th
 ``saturation``, ``long-reduction``, ``tf32``, ``unnamed-mechanism``).
 
 ``transformer``: per-block FP16 headroom of a model with LayerNorms or attention
-(``diagnosis.headroom.probe.TransformerReport.to_dict``; ``stress`` from
+(``diagnosis.headroom.records.TransformerReport.to_dict``; ``stress`` from
 ``diagnosis.headroom.stress``).
 
 Non-finite floats are written as the strings "inf", "-inf", "nan" (JSON has no such numbers).
@@ -153,7 +153,7 @@ class DiagnosisReport:
     rewritten: dict | None = None
     largest_jump: str | None = None
     recording: dict | None = None  # recorded candidate: runner, version, cross-check
-    transformer: dict | None = None  # diagnosis.headroom.probe.TransformerReport.to_dict()
+    transformer: dict | None = None  # diagnosis.headroom.records.TransformerReport.to_dict()
     attribution: dict | None = None  # diagnosis.attribution.Attribution.to_dict()
 
     @property
