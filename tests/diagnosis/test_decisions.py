@@ -3,7 +3,7 @@ import pytest
 from onnx import TensorProto, helper
 from tiny_models import make_model, tensor
 
-from precision_doctor.diagnosis.decisions import detect_decision, read_decisions
+from precision_doctor.diagnosis.decisions.reading import detect_decision, read_decisions
 
 F = TensorProto.FLOAT
 

@@ -12,14 +12,14 @@ import pytest
 from onnx import parser
 from tiny_models import IR_VERSION, S
 
-from precision_doctor.diagnosis.diagnose import diagnose
-from precision_doctor.diagnosis.hazards import scan_hazards
-from precision_doctor.diagnosis.mechanisms import (
+from precision_doctor.diagnosis.causes.hazards import scan_hazards
+from precision_doctor.diagnosis.causes.mechanisms import (
     NodeFacts,
     cancellation_condition,
     exponent_condition,
     name_mechanism,
 )
+from precision_doctor.diagnosis.diagnose import diagnose
 from precision_doctor.formats import Precision
 from precision_doctor.layerwise.candidates import emulated
 from precision_doctor.precision.plan import PrecisionPlan

@@ -9,9 +9,9 @@ removes the error in an emulated evaluation; a pattern only names it.
 ``defect``
     A concrete cause that FP32 for a few named nodes (or a numerically safe rewrite) cures: a
     range event (a parameter out of range, an activation that overflowed, a NaN/Inf birth, a
-    harmful flush-to-zero), a mechanism of the taxonomy (``diagnosis.mechanisms``:
+    harmful flush-to-zero), a mechanism of the taxonomy (``diagnosis.causes.mechanisms``:
     cancellation, small divisor, exponent amplification, saturation, long reduction, TF32), an
-    unnamed mechanism found by attribution (``diagnosis.attribution``), or a *catastrophic
+    unnamed mechanism found by attribution (``diagnosis.causes.attribution``), or a *catastrophic
     amplifier*. Rule: keeping the nodes of the main-group findings of those kinds in FP32,
     jointly, removes at least ``DEFECT_MIN_SHARE`` (50%) of the worst output's error. When
     impact cannot be measured (a real engine as candidate), only a hard event counts: NaN/Inf
@@ -21,7 +21,7 @@ removes the error in an emulated evaluation; a pattern only names it.
     Near-ties: on a failing decision output, the flipped positions carry at least
     ``DECISION_MIN_SHARE`` (50%) of the squared error, are at most ``FEW_FLIPS`` (5%) of its
     decisions, and every flip is a near-tie (FP32 margin within 3x the output's typical error)
-    or leaves the task result unchanged (``diagnosis.decisions``). A flip at a margin far
+    or leaves the task result unchanged (``diagnosis.decisions.reading``). A flip at a margin far
     above the FP32 noise and the error elsewhere is damage, never a near-tie.
 ``rounding``
     The error is the accumulation of the format's rounding, and that is measured, not assumed:
@@ -60,8 +60,8 @@ from typing import Mapping, Sequence
 
 import onnx
 
-from precision_doctor.diagnosis.decisions import DecisionFlip, DecisionSummary
-from precision_doctor.diagnosis.rootcause import Finding
+from precision_doctor.diagnosis.causes.findings import Finding
+from precision_doctor.diagnosis.decisions.reading import DecisionFlip, DecisionSummary
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.numbers import fmt3
@@ -72,7 +72,8 @@ FEW_FLIPS = 0.05
 ROUNDING_FACTOR = 10.0
 HARD_KINDS = ("parameter-out-of-range", "activation-overflow", "nan-source")
 DEFECT_KINDS = (*HARD_KINDS, "underflow")
-# The taxonomy of ``diagnosis.mechanisms``: a defect when its measured cure is in the main group.
+# The taxonomy of ``diagnosis.causes.mechanisms``: a defect when its measured cure is in the
+# main group.
 MECHANISM_KINDS = ("cancellation", "small-divisor", "exponent-amplification", "saturation",
                    "long-reduction", "tf32", "unnamed-mechanism")
 # Ops that move or reshape data without arithmetic (no rounding): not counted in the depth.
@@ -184,14 +185,14 @@ class AssessmentInputs:
         target: Target precision.
         depth: ``rounding_depth`` of the model.
         findings: Ranked, grouped findings.
-        decisions / flips: From ``diagnosis.decisions``.
+        decisions / flips: From ``diagnosis.decisions.reading``.
         explained_share: Joint share of all findings' remedies (None: not measured).
         defect_share: Joint share of the defect candidates' remedies (None: not measured).
         measured: Whether impacts were measured (emulated candidate, failing verdict).
         max_gain: Largest finite local error gain and its node, or None.
         rewritten: The rewritten model's run (``DiagnosisReport.rewritten``) or None.
         synthetic: Some input is random data (``random:``).
-        attribution: ``diagnosis.attribution.Attribution.to_dict()`` when it ran, else None.
+        attribution: ``diagnosis.causes.attribution.Attribution.to_dict()`` when it ran, else None.
     """
 
     passed: bool

@@ -31,10 +31,10 @@ from precision_doctor.diagnosis.assessment import (
     AssessmentInputs,
     rounding_depth,
 )
-from precision_doctor.diagnosis.cures import out_of_range, overflow_regions
-from precision_doctor.diagnosis.decisions import read_decisions
-from precision_doctor.diagnosis.explain import explain
-from precision_doctor.diagnosis.hazards import scan_hazards
+from precision_doctor.diagnosis.causes.cures import out_of_range, overflow_regions
+from precision_doctor.diagnosis.causes.explain import explain
+from precision_doctor.diagnosis.causes.hazards import scan_hazards
+from precision_doctor.diagnosis.decisions.reading import read_decisions
 from precision_doctor.diagnosis.noise import measure_noise_floor
 from precision_doctor.diagnosis.report import DiagnosisReport, OutputResult
 from precision_doctor.errors import PrecisionDoctorError, ReferenceError_

@@ -47,8 +47,8 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 3
                       "small_limit", "kept_size"} | null
     }
 
-Finding kinds: the range events and amplifiers of ``diagnosis.rootcause`` and the mechanisms of
-``diagnosis.mechanisms`` (``cancellation``, ``small-divisor``, ``exponent-amplification``,
+Finding kinds: the range events and amplifiers of ``diagnosis.causes.findings`` and the
+mechanisms of ``diagnosis.causes.mechanisms`` (``cancellation``, ``small-divisor``, ``exponent-amplification``,
 ``saturation``, ``long-reduction``, ``tf32``, ``unnamed-mechanism``).
 
 ``transformer``: per-block FP16 headroom of a model with LayerNorms or attention
@@ -58,12 +58,12 @@ Finding kinds: the range events and amplifiers of ``diagnosis.rootcause`` and th
 Non-finite floats are written as the strings "inf", "-inf", "nan" (JSON has no such numbers).
 
 Version 2 (this version) added ``assessment`` (rules in ``diagnosis.assessment``),
-``explained_share``, ``decision_flips`` and ``decisions`` (``diagnosis.decisions``),
+``explained_share``, ``decision_flips`` and ``decisions`` (``diagnosis.decisions.reading``),
 ``rewritten`` (the emulation of the model after the safe rewrites an engine applies anyway),
 each finding's ``group`` and ``layerwise.largest_jump`` (the first divergence by error jump,
 ``layerwise.gain.largest_jump``; ``first_divergence`` stays the first tolerance crossing).
 Version 3 added the ``unexplained`` assessment, the mechanism finding kinds, ``attribution``
-(``diagnosis.attribution``), each flip's ``reading`` and the decisions' reading counts;
+(``diagnosis.causes.attribution``), each flip's ``reading`` and the decisions' reading counts;
 ``rel_l2_without_flips`` is now relative to the whole output's norm.
 ``from_dict`` reads versions 1 to 3; a version-1 report has no assessment (None).
 """
@@ -77,10 +77,10 @@ from precision_doctor import __version__
 from precision_doctor.compare.metrics import OutputMetrics
 from precision_doctor.compare.tolerance import Tolerance
 from precision_doctor.diagnosis.assessment import Assessment
-from precision_doctor.diagnosis.decisions import DecisionFlip, DecisionSummary
-from precision_doctor.diagnosis.hazards import Hazard
+from precision_doctor.diagnosis.causes.findings import Finding
+from precision_doctor.diagnosis.causes.hazards import Hazard
+from precision_doctor.diagnosis.decisions.reading import DecisionFlip, DecisionSummary
 from precision_doctor.diagnosis.noise import NoiseFloor
-from precision_doctor.diagnosis.rootcause import Finding
 from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.layerwise.compare import LayerwiseResult
 
@@ -154,7 +154,7 @@ class DiagnosisReport:
     largest_jump: str | None = None
     recording: dict | None = None  # recorded candidate: runner, version, cross-check
     transformer: dict | None = None  # diagnosis.headroom.records.TransformerReport.to_dict()
-    attribution: dict | None = None  # diagnosis.attribution.Attribution.to_dict()
+    attribution: dict | None = None  # diagnosis.causes.attribution.Attribution.to_dict()
 
     @property
     def passed(self) -> bool:

@@ -18,7 +18,7 @@ an Inf born upstream, e.g. 1/sqrt(inf) = 0: its error is the upstream event's, n
 amplification of rounding). A reference overflow (|x| > format max) is reported as
 ``overflow``.
 
-Callers: ``diagnosis.rootcause`` (amplifier findings), the diagnosis' ``largest_jump`` (first
+Callers: ``diagnosis.causes.findings`` (amplifier findings), the diagnosis' ``largest_jump`` (first
 divergence where the error jumps), and the search's sensitivity ranking / layerwise Inf birth.
 """
 

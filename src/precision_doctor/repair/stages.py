@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import onnx
 
-from precision_doctor.diagnosis.hazards import Hazard, scan_hazards
+from precision_doctor.diagnosis.causes.hazards import Hazard, scan_hazards
 from precision_doctor.diagnosis.headroom.probe import fp32_statistics_nodes
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision

@@ -13,8 +13,8 @@ from collections import Counter
 from rich.console import Console
 from rich.markup import escape
 
+from precision_doctor.diagnosis.causes.findings import MINOR_IMPACT
 from precision_doctor.diagnosis.report import DiagnosisReport
-from precision_doctor.diagnosis.rootcause import MINOR_IMPACT
 from precision_doctor.numbers import fmt3, fmt_share
 
 COLORS = {"within-tolerance": "green", "rounding": "yellow", "decision-flips": "yellow",

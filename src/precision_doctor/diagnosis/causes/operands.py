@@ -1,4 +1,4 @@
-"""Measure the operands of a few nodes: what ``diagnosis.mechanisms`` needs to name a cause.
+"""Measure the operands of a few nodes: what ``diagnosis.causes.mechanisms`` needs to name a cause.
 
 One run of the FP32 reference and one of the candidate on one sample (the one whose output
 error is largest), with the nodes' floating inputs and first outputs marked as graph outputs;
@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from precision_doctor.diagnosis.mechanisms import NodeFacts
+from precision_doctor.diagnosis.causes.mechanisms import NodeFacts
 from precision_doctor.graph.constants import constant_values
 from precision_doctor.graph.load import opset_of
 from precision_doctor.graph.outputs import mark_outputs

@@ -29,7 +29,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
-from precision_doctor.diagnosis.hazards import Hazard
+from precision_doctor.diagnosis.causes.hazards import Hazard
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult
@@ -38,7 +38,8 @@ from precision_doctor.layerwise.gain import top_gains
 LOW_HEADROOM_BITS = 2.0  # < 2 bits: a 4x larger input overflows
 MAX_FINDINGS = 12
 MINOR_IMPACT = 0.01  # measured impact below 1% of the output error: the "minor" group
-# Kinds whose cure is the overflow region of the node (``diagnosis.cures``), not the node alone.
+# Kinds whose cure is the overflow region of the node (``diagnosis.causes.cures``), not the
+# node alone.
 REGION_KINDS = ("activation-overflow", "nan-source")
 KIND_PRIORITY = ("parameter-out-of-range", "nan-source", "activation-overflow", "underflow",
                  "reference-mismatch", "accumulated-rounding", "headroom")
@@ -196,7 +197,7 @@ def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
         outputs_fail: Whether any output failed its tolerance.
         inputs_of: Tensor -> input tensors of its producer (for error amplification).
         tf32: Whether the candidate engine may use TF32 (FP32 comparisons only).
-        regions: Node -> its overflow region (``diagnosis.cures.overflow_regions``): the
+        regions: Node -> its overflow region (``diagnosis.causes.cures.overflow_regions``): the
             nodes an ``activation-overflow`` / ``nan-source`` finding keeps in FP32.
 
     Returns:

@@ -1,6 +1,6 @@
 """Decisions as the task reads them: find the outputs that carry decisions and the flips.
 
-Which outputs carry decisions: ``diagnosis.decision_outputs``.
+Which outputs carry decisions: ``diagnosis.decisions.outputs``.
 
 A *flip* is a position (all axes but the class axis, batch included) whose decision differs:
 argmax over the class axis, or the thresholded value. For each flip: the FP32 margin (top-1
@@ -39,7 +39,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from precision_doctor.diagnosis.decision_outputs import (
+from precision_doctor.diagnosis.decisions.outputs import (
     SIGMOID_THRESHOLD,
     ctc_charset,
     detect_decision,

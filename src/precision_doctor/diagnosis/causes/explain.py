@@ -2,15 +2,15 @@
 
 Stages (each measured, none by pattern alone):
 
-1. Findings from the hazard scan and the layerwise table (``diagnosis.rootcause``); an
-   overflow's cure is its overflow region (``diagnosis.cures``).
+1. Findings from the hazard scan and the layerwise table (``diagnosis.causes.findings``); an
+   overflow's cure is its overflow region (``diagnosis.causes.cures``).
 2. Impact of each finding: the share of the output error removed when its nodes run in FP32
    (one emulated evaluation each), then all findings jointly (``explained_share``).
-3. Attribution (``diagnosis.attribution``) when the findings explain less than half of a
+3. Attribution (``diagnosis.causes.attribution``) when the findings explain less than half of a
    failing output's error, the error is beyond ``ROUNDING_FACTOR`` x the rounding expectation
    and no benign decision flips account for it: the small FP32 set that removes >= 90%.
 4. Names: every amplifier and every attributed group gets its mechanism from the operands
-   measured on the worst sample (``diagnosis.mechanisms``), or ``unnamed-mechanism``.
+   measured on the worst sample (``diagnosis.causes.mechanisms``), or ``unnamed-mechanism``.
 """
 
 from __future__ import annotations
@@ -30,18 +30,18 @@ from precision_doctor.diagnosis.assessment import (
     defect_candidates,
     share_removed,
 )
-from precision_doctor.diagnosis.attribution import Attribution, attribute, worst_samples
-from precision_doctor.diagnosis.cures import absorbed_wrongly
-from precision_doctor.diagnosis.decisions import DecisionSummary
-from precision_doctor.diagnosis.hazards import Hazard
-from precision_doctor.diagnosis.mechanisms import ORDER, name_mechanism, remedy
-from precision_doctor.diagnosis.operands import measure_operands
-from precision_doctor.diagnosis.rootcause import (
+from precision_doctor.diagnosis.causes.attribution import Attribution, attribute, worst_samples
+from precision_doctor.diagnosis.causes.cures import absorbed_wrongly
+from precision_doctor.diagnosis.causes.findings import (
     Finding,
     build_findings,
     group_findings,
     rank_findings,
 )
+from precision_doctor.diagnosis.causes.hazards import Hazard
+from precision_doctor.diagnosis.causes.mechanisms import ORDER, name_mechanism, remedy
+from precision_doctor.diagnosis.causes.operands import measure_operands
+from precision_doctor.diagnosis.decisions.reading import DecisionSummary
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.layerwise.candidates import (
     Candidate,
@@ -91,7 +91,7 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
         reference / cand: The plain runs' outputs (name -> one array per sample).
         decisions: The decision outputs' summaries.
         inputs_of: ``graph.outputs.producer_inputs(model)``.
-        regions: ``diagnosis.cures.overflow_regions`` of the model.
+        regions: ``diagnosis.causes.cures.overflow_regions`` of the model.
         expected: The rounding expectation sqrt(D) * u (``diagnosis.assessment``).
         progress: ``progress(stage, done, total)``.
 
@@ -172,7 +172,7 @@ def _defect_share(findings: Sequence[Finding], measure, baseline: float,
 def _with_absorber(f: Finding, layerwise: LayerwiseResult,
                    inputs_of: Mapping[str, Sequence[str]]) -> Finding:
     """An overflow / NaN-Inf finding with the node that turns its Inf into finite wrong values
-    downstream (``diagnosis.cures.absorbed_wrongly``), when there is one."""
+    downstream (``diagnosis.causes.cures.absorbed_wrongly``), when there is one."""
     if f.kind not in ("activation-overflow", "nan-source"):
         return f
     rec = layerwise.record(f.tensor) if f.tensor else None
@@ -199,7 +199,7 @@ def _name_mechanisms(model, samples, target: Precision, candidate: Candidate,
                      reference: Outputs, cand: Outputs, failing: Mapping[str, float],
                      inputs_of) -> list[Finding]:
     """Rename amplifier and attributed findings by the first taxonomy rule that accounts for
-    the measured gain (``diagnosis.mechanisms``); ``unnamed-mechanism`` otherwise."""
+    the measured gain (``diagnosis.causes.mechanisms``); ``unnamed-mechanism`` otherwise."""
     todo = [i for i, f in enumerate(findings)
             if f.kind == AMPLIFIER or f.evidence.get("found_by") == "attribution"]
     if not todo or layerwise is None:

@@ -4,7 +4,7 @@ Runs when the findings (range events, amplifiers) jointly explain less than half
 output's error: the cause is then one no rule anticipated, and the tool looks for it by
 measurement instead of by pattern. It reuses the fix search (``search.bisection``): candidates
 ranked by measured sensitivity (overflow and Inf births first, then local error gain), each
-overflowing node followed by its overflow region (``diagnosis.cures``), bisection for the
+overflowing node followed by its overflow region (``diagnosis.causes.cures``), bisection for the
 shortest passing prefix, then ddmin to the smallest subset. The target is that the FP32
 fallback leaves at most ``RESIDUAL`` (10%) of the baseline error, i.e. removes >= 90%.
 
@@ -26,7 +26,7 @@ import onnx
 
 from precision_doctor.compare.metrics import relative_l2
 from precision_doctor.compare.tolerance import Tolerance
-from precision_doctor.diagnosis.cures import expand_with_regions
+from precision_doctor.diagnosis.causes.cures import expand_with_regions
 from precision_doctor.errors import TargetNotMetError
 from precision_doctor.layerwise.compare import LayerwiseResult
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
@@ -104,7 +104,7 @@ def attribute(model: onnx.ModelProto, samples: Sequence, reference: Outputs,
         failing: Failing output name -> its rel L2 over all samples.
         layerwise: The layerwise comparison (ranking by sensitivity).
         inputs_of: ``graph.outputs.producer_inputs(model)``.
-        regions: ``diagnosis.cures.overflow_regions`` of the model.
+        regions: ``diagnosis.causes.cures.overflow_regions`` of the model.
         max_evals: Evaluation budget.
         progress: ``progress("attribution", done, budget)``.
 

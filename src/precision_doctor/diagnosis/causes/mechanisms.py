@@ -1,7 +1,7 @@
 """Name the mechanism behind a measured cure, from measured quantities (the taxonomy).
 
 A node enters here because a measurement singled it out: its FP32 fallback removed output
-error (attribution, ``diagnosis.attribution``), or it magnifies the error it receives (local
+error (attribution, ``diagnosis.causes.attribution``), or it magnifies the error it receives (local
 gain >= ``AMPLIFYING``). The rules below read what was measured at the node on the worst sample
 (``NodeFacts``: its FP32 operands and result, the candidate's operands, the local gain) and
 name *why* it breaks. Every rule compares a condition number with the measured gain: the
@@ -9,7 +9,7 @@ mechanism is named only when it accounts for the amplification actually seen
 (``kappa >= gain / EXPLAINS``). Sources: N. J. Higham, "Accuracy and Stability of Numerical
 Algorithms", 2nd ed., SIAM 2002 (cited by section).
 
-Taxonomy, checked in this order (range events, found by ``diagnosis.rootcause``, come first):
+Taxonomy, checked in this order (range events, found by ``diagnosis.causes.findings``, come first):
 
 ``tf32``
     MatMul/Gemm/Conv whose multiplicands the engine rounds to TF32 (10 mantissa bits; target
