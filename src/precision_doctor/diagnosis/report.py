@@ -48,8 +48,9 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 3
     }
 
 Finding kinds: the range events and amplifiers of ``diagnosis.causes.findings`` and the
-mechanisms of ``diagnosis.causes.mechanisms`` (``cancellation``, ``small-divisor``, ``exponent-amplification``,
-``saturation``, ``long-reduction``, ``tf32``, ``unnamed-mechanism``).
+mechanisms of ``diagnosis.causes.mechanisms`` (``cancellation``, ``small-divisor``,
+``exponent-amplification``, ``saturation``, ``long-reduction``, ``tf32``,
+``unnamed-mechanism``).
 
 ``transformer``: per-block FP16 headroom of a model with LayerNorms or attention
 (``diagnosis.headroom.records.TransformerReport.to_dict``; ``stress`` from
