@@ -199,6 +199,10 @@ def attribution_text(x: AssessmentInputs, share: float | None) -> str:
         return (f" No set of at most {a['small_limit']} nodes in FP32 removes 90% of it: the "
                 f"attribution search ({a['evaluations']} evaluations) needed "
                 f"{a['kept_size']}; the error is spread over the model.")
+    if a.get("status") == "budget":
+        return (f" The attribution search ran out of its budget ({a['evaluations']} "
+                f"evaluations, {fmt3(a['seconds'])} s) at {a['kept_size']} nodes before it "
+                "narrowed them to a small set: `precision-doctor fix` searches further.")
     if a.get("status") == "none":
         return (" Not even every compute node in FP32 removes 90% of it on the worst samples "
                 f"(attribution: {a['evaluations']} evaluations).")

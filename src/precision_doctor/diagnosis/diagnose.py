@@ -60,6 +60,7 @@ from precision_doctor.layerwise.recording import (
 
 Progress = Callable[[str, int, int], None]
 NOISE_MULTIPLE_OK = 2.0  # an error within 2x the FP32 noise floor is not a precision finding
+ATTRIBUTION_BUDGET = 4.0  # attribution wall time: 4x the plain runs and the layerwise pass
 
 
 class SampleLike(Protocol):
@@ -201,7 +202,9 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
     timings["transformer"] = time.perf_counter() - t0
     explanation = explain(model, samples, target, candidate, lw, hazards,
                           {o.name: (o.metrics.rel_l2, o.passed) for o in outputs}, ref, cand,
-                          summaries, inputs_of, regions, expected, progress)
+                          summaries, inputs_of, regions, expected, progress,
+                          ATTRIBUTION_BUDGET * sum(timings.get(k, 0.0) for k in (
+                              "reference", "candidate", "layerwise")))
     findings, explained = list(explanation.findings), explanation.explained
     timings.update(explanation.seconds)
     if lw is not None:  # an Inf birth measured harmless (minor) is not the jump

@@ -80,7 +80,8 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
             errors: Mapping[str, tuple[float, bool]], reference: Outputs, cand: Outputs,
             decisions: Sequence[DecisionSummary], inputs_of: Mapping[str, Sequence[str]],
             regions: Mapping[str, tuple[str, ...]], expected: float,
-            progress: Callable[[str, int, int], None] | None = None) -> Explanation:
+            progress: Callable[[str, int, int], None] | None = None,
+            budget_s: float = 0.0) -> Explanation:
     """Findings with measured impacts, attribution when they fall short, mechanism names.
 
     Args:
@@ -94,6 +95,8 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
         regions: ``diagnosis.causes.cures.overflow_regions`` of the model.
         expected: The rounding expectation sqrt(D) * u (``diagnosis.assessment``).
         progress: ``progress(stage, done, total)``.
+        budget_s: Wall-time budget of the attribution search (``attribution.MIN_SECONDS`` at
+            least); ``diagnose`` gives it 4x the time of its plain runs and layerwise pass.
 
     Returns:
         The ``Explanation``.
@@ -125,7 +128,8 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
             and not decisions_explain(decisions, failing)):
         t0 = time.perf_counter()
         attribution = attribute(model, samples, reference, cand, candidate.plan, failing,
-                                layerwise, inputs_of, regions, progress=progress)
+                                layerwise, inputs_of, regions, seconds=budget_s,
+                                progress=progress)
         clusters = rank_findings([_cluster_finding(c) for c in attribution.clusters],
                                  measure, baseline)
         if clusters:

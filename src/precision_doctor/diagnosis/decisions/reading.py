@@ -27,8 +27,8 @@ How a flip reads (``DecisionFlip.reading``):
   elsewhere is not a near-tie: something changed that decision on its own (e.g. 16 of 16
   classifications flipping at FP32 margins of 1.0).
 
-An output is *destroyed* when more than ``DESTROYED_SHARE`` (5%) of its decisions flip: the
-disagreement is systematic and the flips are counted, not listed one by one.
+An output is *destroyed* when more than ``DESTROYED_SHARE`` (5%) of its decisions flip, and
+more than one: the disagreement is systematic and the flips are counted, not listed one by one.
 """
 
 from __future__ import annotations
@@ -274,7 +274,7 @@ def _read_output(model, name, kind, axis, refs, cands, sample_names, probes, mod
             flipped.append(_Flipped(si, idx, _margins(kind, pf), err2[flip], pf, qf))
     rest = acc.positions - acc.flips
     typical = float(np.sqrt(max(acc.err2 - acc.flip_err2, 0.0) / rest)) if rest else None
-    destroyed = acc.flips > DESTROYED_SHARE * acc.positions
+    destroyed = acc.flips > max(DESTROYED_SHARE * acc.positions, 1)
     counts = dict.fromkeys(READINGS, 0)
     damage_margins: list[float] = []
     listed: list[tuple[float, int, tuple[int, ...], np.ndarray, np.ndarray, str]] = []

@@ -44,7 +44,9 @@ def render_assessment(report: DiagnosisReport, console: Console) -> None:
         what = {"found": f"{len(at['nodes'])} node(s) in {len(at['clusters'])} group(s) whose "
                          "FP32 fallback removes 90% of the error",
                 "spread": f"no set of at most {at['small_limit']} nodes suffices "
-                          f"({at['kept_size']} needed): the error is spread"}.get(
+                          f"({at['kept_size']} needed): the error is spread",
+                "budget": f"the budget ran out at {at['kept_size']} nodes before the set was "
+                          "narrowed down"}.get(
             at["status"], "not even every compute node in FP32 removes 90%")
         console.print(f"  Attribution by measured cure: {what} ({at['evaluations']} "
                       f"evaluations, {fmt3(at['seconds'])} s).")
