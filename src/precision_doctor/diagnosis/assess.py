@@ -134,6 +134,9 @@ def _defect(x: AssessmentInputs, ev: dict, share, rw_note: str, rw_remedy: str
                + rw_note)
     remedy = top.remedy + ("; the safe rewrites alone also cure it: " + rw_remedy
                            if rw_remedy else "")
+    if "precision-doctor fix" not in remedy:
+        remedy += ("; `precision-doctor fix` writes the cured model (safe rewrites first, then "
+                   "the smallest FP32 set that meets the target)")
     return Assessment("defect", summary, ev, remedy, share, nodes)
 
 
