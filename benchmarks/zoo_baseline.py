@@ -9,13 +9,16 @@ findings (kind, node, op, measured impact, group), output rel L2, decisions (fli
 FP32 margins of the flips), layerwise facts (first divergence, largest jump, NaN/Inf birth,
 tensors with an overflow or an Inf in the candidate, largest local gains), the tool's own
 stage timings and the wall time of the command. Then `fix --metric` (the metric each model's
-task reads) and its FP32 nodes. ``--models`` picks a subset; ``--skip-fix`` skips `fix`.
+task reads) and its FP32 nodes; a passing fixed model is kept as
+``.models/zoo/NAME/fixed_TARGET.onnx`` (+ ``.report.json``) for ``benchmarks/real_fp16.py``.
+``--models`` picks a subset; ``--skip-fix`` / ``--skip-diagnose`` skip a part.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -127,6 +130,11 @@ def fix(name: str, target: str, work: Path) -> dict:
         row["error"] = text.strip().splitlines()[-3:]
         return row
     rep = json.loads(reports[0].read_text())
+    if rep.get("verdict") == "pass":  # kept for benchmarks/real_fp16.py --pack (the cure on GPU)
+        import shutil
+
+        shutil.copy(out, ZOO / name / f"fixed_{target}.onnx")
+        (ZOO / name / f"fixed_{target}.report.json").write_text(reports[0].read_text())
     overrides = (rep.get("plan") or {}).get("overrides") or {}
     search = rep.get("search") or {}
     row.update({
@@ -148,15 +156,17 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(FIX_METRIC))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--skip-fix", action="store_true")
+    ap.add_argument("--skip-diagnose", action="store_true")
     args = ap.parse_args()
     result: dict = {"date": time.strftime("%Y-%m-%d"), "machine": platform.platform(),
                     "python": platform.python_version(), "runner": "emulate (CPU)",
+                    "cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(),
                     "diagnose": [], "fix": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name in args.models.split(","):
             task = json.loads((ZOO / name / "task.json").read_text())
-            for target in ("fp16", "bf16"):
+            for target in ("fp16", "bf16") if not args.skip_diagnose else ():
                 row = diagnose(name, target, work)
                 row["exporter"] = f"{task['producer_name']} {task['producer_version']}".strip()
                 result["diagnose"].append(row)
@@ -172,6 +182,7 @@ def main() -> None:
                                                               "fp32_nodes", "wall_s",
                                                               "error")}),
                           flush=True)
+    result["load_average_at_end"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from real_zoo import ZOO_MODELS, zoo_case
 
 from precision_doctor.formats import Precision
 from precision_doctor.layerwise.candidates import run_samples
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.emulator import EmulatorRunner
 from precision_doctor.runners.ort import OrtRunner
-from real_zoo import ZOO_MODELS, zoo_case
 
 pytestmark = pytest.mark.slow
 LN1 = "jax2tf_get_logits_/pjit_get_logits_/MagikaV2/LayerNorm_1/"
