@@ -26,6 +26,7 @@ import onnx
 from precision_doctor.compare.metrics import relative_l2
 from precision_doctor.diagnosis.assessment import (
     ROUNDING_FACTOR,
+    catastrophic_gain,
     decisions_explain,
     defect_candidates,
     share_removed,
@@ -123,9 +124,9 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     attribution = None
     worst = max(failing.values(), default=0.0)
     if (measure is not None and candidate.plan is not None and layerwise is not None
-            and (explained or 0.0) < 0.5
-            and worst > ROUNDING_FACTOR * expected
-            and not decisions_explain(decisions, failing)):
+            and (explained or 0.0) < 0.5 and not decisions_explain(decisions, failing)
+            and _suspicious(worst, expected, decisions, failing, layerwise, inputs_of,
+                            target)):
         t0 = time.perf_counter()
         attribution = attribute(model, samples, reference, cand, candidate.plan, failing,
                                 layerwise, inputs_of, regions, seconds=budget_s,
@@ -147,6 +148,21 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     findings = group_findings(findings)
     defect_share = _defect_share(findings, measure, baseline, explained, target)
     return Explanation(tuple(findings), explained, defect_share, attribution, seconds)
+
+
+def _suspicious(worst: float, expected: float, decisions: Sequence[DecisionSummary],
+                failing: Mapping[str, float], layerwise: LayerwiseResult,
+                inputs_of: Mapping[str, Sequence[str]], target: Precision) -> bool:
+    """Whether the error may not be rounding: beyond ``ROUNDING_FACTOR`` x the expectation, a
+    damaged decision on a failing output, or a catastrophic local gain somewhere."""
+    if worst > ROUNDING_FACTOR * expected:
+        return True
+    if any(d.output in failing and (d.damage or d.destroyed) for d in decisions):
+        return True
+    limit = catastrophic_gain(target)
+    return any(math.isfinite(g.gain) and g.gain >= limit and g.record.rel_l2 > layerwise.threshold
+               for g in local_gains(layerwise.records, inputs_of,
+                                    FORMATS[target].unit_roundoff))
 
 
 def _joint(findings: Sequence[Finding], measure, baseline: float) -> float | None:
