@@ -1,20 +1,24 @@
 """The diagnosis result: a frozen, versioned record that round-trips through JSON.
 
-JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 2):
+JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 3):
 
     {
-      "schema": "precision-doctor/diagnosis", "schema_version": 2, "tool_version": "0.1.0",
+      "schema": "precision-doctor/diagnosis", "schema_version": 3, "tool_version": "0.1.0",
       "verdict": "pass" | "fail",
-      "assessment": {"kind": "within-tolerance" | "rounding" | "decision-flips" | "defect",
+      "assessment": {"kind": "within-tolerance" | "rounding" | "decision-flips" | "defect"
+                             | "unexplained",
                      "summary", "evidence": {name: scalar}, "remedy", "explained_share",
                      "nodes": [str]} | null,
       "explained_share": float | null,
       "decision_flips": [{"output", "sample", "position": [int], "fp32_margin", "fp32_noise",
                           "task_changed", "error_share", "fp32_top": [int, int],
-                          "candidate_top", "detail"}],
+                          "candidate_top", "detail",
+                          "reading": "near-tie" | "task-neutral" | "damage"}],
       "decisions": [{"output", "kind", "axis", "positions", "flips", "argmax_agreement",
                      "task_agreement", "task_metric", "suggested_metric", "why",
-                     "rel_l2_without_flips", "flip_error_share"}],
+                     "rel_l2_without_flips", "flip_error_share", "near_ties",
+                     "task_neutral", "damage", "typical_error", "damage_margin",
+                     "destroyed"}],
       "rewritten": {"rewrites": [str], "outputs": [<output>], "verdict"} | null,
       "model": {"path", "opset", "nodes", "sha256"},
       "target": "fp16", "reference": "ort-cpu", "candidate": "emulate-fp16",
@@ -37,8 +41,16 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 2
                   "matched_tensors", "missing": {tensor: reason}, "missing_by_reason",
                   "unmatched", "cross_check": {"emulator", "fp32_nodes", "outputs", "layers",
                   "worse_than_emulated"} | null}   (``layerwise.recording.recording_section``)
-      "transformer": {"layernorms", "attention", "blocks", "statistics", "stress"} | null
+      "transformer": {"layernorms", "attention", "blocks", "statistics", "stress"} | null,
+      "attribution": {"status": "found" | "spread" | "none", "nodes": [str],
+                      "clusters": [[str]], "samples": [int], "evaluations", "seconds",
+                      "small_limit", "kept_size"} | null
     }
+
+Finding kinds: the range events and amplifiers of ``diagnosis.causes.findings`` and the
+mechanisms of ``diagnosis.causes.mechanisms`` (``cancellation``, ``small-divisor``,
+``exponent-amplification``, ``saturation``, ``long-reduction``, ``tf32``,
+``unnamed-mechanism``).
 
 ``transformer``: per-block FP16 headroom of a model with LayerNorms or attention
 (``diagnosis.headroom.records.TransformerReport.to_dict``; ``stress`` from
@@ -47,11 +59,14 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 2
 Non-finite floats are written as the strings "inf", "-inf", "nan" (JSON has no such numbers).
 
 Version 2 (this version) added ``assessment`` (rules in ``diagnosis.assessment``),
-``explained_share``, ``decision_flips`` and ``decisions`` (``diagnosis.decisions``),
+``explained_share``, ``decision_flips`` and ``decisions`` (``diagnosis.decisions.reading``),
 ``rewritten`` (the emulation of the model after the safe rewrites an engine applies anyway),
 each finding's ``group`` and ``layerwise.largest_jump`` (the first divergence by error jump,
 ``layerwise.gain.largest_jump``; ``first_divergence`` stays the first tolerance crossing).
-``from_dict`` reads versions 1 and 2; a version-1 report has no assessment (None).
+Version 3 added the ``unexplained`` assessment, the mechanism finding kinds, ``attribution``
+(``diagnosis.causes.attribution``), each flip's ``reading`` and the decisions' reading counts;
+``rel_l2_without_flips`` is now relative to the whole output's norm.
+``from_dict`` reads versions 1 to 3; a version-1 report has no assessment (None).
 """
 
 from __future__ import annotations
@@ -63,15 +78,15 @@ from precision_doctor import __version__
 from precision_doctor.compare.metrics import OutputMetrics
 from precision_doctor.compare.tolerance import Tolerance
 from precision_doctor.diagnosis.assessment import Assessment
-from precision_doctor.diagnosis.decisions import DecisionFlip, DecisionSummary
-from precision_doctor.diagnosis.hazards import Hazard
+from precision_doctor.diagnosis.causes.findings import Finding
+from precision_doctor.diagnosis.causes.hazards import Hazard
+from precision_doctor.diagnosis.decisions.reading import DecisionFlip, DecisionSummary
 from precision_doctor.diagnosis.noise import NoiseFloor
-from precision_doctor.diagnosis.rootcause import Finding
 from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.layerwise.compare import LayerwiseResult
 
 SCHEMA = "precision-doctor/diagnosis"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -173,8 +188,9 @@ class DiagnosisReport:
     decisions: tuple[DecisionSummary, ...] = ()
     rewritten: dict | None = None
     largest_jump: str | None = None
-    recording: dict | None = None
-    transformer: dict | None = None
+    recording: dict | None = None  # recorded candidate: runner, version, cross-check
+    transformer: dict | None = None  # diagnosis.headroom.records.TransformerReport.to_dict()
+    attribution: dict | None = None  # diagnosis.causes.attribution.Attribution.to_dict()
 
     @property
     def passed(self) -> bool:
@@ -203,6 +219,7 @@ class DiagnosisReport:
             "rewritten": self.rewritten,
             "recording": self.recording,
             "transformer": self.transformer,
+            "attribution": self.attribution,
         }
 
     @classmethod
@@ -231,4 +248,5 @@ class DiagnosisReport:
             tuple(DecisionFlip.from_dict(f) for f in d.get("decision_flips", ())),
             tuple(DecisionSummary.from_dict(x) for x in d.get("decisions", ())),
             d.get("rewritten"), (d.get("layerwise") or {}).get("largest_jump"),
-            recording=d.get("recording"), transformer=d.get("transformer"))
+            recording=d.get("recording"), transformer=d.get("transformer"),
+            attribution=d.get("attribution"))
