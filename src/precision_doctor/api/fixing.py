@@ -22,6 +22,7 @@ from precision_doctor.api.options import (
 )
 from precision_doctor.api.results import json_text
 from precision_doctor.errors import InputError
+from precision_doctor.formats import Precision
 from precision_doctor.graph.load import input_metadata
 from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import dumps
@@ -36,6 +37,7 @@ from precision_doctor.report.files import (
 )
 from precision_doctor.report.notebook import fix_summary
 from precision_doctor.runners.ort import OrtRunner
+from precision_doctor.runners.ort_kernels import refuse_cpu_bf16
 from precision_doctor.runners.ort_options import ort_providers
 from precision_doctor.search.evalpool import resolve_jobs
 
@@ -160,7 +162,6 @@ class Fix:
 
     def _recipes(self, report: dict, output: Path, side: dict[str, Path]) -> str:
         """Engine recipes as markdown; also stored in ``report["recipes"]``."""
-        from precision_doctor.formats import Precision
         from precision_doctor.report.recipes import build_recipes
 
         shapes: dict[str, list[list[int]]] = {}
@@ -303,6 +304,8 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
     objective = build_objective(tolerance, metric, threshold, precision)
     workers = resolve_jobs(jobs, len(samples))
     factory = None
+    if precision is Precision.BF16:
+        refuse_cpu_bf16(runner, proto, command="fix")
     if runner != "emulate":
         providers, options = ort_providers(runner)
 
