@@ -16,7 +16,7 @@ from precision_doctor.runners.ort_kernels import (
     missing_kernels,
     refuse_cpu_bf16,
 )
-from precision_doctor.runners.verify import Verification, verifying_runner
+from precision_doctor.runners.verify import VerifiedBy, verifying_runner
 
 NEEDS_REGISTRY = pytest.mark.skipif(
     missing_kernels(conv_bn()) is None,
@@ -50,13 +50,13 @@ def test_bf16_model_on_cpu_is_verified_by_its_exact_emulation():
     x = np.random.default_rng(0).normal(0, 1, (1, 3, 8, 8)).astype(np.float32)
     with runner:
         y = runner.run({"x": x})["y"]
-    v = runner.verification
+    v = runner.verified_by
     assert v is not None and v.runner == "emulate-written-bf16" and v.spec == "emulate-written"
     assert "round-to-nearest-even" in v.reason
     why_not = dict(v.skipped)
     assert "no CUDA execution provider" in why_not["ort-cuda"]
     assert "Conv" in why_not["ort-cpu"]
-    assert Verification.from_dict(v.to_dict()) == v
+    assert VerifiedBy.from_dict(v.to_dict()) == v
     assert "not ort-cpu" in v.describe() and y.dtype == np.float32
 
 
@@ -65,14 +65,14 @@ def test_fp16_model_is_verified_by_ort_cpu_and_a_requested_runner_is_used_as_ask
     runner = verifying_runner(written)
     with runner:
         assert runner.name == "ort-cpu"
-    assert runner.verification is not None and runner.verification.skipped == ()
+    assert runner.verified_by is not None and runner.verified_by.skipped == ()
     fake = FakeRunner([], ["y"], lambda feeds: {"y": feeds["x"]}, name="ort:cuda,tf32=0")
     asked = verifying_runner(written, fake)
     with asked:
         assert asked.run({"x": np.ones(2, np.float32)})["y"].shape == (2,)
-    assert asked.verification is not None
-    assert asked.verification.runner == "ort:cuda,tf32=0"
-    assert "--runner ort:cuda,tf32=0" in asked.verification.reason
+    assert asked.verified_by is not None
+    assert asked.verified_by.runner == "ort:cuda,tf32=0"
+    assert "--runner ort:cuda,tf32=0" in asked.verified_by.reason
 
 
 def test_a_requested_runner_that_fails_is_not_replaced():

@@ -28,7 +28,7 @@ from precision_doctor.runners.ort import OrtRunner, resolve_provider
 from precision_doctor.runners.ort_options import ort_providers
 from precision_doctor.runners.recorded import RecordedRunner
 from precision_doctor.runners.tensorrt import TensorRTRunner
-from precision_doctor.runners.verify import Verification, verified_again
+from precision_doctor.runners.verify import VerifiedBy, verified_again
 
 
 @dataclass(frozen=True)
@@ -164,13 +164,13 @@ def written_emulation(model: onnx.ModelProto, name: str = "emulate-written") -> 
     return Candidate(name, factory)
 
 
-def verified(verification: Verification, model: onnx.ModelProto) -> Candidate:
+def verified(verified_by: VerifiedBy, model: onnx.ModelProto) -> Candidate:
     """The runner that verified the written ``model`` (``runners.verify``) as a candidate."""
-    name = verification.runner
+    name = verified_by.runner
 
     def factory(marked: onnx.ModelProto) -> Runner:
         _refuse_segments(marked, name)
-        return verified_again(verification,
+        return verified_again(verified_by,
                               mark_outputs(model, [o.name for o in marked.graph.output]))
 
     return Candidate(name, factory)

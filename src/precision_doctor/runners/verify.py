@@ -14,7 +14,7 @@ verdict. The runner, in this order:
    kernel for to FP32 itself).
 
 A runner that cannot open the model because it has no kernel for a node, or whose provider
-cannot start, is skipped and the reason kept (``Verification.skipped``); any other failure is
+cannot start, is skipped and the reason kept (``VerifiedBy.skipped``); any other failure is
 raised: it is a real problem of the written model.
 """
 
@@ -45,7 +45,7 @@ CUDA_SPEC = "ort:cuda,tf32=0"
 
 
 @dataclass(frozen=True)
-class Verification:
+class VerifiedBy:
     """The runner that verified a written model, and why (``fix``'s JSON ``verification``).
 
     Attributes:
@@ -72,7 +72,7 @@ class Verification:
                 "skipped": [{"runner": r, "reason": why} for r, why in self.skipped]}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Verification:
+    def from_dict(cls, data: Mapping[str, Any]) -> VerifiedBy:
         """Inverse of ``to_dict``."""
         return cls(str(data["runner"]), str(data["spec"]), str(data["reason"]),
                    tuple((str(s["runner"]), str(s["reason"])) for s in data.get("skipped", ())))
@@ -106,7 +106,7 @@ def _first_line(exc: Exception) -> str:
 class VerifyingRunner:
     """A runner over the written model that opens the first option able to run it.
 
-    After ``__enter__``, ``name`` is the chosen runner's and ``verification`` says which and
+    After ``__enter__``, ``name`` is the chosen runner's and ``verified_by`` says which and
     why (it stays after ``__exit__``). Build it with :func:`verifying_runner`.
 
     Raises:
@@ -119,7 +119,7 @@ class VerifyingRunner:
         self.options = list(options)
         self.ruled_out = list(ruled_out)
         self.name = self.options[0].runner.name if self.options else "verify"
-        self.verification: Verification | None = None
+        self.verified_by: VerifiedBy | None = None
         self._open: Runner | None = None
 
     def __enter__(self) -> VerifyingRunner:
@@ -134,7 +134,7 @@ class VerifyingRunner:
                 continue
             self._open = option.runner
             self.name = option.runner.name
-            self.verification = Verification(option.runner.name, option.spec, option.reason,
+            self.verified_by = VerifiedBy(option.runner.name, option.spec, option.reason,
                                              tuple(skipped))
             return self
         raise BackendError("no runner could verify the written model: " + "; ".join(
@@ -168,7 +168,7 @@ def verifying_runner(written: onnx.ModelProto, requested: Runner | None = None,
         written: The strongly typed model ``fix`` wrote.
         requested: A runner on ``written`` the user asked for (the search's ``--runner``);
             it is the only option then.
-        requested_spec: Its spec for ``Verification.spec`` (default its name).
+        requested_spec: Its spec for ``VerifiedBy.spec`` (default its name).
 
     Raises:
         UnsupportedModelError: Shape inference cannot type ``written``.
@@ -207,13 +207,13 @@ def verifying_runner(written: onnx.ModelProto, requested: Runner | None = None,
     return VerifyingRunner(options, ruled_out)
 
 
-def verified_again(verification: Verification, model: onnx.ModelProto) -> Runner:
+def verified_again(verified_by: VerifiedBy, model: onnx.ModelProto) -> Runner:
     """A runner like the one that verified ``model`` (e.g. for an output-marked copy).
 
     Raises:
-        BackendError: ``verification.spec`` is not a runner spec this function knows.
+        BackendError: ``verified_by.spec`` is not a runner spec this function knows.
     """
-    if verification.spec == EMULATE_WRITTEN:
-        return WrittenEmulatorRunner(model, name=verification.runner)
-    providers, options = ort_providers(verification.spec)
-    return OrtRunner(model, providers, options, name=verification.runner)
+    if verified_by.spec == EMULATE_WRITTEN:
+        return WrittenEmulatorRunner(model, name=verified_by.runner)
+    providers, options = ort_providers(verified_by.spec)
+    return OrtRunner(model, providers, options, name=verified_by.runner)
