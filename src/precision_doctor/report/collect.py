@@ -28,8 +28,14 @@ from typing import Any, Mapping, Sequence
 
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision
-from precision_doctor.report.recipes import ShapeRange, shape_ranges
-from precision_doctor.report.shell import fence, poly_dims, shell, trt_dims
+from precision_doctor.report.shell import (
+    ShapeRange,
+    fence,
+    polygraphy_shapes,
+    shape_ranges,
+    shell,
+    trtexec_shapes,
+)
 
 
 @dataclass(frozen=True)
@@ -146,23 +152,20 @@ def _run(path: str, original: str, tag: str, typed: str, tf32: bool, inputs: str
          out_dir: str, ranges: Sequence[ShapeRange], target: str) -> CollectRun:
     out = lambda suffix: str(PurePosixPath(out_dir) / f"{tag}{suffix}")  # noqa: E731
     poly_typed = ["--strongly-typed"] if typed == "strongly-typed" else [f"--{typed}"]
-    poly_shapes = [[f"--trt-{k}-shapes", *(f"{s.name}:{poly_dims(getattr(s, k))}" for s in ranges)]
-                   for k in ("min", "opt", "max")] if ranges else []
+    poly_shapes = polygraphy_shapes(ranges)
     base = [["polygraphy", "run", path, "--trt"], poly_typed, ["--tf32"] if tf32 else [],
             *poly_shapes, ["--load-inputs", inputs]]
     deployed = shell([*base, ["--save-inputs", out(".inputs.json")],
-                       ["--save-outputs", out(".json"), "--verbose"]]) + \
+                      ["--save-outputs", out(".json"), "--verbose"]]) + \
         f" > {shlex.quote(out('.log'))} 2>&1"
     marked = shell([*base, ["--trt-outputs", "mark", "all"],
-                     ["--save-outputs", out(".marked.json")]])
+                    ["--save-outputs", out(".marked.json")]])
     trt_typed = ["--stronglyTyped"] if typed == "strongly-typed" else [f"--{typed}"]
-    trt_shapes = [[f"--{k}Shapes=" + ",".join(f"{s.name}:{trt_dims(getattr(s, k))}"
-                                              for s in ranges)]
-                  for k in ("min", "opt", "max")] if ranges else []
+    trt_shapes = trtexec_shapes(ranges)
     trtexec = shell([["trtexec", f"--onnx={path}"], trt_typed, [] if tf32 else ["--noTF32"],
-                      *trt_shapes, ["--profilingVerbosity=detailed",
-                                    f"--exportLayerInfo={out('.layers.json')}",
-                                    f"--exportProfile={out('.profile.json')}", "--verbose"]]) + \
+                     *trt_shapes, ["--profilingVerbosity=detailed",
+                                   f"--exportLayerInfo={out('.layers.json')}",
+                                   f"--exportProfile={out('.profile.json')}", "--verbose"]]) + \
         f" > {shlex.quote(out('.trtexec.log'))} 2>&1"
     common = ["--data", inputs, "--target", target]
     analyse = (

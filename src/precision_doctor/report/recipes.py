@@ -23,33 +23,30 @@ import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 import onnx
 
-from precision_doctor.errors import InputShapeError, ModelLoadError, PlanError
+from precision_doctor.errors import ModelLoadError, PlanError
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.load import name_nodes
 from precision_doctor.precision.plan import PrecisionPlan
-from precision_doctor.report.shell import fence, poly_dims, shell, trt_dims
+from precision_doctor.report.shell import (
+    ShapeRange,
+    fence,
+    poly_dims,
+    polygraphy_shapes,
+    shape_ranges,
+    shell,
+    trtexec_shapes,
+    with_suffix,
+)
 from precision_doctor.runners.ort_options import parse_ort_spec
 
 _BAD_CHARS = {",": "',' separates trtexec --layerPrecisions entries",
               "'": "trtexec strips single quotes from layer names",
               "*": "trtexec reads '*' as a wildcard, which could pin other layers too"}
 _MISSING: Any = object()  # a plan node absent from the original model
-
-
-@dataclass(frozen=True)
-class ShapeRange:
-    """An optimization-profile range for one graph input: element-wise ``min``/``max`` of the
-    shapes seen and, as ``opt``, the most frequent one (first seen wins ties)."""
-
-    name: str
-    min: tuple[int, ...]
-    opt: tuple[int, ...]
-    max: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -121,33 +118,6 @@ class Recipes:
                 "### ONNX Runtime execution providers", fence(self.ort_python, "python"),
                 "### Notes", "\n".join(f"- {n}" for n in self.notes)]
         return "\n\n".join(out) + "\n"
-
-
-def shape_ranges(input_shapes: Mapping[str, Sequence[Any]]) -> tuple[ShapeRange, ...]:
-    """Profile ranges from ``input_shapes`` (name -> one shape, or the shapes seen in the
-    calibration data). ``opt``, which TensorRT tunes kernels for, is the commonest shape seen:
-    the best guess of the deployment shape.
-
-    Raises:
-        InputShapeError: A non-integer or negative dim, or shapes of different ranks.
-    """
-    ranges = []
-    for name, value in input_shapes.items():
-        seen = [value] if not value or not isinstance(value[0], (list, tuple)) else list(value)
-        try:
-            shapes = [tuple(int(d) for d in s) for s in seen]
-            if any(isinstance(d, bool) or int(d) != d or d < 0 for s in seen for d in s):
-                raise ValueError("dims must be integers >= 0")
-        except (TypeError, ValueError) as exc:
-            raise InputShapeError(f"input {name!r}: shapes must be lists of non-negative "
-                                  f"integers, got {value!r} ({exc})", input=name) from exc
-        if len(ranks := {len(s) for s in shapes}) != 1:
-            raise InputShapeError(f"input {name!r}: the shapes seen have ranks {sorted(ranks)};"
-                                  " one engine profile needs one rank", input=name)
-        ranges.append(ShapeRange(str(name), tuple(map(min, zip(*shapes))),
-                                 collections.Counter(shapes).most_common(1)[0][0],
-                                 tuple(map(max, zip(*shapes)))))
-    return tuple(ranges)
 
 
 def trt_layer_names(model: onnx.ModelProto | str | os.PathLike) -> dict[str, str | None]:
@@ -240,21 +210,18 @@ def build_recipes(fixed_model: str | os.PathLike, original_model: str | os.PathL
             skipped.append((node, why))
         else:
             layers.append(str(layer))
-    engine, layer_json = _with_suffix(fixed, ".plan"), _with_suffix(fixed, ".layers.json")
-    trt_shapes = [[f"--{k}Shapes=" + ",".join(f"{s.name}:{trt_dims(getattr(s, k))}"
-                                              for s in ranges)]
-                  for k in ("min", "opt", "max")] if ranges else []
+    engine, layer_json = with_suffix(fixed, ".plan"), with_suffix(fixed, ".layers.json")
+    trt_shapes = trtexec_shapes(ranges)
     no_tf32 = [[] if tf32 else ["--noTF32"]]
     plan_arg = ["--plan", str(plan_json)] if plan_json else []
     trtexec = shell([["trtexec", f"--onnx={fixed}"], ["--stronglyTyped"], *no_tf32, *trt_shapes,
-                      ["--profilingVerbosity=detailed", f"--exportLayerInfo={layer_json}",
-                       f"--saveEngine={engine}"]],
-                     ["# TensorRT >= 10. TensorRT 11 builds every network strongly typed",
-                      "# (--stronglyTyped is the default there; weak typing was removed)."])
+                     ["--profilingVerbosity=detailed", f"--exportLayerInfo={layer_json}",
+                      f"--saveEngine={engine}"]],
+                    ["# TensorRT >= 10. TensorRT 11 builds every network strongly typed",
+                     "# (--stronglyTyped is the default there; weak typing was removed)."])
     trtexec += "\n# then check the precision each layer ran in:\n" + shlex.join(
         ["precision-doctor", "audit", layer_json, "--onnx", fixed, *plan_arg])
-    poly_shapes = [[f"--trt-{k}-shapes", *(f"{s.name}:{poly_dims(getattr(s, k))}" for s in ranges)]
-                   for k in ("min", "opt", "max")] if ranges else []
+    poly_shapes = polygraphy_shapes(ranges)
     shape_in = ([["--input-shapes", *(f"{s.name}:{poly_dims(s.opt)}" for s in ranges)]]
                 if ranges else [])
     real_in = [["--load-inputs", str(inputs_json)]] if inputs_json else shape_in
@@ -265,19 +232,19 @@ def build_recipes(fixed_model: str | os.PathLike, original_model: str | os.PathL
     ort_side, where = ((["--onnxrt", "--providers", "cuda"], "CUDA") if target is Precision.BF16
                        else (["--onnxrt"], "CPU"))
     polygraphy_run = shell([["polygraphy", "run", fixed], ort_side, *typed, *real_in, *tol],
-                            [f"# The engine against ONNX Runtime {where} running the same typed "
-                             "model."])
+                           [f"# The engine against ONNX Runtime {where} running the same typed "
+                            "model."])
     polygraphy_reference = "\n".join([
         "# The engine against the FP32 original: save reference outputs, then compare.",
         shell([["polygraphy", "run", orig, "--onnxrt"], *real_in,
-                ["--save-inputs", "inputs.json", "--save-outputs", "fp32_outputs.json"]]),
+               ["--save-inputs", "inputs.json", "--save-outputs", "fp32_outputs.json"]]),
         shell([["polygraphy", "run", fixed], *typed, ["--load-inputs", "inputs.json"],
-                ["--load-outputs", "fp32_outputs.json"], *tol])])
+               ["--load-outputs", "fp32_outputs.json"], *tol])])
     trtexec_weak = polygraphy_weak = ""
     if target is not Precision.TF32 and not skipped:
         flag = "--bf16" if target is Precision.BF16 else "--fp16"
-        weak_engine = _with_suffix(orig, f".weak_{target.value}.plan")
-        weak_json = _with_suffix(orig, f".weak_{target.value}.layers.json")
+        weak_engine = with_suffix(orig, f".weak_{target.value}.plan")
+        weak_json = with_suffix(orig, f".weak_{target.value}.layers.json")
         pins = [[(f"--layer{k}=", [f"{n}:fp32" for n in layers])]
                 for k in ("Precisions", "OutputTypes")] if layers else []
         trtexec_weak = shell(
@@ -370,6 +337,3 @@ def _notes(target: Precision, tf32: bool, nodes: Sequence[str], layers: Sequence
     return tuple(notes)
 
 
-def _with_suffix(path: str, suffix: str) -> str:
-    p = Path(path)
-    return str(p.with_name(p.stem + suffix)) if p.suffix == ".onnx" else path + suffix
