@@ -54,8 +54,8 @@ def test_bf16_model_on_cpu_is_verified_by_its_exact_emulation():
     assert v is not None and v.runner == "emulate-written-bf16" and v.spec == "emulate-written"
     assert "round-to-nearest-even" in v.reason
     why_not = dict(v.skipped)
-    assert "no CUDA execution provider" in why_not["ort-cuda"]
-    assert "Conv" in why_not["ort-cpu"]
+    assert "no CUDA execution provider" in why_not["ort-cuda-fixed"]
+    assert "Conv" in why_not["ort-cpu-fixed"]
     assert VerifiedBy.from_dict(v.to_dict()) == v
     assert "not ort-cpu" in v.describe() and y.dtype == np.float32
 
@@ -64,7 +64,7 @@ def test_fp16_model_is_verified_by_ort_cpu_and_a_requested_runner_is_used_as_ask
     written = _written(conv_bn(var_max=50.0), Precision.FP16)
     runner = verifying_runner(written)
     with runner:
-        assert runner.name == "ort-cpu"
+        assert runner.name == "ort-cpu-fixed"
     assert runner.verified_by is not None and runner.verified_by.skipped == ()
     fake = FakeRunner([], ["y"], lambda feeds: {"y": feeds["x"]}, name="ort:cuda,tf32=0")
     asked = verifying_runner(written, fake)

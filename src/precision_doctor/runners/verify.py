@@ -49,8 +49,8 @@ class VerifiedBy:
     """The runner that verified a written model, and why (``fix``'s JSON ``verification``).
 
     Attributes:
-        runner: Its label in reports (``ort-cpu``, ``ort-cuda``, ``emulate-written-bf16``, or
-            the ``--runner`` spec of the search).
+        runner: Its label in reports (``ort-cpu-fixed``, ``ort-cuda-fixed``,
+            ``emulate-written-bf16``, or the ``--runner`` spec of the search).
         spec: How to build it again: an ONNX Runtime spec (``ort:cpu``, ``ort:cuda,tf32=0``,
             the search's ``--runner``) or ``emulate-written``.
         reason: Why this runner.
@@ -160,6 +160,16 @@ class VerifyingRunner:
         return self._runner().run(feeds)
 
 
+def requested_verification(requested: Runner, spec: str | None = None,
+                           reused: bool = False) -> VerifiedBy:
+    """``VerifiedBy`` of the runner the search evaluated with (``spec``: its ``--runner``,
+    default its name); ``reused``: its final evaluation's outputs are the verification."""
+    spec = spec or requested.name
+    reason = f"the runner the search evaluated with (--runner {spec}), on this very model"
+    return VerifiedBy(requested.name, spec, reason + (
+        ": the search's final evaluation ran it, its outputs are reused" if reused else ""))
+
+
 def verifying_runner(written: onnx.ModelProto, requested: Runner | None = None,
                      requested_spec: str | None = None) -> VerifyingRunner:
     """The runner that verifies ``written`` (see the module docstring for the order).
@@ -174,10 +184,9 @@ def verifying_runner(written: onnx.ModelProto, requested: Runner | None = None,
         UnsupportedModelError: Shape inference cannot type ``written``.
     """
     if requested is not None:
-        spec = requested_spec or requested.name
-        return VerifyingRunner([_Option(requested, spec, f"the runner the search evaluated "
-                                        f"with (--runner {spec}), on this very model", _never)])
-    cpu = OrtRunner(written, ("cpu",), name="ort-cpu")
+        asked = requested_verification(requested, requested_spec)
+        return VerifyingRunner([_Option(requested, asked.spec, asked.reason, _never)])
+    cpu = OrtRunner(written, ("cpu",), name="ort-cpu-fixed")
     if Precision.BF16 not in low_precision_formats(written):
         return VerifyingRunner([_Option(cpu, "ort:cpu", "the default verifier: ONNX Runtime "
                                         "CPU runs the written model as it is", _never)])
@@ -186,15 +195,15 @@ def verifying_runner(written: onnx.ModelProto, requested: Runner | None = None,
     import onnxruntime
 
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
-        cuda = OrtRunner(written, *ort_providers(CUDA_SPEC), name="ort-cuda")
+        cuda = OrtRunner(written, *ort_providers(CUDA_SPEC), name="ort-cuda-fixed")
         options.append(_Option(cuda, CUDA_SPEC, "a GPU is present: ONNX Runtime CUDA runs the "
                                "BF16 model as written (use_tf32=0: FP32 nodes in FP32)", _always))
     else:
-        ruled_out.append(("ort-cuda", "this onnxruntime has no CUDA execution provider (on a "
+        ruled_out.append(("ort-cuda-fixed", "this onnxruntime has no CUDA execution provider (on a "
                           "GPU machine with onnxruntime-gpu, fix verifies with it)"))
     missing = missing_kernels(written)
     if missing:
-        ruled_out.append(("ort-cpu", "ONNX Runtime CPU has no BF16 kernel for "
+        ruled_out.append(("ort-cpu-fixed", "ONNX Runtime CPU has no BF16 kernel for "
                           + describe_missing(missing)))
     else:
         options.append(_Option(cpu, "ort:cpu", "ONNX Runtime CPU has a BF16 kernel for every "
