@@ -8,8 +8,9 @@ FP32 is within 2x of the emulated verification's (ratio emulated / real in [0.5,
    bf16`` (default objective: relative L2 <= 8e-2), for each case into ``.gpu/bf16/<case>/``
    (``model.onnx`` and its sidecars ``.plan.json``, ``.report.json``, ...), and saves beside it
    ``inputs.npz`` (the calibration samples' feeds) and ``reference.npz`` (ONNX Runtime CPU FP32
-   outputs). ``model.rewritten-fp32.onnx`` is kept only under 16 MiB (it is what the
-   no-kernel variant below is written from); one ``run`` call carries at most 64 MiB.
+   outputs) for as many of the samples, in order, as keep the folder under 60 MiB (one ``run``
+   call carries at most 64 MiB: det keeps 2 of its 3 images). ``model.rewritten-fp32.onnx`` is
+   kept only under 16 MiB (the no-kernel variant below is written from it).
 
        python -P benchmarks/bf16_gpu.py pack                       # all cases
        python -P benchmarks/bf16_gpu.py pack --cases det cls       # some
@@ -67,6 +68,7 @@ SHARED = next((p for p in (REPO.parent / "shared", REPO.parents[1] / "shared") i
               REPO.parent / "shared")
 MODELS = REPO / ".models"
 REWRITTEN_LIMIT = 16 << 20  # bytes: larger rewritten FP32 models are not packed
+CARRY_LIMIT = 60 << 20  # bytes per case folder: one run call carries at most 64 MiB
 WITHIN = (0.5, 2.0)  # emulated / real error ratio that passes
 CASES = {  # case -> (model, --data, --preprocess, --max-samples)
     "det": (SHARED / "models/ppocrv4/det.onnx", SHARED / "data/ocr/full_images", "ppocr-det", 3),
@@ -106,17 +108,26 @@ def pack(case: str, out: Path, force: bool) -> dict:
     samples = load_samples(str(data), input_metadata(model), preprocess, count)
     names = [o.name for o in model.graph.output]
     reference = run_samples(reference_factory(model), samples, names)
-    np.savez(folder / "inputs.npz", **{f"{i}/{k}": v for i, s in enumerate(samples)
-                                       for k, v in s.feeds.items()})
-    np.savez(folder / "reference.npz", **{f"{i}/{k}": reference[k][i]
-                                          for i in range(len(samples)) for k in names})
     rewritten = folder / "model.rewritten-fp32.onnx"
     if rewritten.stat().st_size > REWRITTEN_LIMIT:
         rewritten.unlink()
+    # as many samples (in order) as fit one run call beside the models
+    room = CARRY_LIMIT - sum(p.stat().st_size for p in folder.iterdir())
+    kept = 0
+    for i, s in enumerate(samples):
+        room -= sum(v.nbytes for v in s.feeds.values()) + sum(reference[k][i].nbytes
+                                                              for k in names)
+        if room < 0 and kept:
+            break
+        kept += 1
+    np.savez(folder / "inputs.npz", **{f"{i}/{k}": v for i, s in enumerate(samples[:kept])
+                                       for k, v in s.feeds.items()})
+    np.savez(folder / "reference.npz", **{f"{i}/{k}": reference[k][i]
+                                          for i in range(kept) for k in names})
     size = sum(p.stat().st_size for p in folder.iterdir())
     return {"case": case, "command": " ".join(command), "fix_exit": done.returncode,
-            "fix_seconds": round(seconds, 1), "samples": len(samples),
-            "packed_mib": round(size / 2**20, 1)}
+            "fix_seconds": round(seconds, 1), "samples_fixed": len(samples),
+            "samples_packed": kept, "packed_mib": round(size / 2**20, 1)}
 
 
 # -- there: run ------------------------------------------------------------------------------

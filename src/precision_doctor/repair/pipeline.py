@@ -112,10 +112,11 @@ def _result(request: FixRequest, baseline: Baseline, rewritten: Rewritten, searc
                         "not all be needed; raise --max-evals for a smaller set")
     notes = []
     if any(r.rule == "fuse-layernorm" and r.applied for r in rewritten.report.records):
-        notes.append("decomposed LayerNorms were fused into LayerNormalization; its FP16 "
+        low = request.target.value.upper()
+        notes.append(f"decomposed LayerNorms were fused into LayerNormalization; its {low} "
                      "emulation assumes FP32 statistics inside the op (what TensorRT and ONNX "
                      "Runtime CUDA compute). If your engine computes LayerNormalization in "
-                     "FP16, add --keep LayerNormalization.")
+                     f"{low}, add --keep LayerNormalization.")
     rewrites = rewritten.report.to_dict()
     notes.extend(rewrite_engine_notes(rewrites))
     reference = baseline.reference
