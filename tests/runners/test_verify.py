@@ -98,3 +98,15 @@ def test_ort_cpu_asked_to_run_bf16_is_refused_with_what_to_use():
         refuse_cpu_bf16("ort:cpu", model, command="fix")
     refuse_cpu_bf16("ort:cuda,tf32=0", model)  # not ONNX Runtime CPU: nothing to refuse
     refuse_cpu_bf16("emulate", model)
+
+
+def test_without_the_kernel_registry_the_session_error_decides(monkeypatch):
+    import precision_doctor.runners.verify as verify
+
+    monkeypatch.setattr(verify, "missing_kernels", lambda model, provider="": None)
+    runner = verifying_runner(_written(conv_bn(var_max=50.0)))
+    with runner:
+        assert runner.name == "emulate-written-bf16"
+    assert runner.verified_by is not None
+    why_not = dict(runner.verified_by.skipped)
+    assert "NOT_IMPLEMENTED" in why_not["ort-cpu-fixed"]  # tried, and skipped for that reason

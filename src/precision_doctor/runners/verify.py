@@ -38,10 +38,11 @@ from precision_doctor.runners.ort_kernels import (
     is_missing_kernel,
     missing_kernels,
 )
-from precision_doctor.runners.ort_options import ort_providers
+from precision_doctor.runners.ort_options import CPU, CUDA, TENSORRT, ort_providers, parse_ort_spec
 
 EMULATE_WRITTEN = "emulate-written"
 CUDA_SPEC = "ort:cuda,tf32=0"
+_PROVIDER_WORDS = {CPU: "CPU", CUDA: "CUDA", TENSORRT: "TensorRT EP"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,20 @@ class VerifiedBy:
     spec: str
     reason: str
     skipped: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def title(self) -> str:
+        """The runner in words: ``ONNX Runtime CPU``, ``ONNX Runtime CUDA``, ``its exact
+        emulation on ONNX Runtime CPU``; the label itself for other runners."""
+        if self.spec == EMULATE_WRITTEN:
+            return "its exact emulation on ONNX Runtime CPU"
+        if self.spec.startswith("ort"):
+            try:
+                provider = parse_ort_spec(self.spec).provider
+            except BackendError:
+                return self.runner
+            return "ONNX Runtime " + _PROVIDER_WORDS.get(provider, provider)
+        return self.runner
 
     def describe(self) -> str:
         """One line: the runner, why, and why not the others."""

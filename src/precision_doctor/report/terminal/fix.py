@@ -77,8 +77,9 @@ def render_fix(result: FixResult, console: Console) -> None:
 
 
 def verifier_name(result: FixResult) -> str:
-    """The runner that verified the written model (``FixResult.verification``)."""
-    return str(result.verification.get("runner") or "ONNX Runtime CPU")
+    """The runner that verified the written model, in words (``FixResult.verification``)."""
+    v = result.verification
+    return VerifiedBy.from_dict(v).title if v else "ONNX Runtime CPU"
 
 
 def verification_line(result: FixResult) -> str:
