@@ -1,6 +1,6 @@
 """The diagnosis result: a frozen, versioned record that round-trips through JSON.
 
-JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 2)::
+JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 2):
 
     {
       "schema": "precision-doctor/diagnosis", "schema_version": 2, "tool_version": "0.1.0",
@@ -115,7 +115,42 @@ class OutputResult:
 
 @dataclass(frozen=True)
 class DiagnosisReport:
-    """Everything ``diagnose`` found. See the module docstring for the JSON layout."""
+    """Everything ``diagnose`` found. See the module docstring for the JSON layout.
+
+    Attributes:
+        verdict: ``pass`` when every output meets its tolerance, else ``fail``.
+        model: ``{"path", "opset", "nodes", "sha256"}`` of the diagnosed model.
+        target: The precision diagnosed (``fp16``, ``bf16``, ``tf32``, ``fp32``).
+        reference: The reference runner's name (``ort-cpu``: ONNX Runtime CPU in FP32).
+        candidate: The candidate runner's name (``emulate-fp16``, ``ort-cuda`` ...).
+        samples: ``{"name", "shapes": {input: [dims]}}`` per sample, in order.
+        outputs: Verdict, tolerance, metrics and FP32 noise multiple of each output.
+        findings: Root causes with evidence, remedy and measured impact, ranked by impact.
+        hazards: The static scan: parameters out of range, risky ops, decomposed LayerNorms.
+        layerwise: Every intermediate tensor compared (None with ``layerwise=False``).
+        noise: The FP32 noise floor per output (None with ``noise=False``).
+        emulation: What the emulator ran: its plan's FP32 nodes and settings (None for a
+            real engine).
+        timings_s: Wall time per stage, seconds.
+        warnings: What the user should know (assumptions, fallbacks, skipped probes).
+        tool_version: The precision-doctor version that wrote the report.
+        assessment: Which kind of result this is, with its evidence and remedy
+            (``diagnosis.assessment``; None in a version-1 report).
+        explained_share: Share of the output error that disappears when every finding's
+            remedy is applied at once (None when not measured).
+        decision_flips: Decisions (argmax, thresholded maps, decoded text) the candidate
+            flipped, with their FP32 margins.
+        decisions: Per decision output: agreement, flips and the ``--metric`` that ``fix``
+            should target.
+        rewritten: The emulation of the model after the safe rewrites an engine applies
+            anyway (``{"rewrites", "outputs", "verdict"}``), or None.
+        largest_jump: The tensor whose local error gain is largest (the first divergence by
+            error jump), or None.
+        recording: With a recorded candidate (``candidate_results``): who recorded it, what
+            is missing, and the emulated vs recorded cross-check; else None.
+        transformer: Per-block FP16 headroom of LayerNorms and attention
+            (``diagnosis.headroom.records.TransformerReport.to_dict``), or None.
+    """
 
     verdict: str
     model: dict
@@ -138,14 +173,16 @@ class DiagnosisReport:
     decisions: tuple[DecisionSummary, ...] = ()
     rewritten: dict | None = None
     largest_jump: str | None = None
-    recording: dict | None = None  # recorded candidate: runner, version, cross-check
-    transformer: dict | None = None  # diagnosis.headroom.records.TransformerReport.to_dict()
+    recording: dict | None = None
+    transformer: dict | None = None
 
     @property
     def passed(self) -> bool:
+        """Whether every output meets its tolerance (``verdict == "pass"``)."""
         return self.verdict == "pass"
 
     def to_dict(self) -> dict:
+        """The JSON report (``schema`` = ``precision-doctor/diagnosis``; module docstring)."""
         return {
             "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tool_version": self.tool_version,
             "verdict": self.verdict, "model": dict(self.model), "target": self.target,

@@ -1,4 +1,38 @@
-"""``FixResult``: what ``fix`` returns, and its JSON report (schema ``precision-doctor/fix``)."""
+"""``FixResult``: what ``fix`` returns, and its JSON report.
+
+JSON schema (``schema`` = ``precision-doctor/fix``, ``schema_version`` = 1), written next to
+the fixed model as ``*.report.json``:
+
+    {
+      "schema": "precision-doctor/fix", "schema_version": 1, "tool_version": "0.1.0",
+      "verdict": "pass" | "fail",          # the fixed model, run by ONNX Runtime CPU
+      "target": "fp16" | "bf16", "objective": str,
+      "plan": {"schema_version", "default",
+               "overrides": {node: {"precision", "reason", "detail"}}},
+      "fp32_share": {"nodes", "flops", "params"},                      # shares in [0, 1]
+      "before": {output: <metrics>},         # the naive all-low model (emulated)
+      "after": {output: <metrics>},          # the fixed model (ONNX Runtime CPU)
+      "after_emulated": {output: <metrics>}, # the emulated final plan
+      "score_before": {"passed", "value", "detail"}, "score_after": {...},
+      "search": {"evaluations", "kept": [node], "ranking_head": [node], "samples_run",
+                 "trials": [{"stage", "fp32_nodes", "passed", "value", "seconds",
+                             "samples"}]},
+      "rewrites": {"schema_version", "rules", "opset_before", "opset_after", "counts",
+                   "records": [{"rule", "applied", "nodes", "new_nodes", "reason",
+                                "details"}]},
+      "writer": {"casts_inserted", "kept_fp32", "nodes_per_precision", "node_precisions",
+                 "opset_before", "opset_after", "io_dtypes", "ort_validated", "warnings",
+                 ...},                          # precision.writer.report.WriterReport
+      "seconds": {stage: seconds}, "warnings": [str], "notes": [str],
+      "near_ties": [{"sample", "index", "margin", "noise"}],
+      "resources": {"evaluations", "samples_run", "wall_s", "cpu_s", "peak_rss_mb",
+                    "peak_rss_workers_mb", "jobs"}
+    }
+
+``<metrics>`` is ``compare.metrics.OutputMetrics.to_dict`` (max/mean/median/p99 absolute
+error, relative L2, cosine, SNR, NaN/Inf counts, argmax agreement). Non-finite floats are
+written as the strings "inf", "-inf", "nan".
+"""
 
 from __future__ import annotations
 
