@@ -57,10 +57,11 @@ class FixResult:
         plan: The final precision plan (every override with its reason).
         search: The search result (evaluations, trials).
         before: Output metrics (dicts) of the naive all-low model (emulated).
-        after: Output metrics of the fixed model run by ONNX Runtime CPU.
+        after: Output metrics of the fixed model run by the runner that verified it
+            (``verification``).
         after_emulated: Output metrics of the emulated final plan.
         score_before: Objective score of the naive all-low model (emulated).
-        score_after: Objective score of the fixed model run by ONNX Runtime CPU.
+        score_after: Objective score of the fixed model run by the runner that verified it.
         share: FP32 share by nodes / FLOPs / params.
         rewrites: Report of the rewrites (dict).
         writer: Report of the writer (dict).
@@ -77,6 +78,10 @@ class FixResult:
             search), ``wall_s`` (whole ``fix``), ``peak_rss_mb`` (this process, MiB, from
             ``resource.getrusage`` ``ru_maxrss``), ``peak_rss_workers_mb`` (largest worker of
             ``--jobs``, 0 without), ``jobs``.
+        verification: Which runner verified the written model and why
+            (``runners.verify.VerifiedBy.to_dict()``: ``runner``, ``spec``, ``reason``,
+            ``skipped``): ONNX Runtime CPU, ONNX Runtime CUDA, the search's ``--runner``, or
+            for a BF16 model ONNX Runtime CPU cannot run, its exact emulation.
     """
 
     model: onnx.ModelProto
@@ -100,10 +105,11 @@ class FixResult:
     score_label: str = "score"
     pass_mark: tuple[float, bool] = (1.0, False)
     resources: dict = field(default_factory=dict)
+    verification: dict = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
-        """Whether the fixed model, run by ONNX Runtime CPU, meets the objective."""
+        """Whether the fixed model, run by the runner that verified it, meets the objective."""
         return self.score_after.passed
 
     def to_dict(self) -> dict:
@@ -123,7 +129,7 @@ class FixResult:
             "rewrites": self.rewrites, "writer": self.writer, "seconds": self.seconds,
             "warnings": list(self.warnings), "notes": list(self.notes),
             "near_ties": [t.to_dict() for t in self.near_ties],
-            "resources": self.resources,
+            "resources": self.resources, "verification": self.verification,
         }
 
 
