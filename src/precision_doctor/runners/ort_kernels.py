@@ -66,7 +66,9 @@ def _registry(provider: str) -> dict[tuple[str, str], list] | None:
     try:
         from onnxruntime.capi import _pybind_state
         defs = _pybind_state.get_all_opkernel_def()
-    except (ImportError, AttributeError, RuntimeError):
+    except Exception:  # noqa: BLE001 - pybind's Fail is no RuntimeError; e.g. a provider
+        # library missing from the install (seen: onnxruntime-gpu without its TensorRT EP):
+        # fall back to the session error, which names the node without a kernel
         return None
     table: dict[tuple[str, str], list] = {}
     for kernel in defs:
