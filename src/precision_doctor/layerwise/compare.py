@@ -41,6 +41,7 @@ from precision_doctor.layerwise.engines import (
 )
 from precision_doctor.layerwise.gain import nonfinite_birth
 from precision_doctor.layerwise.stats import LayerRecord, StatsPool, _Accumulator
+from precision_doctor.runners import device
 from precision_doctor.runners.ort_shared import shared_cpu
 
 __all__ = ["LAYERWISE_BUDGET", "LayerRecord", "LayerwiseResult", "Progress", "RunnerFactory",
@@ -129,8 +130,9 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
         progress: Called as ``progress(done_runs, total_runs)``.
         segments: False when ``make_candidate`` cannot run sub-models of ``model`` (it runs a
             model of its own, e.g. a rewritten or FP16 model): marking is used.
-        stats_threads: Threads computing the statistics (default: up to 2); 1 also runs the
-            candidate after the reference instead of at the same time.
+        stats_threads: Threads computing the statistics (default: up to 2; on a CUDA device
+            up to 8, the host's cores being free); 1 also runs the candidate after the
+            reference instead of at the same time.
         candidate_graph: ``model`` -> (the candidate's own whole graph, a runner factory for
             its sub-models) or None, e.g. the emulation model: its segments, cut where the
             model's are (``graph.segments.cut_like``), then replace ``make_candidate`` on the
@@ -151,6 +153,10 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
     fmt = FORMATS[target]
     reason = why_not_segmentable(model) if segments else (
         "the candidate runner runs a model of its own, not sub-models of this one")
+    if stats_threads is None and device.current().is_cuda:
+        # the GPU runs the model: the host's cores are free for the statistics, which then
+        # overlap the next segment's device work (StatsPool.add returns before they finish)
+        stats_threads = max(2, min(8, (os.cpu_count() or 1) - 1))
     stats = StatsPool(sites, fmt, stats_threads)
     side = side_thread() if stats_threads != 1 else None
     # the segments' (or chunks') sessions reuse each other's memory and do not spin while the

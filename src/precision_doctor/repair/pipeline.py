@@ -139,6 +139,31 @@ def _metrics(ref: Outputs, cand: Outputs) -> dict:
 SEARCH_ARENA = True
 
 
+@dataclass(frozen=True)
+class PlanOpener:
+    """Plan -> the runner of one search evaluation (not entered); a module-level object, so
+    that spawned GPU workers receive it by pickle (``search.evalpool``).
+
+    Attributes:
+        model: The model after the rewrites.
+        runner: Factory of a real engine run on the written model (None: the emulator).
+        keep_io_types: Writer option for the written model.
+    """
+
+    model: onnx.ModelProto
+    runner: Callable[..., Runner] | None = None
+    keep_io_types: bool = True
+
+    def __call__(self, plan: PrecisionPlan, threads: int = 0) -> Runner:
+        if self.runner is None:  # the arena pays here: each evaluation runs every sample
+            return EmulatorRunner(self.model, plan, intra_op_threads=threads,
+                                  cpu_mem_arena=SEARCH_ARENA)
+        written = write_mixed_precision(self.model, plan, self.keep_io_types,
+                                        validate=False)[0]
+        return self.runner(written, intra_op_threads=threads) if threads \
+            else self.runner(written)
+
+
 def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective: Objective,
         keep: Sequence[str] = (), force_low: Sequence[str] = (), rewrites: Sequence[str] | None
         = None, keep_io_types: bool = True, runner: Callable[..., Runner] | None = None,
@@ -208,12 +233,7 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     candidates = [n.name for n in compute_nodes(fixed_src)
                   if n.name not in fixed_nodes and n.name not in low]
 
-    def open_plan(plan: PrecisionPlan, threads: int = 0) -> Runner:
-        if runner is None:  # the arena pays here: each evaluation session runs every sample
-            return EmulatorRunner(fixed_src, plan, intra_op_threads=threads,
-                                  cpu_mem_arena=SEARCH_ARENA)
-        written = write_mixed_precision(fixed_src, plan, keep_io_types, validate=False)[0]
-        return runner(written, intra_op_threads=threads) if threads else runner(written)
+    open_plan = PlanOpener(fixed_src, runner, keep_io_types)
 
     def ranking(start: Score) -> list[str]:
         t = time.perf_counter()
