@@ -142,7 +142,7 @@ def pack(dest: Path, shared: Path, wheels: Path, alsa: Path) -> None:
             scaled = img.resize((max(64, int(w * scale)), max(64, int(h * scale))),
                                 Image.BILINEAR)
             sw, sh = scaled.size
-            width = min(sw, 480)
+            width = min(sw, 320)  # ppocr-rec's 48x320 canvas: one shape, batched on a GPU
             for j in range(per):
                 if k == 256:
                     break
@@ -227,6 +227,9 @@ def run_one(assets: Path, case: str, device: str, task: str) -> dict:
                 "assessment": (r.get("assessment") or {}).get("kind"),
                 "main_findings": sorted({(f["kind"], f["node"]) for f in r["findings"]
                                          if f.get("group", "main") == "main"}),
+                "findings": [{k: f.get(k) for k in ("kind", "node", "group", "impact")}
+                             for f in r["findings"]],
+                "first_divergence": (r.get("layerwise") or {}).get("first_divergence"),
                 "rel_l2": {o["name"]: o["metrics"]["rel_l2"] for o in r["outputs"]},
                 "noise": r.get("noise"), "timings_s": r.get("timings_s"),
                 "layerwise_chunks": (r.get("layerwise") or {}).get("chunks"),

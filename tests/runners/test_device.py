@@ -206,3 +206,27 @@ def test_batching_refuses_models_without_a_shared_batch_symbol():
     feeds = [{"x": np.full((1, 4), i, np.float32)} for i in range(3)]
     out = run_batched(runner, feeds)
     assert [float(o["y"][0]) for o in out] == [0.0, 1.0, 2.0]  # redone one at a time
+
+
+def test_layerwise_on_a_gpu_folds_batches_as_its_samples():
+    from precision_doctor.layerwise.compare import batched_samples, compare_layerwise
+    from precision_doctor.precision.emulate import emulate
+
+    model = transformer_block(hot_value=10.0)
+    feeds = [dict(s.feeds) for s in random_samples((2, 8, 16), 6)]
+
+    def ref(m):
+        return OrtRunner(m, ("cpu",))
+
+    def cand(m):  # the emulation graph, pinned to the CPU (this machine has no GPU)
+        return OrtRunner(emulate(m, PrecisionPlan(Precision.FP16))[0], ("cpu",))
+
+    plain = compare_layerwise(model, feeds, ref, cand, Precision.FP16, 1e-2)
+    with dev.use(dev.Device("cuda")):
+        assert len(batched_samples(model, feeds, [], 256 << 20)) == 1
+        batched = compare_layerwise(model, feeds, ref, cand, Precision.FP16, 1e-2)
+    assert batched.mode == "segments"
+    for a, b in zip(plain.records, batched.records):
+        assert (a.tensor, a.numel, a.overflow) == (b.tensor, b.numel, b.overflow)
+        assert b.rel_l2 == pytest.approx(a.rel_l2, rel=1e-4)
+        assert b.ref_max_abs == pytest.approx(a.ref_max_abs, rel=1e-6)
