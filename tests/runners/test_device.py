@@ -195,6 +195,8 @@ def test_batching_refuses_models_without_a_shared_batch_symbol():
     from precision_doctor.runners.batching import batch_symbol, run_batched
 
     model = transformer_block()
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "other"
+    assert batch_symbol(model) == "batch"  # exporters name the dims apart: checked at run time
     model.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 2
     assert batch_symbol(model) is None
 
@@ -230,3 +232,14 @@ def test_layerwise_on_a_gpu_folds_batches_as_its_samples():
         assert (a.tensor, a.numel, a.overflow) == (b.tensor, b.numel, b.overflow)
         assert b.rel_l2 == pytest.approx(a.rel_l2, rel=1e-4)
         assert b.ref_max_abs == pytest.approx(a.ref_max_abs, rel=1e-6)
+
+
+def test_a_batch_whose_first_sample_disagrees_runs_one_at_a_time():
+    from precision_doctor.runners.batching import run_batched
+
+    # axis 0 keeps its length but is not the sample axis (the batch comes out reversed)
+    runner = FakeRunner([TensorMeta("x", np.dtype(np.float32), (1, 4))], ["y"],
+                        lambda f: {"y": np.flip(f["x"], axis=0)})
+    feeds = [{"x": np.full((1, 4), i + 1.0, np.float32)} for i in range(4)]
+    out = run_batched(runner, feeds)
+    assert [float(o["y"][0, 0]) for o in out] == [1.0, 2.0, 3.0, 4.0]
