@@ -243,3 +243,21 @@ def test_a_batch_whose_first_sample_disagrees_runs_one_at_a_time():
     feeds = [{"x": np.full((1, 4), i + 1.0, np.float32)} for i in range(4)]
     out = run_batched(runner, feeds)
     assert [float(o["y"][0, 0]) for o in out] == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_what_a_gpu_worker_receives_pickles():
+    import pickle
+
+    from precision_doctor.repair.stages import PlanOpener
+    from precision_doctor.runners.ort import OrtFactory
+    from precision_doctor.runners.ort_options import ort_providers
+
+    model = transformer_block()
+    providers, options = ort_providers("ort:cuda,tf32=0")
+    for opener in (PlanOpener(model), PlanOpener(model, OrtFactory(tuple(providers),
+                                                                   tuple(options), "ort:cuda"))):
+        again = pickle.loads(pickle.dumps(opener))
+        assert again.model == model and type(again.runner) is type(opener.runner)
+    with dev.use(dev.CPU):
+        runner = pickle.loads(pickle.dumps(PlanOpener(model)))(PrecisionPlan(Precision.FP16))
+        assert isinstance(runner, EmulatorRunner)
