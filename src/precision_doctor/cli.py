@@ -89,6 +89,9 @@ def diagnose(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Longer tables"),
     stress: bool = typer.Option(False, "--stress", help="Transformers in FP16: find the input "
                                 "scale factor at which a LayerNorm or attention overflows"),
+    device: str = typer.Option("auto", "--device", help="Where the reference, the emulation, "
+                               "layerwise and search run: cpu, cuda, cuda:N, or auto (CUDA "
+                               "when onnxruntime-gpu sees a GPU, else cpu)"),
 ) -> None:
     """Diagnose MODEL in reduced precision against its FP32 reference, layer by layer."""
     from precision_doctor.workflows.diagnose import run_diagnose
@@ -101,7 +104,7 @@ def diagnose(
             budget_bytes=budget_mb << 20, json_path=json_path, html_path=html_path,
             force=force, console=console, quiet=quiet, verbose=verbose,
             candidate_results=candidate_results, candidate_log=candidate_log,
-            stress=stress)
+            stress=stress, device=device)
     except PrecisionDoctorError as exc:
         _fail(exc)
     raise typer.Exit(0 if report.passed else 1)
@@ -142,7 +145,10 @@ def fix_command(
     quiet: bool = typer.Option(False, "--quiet", "-q"),
     jobs: str = typer.Option("1", "--jobs", "-j", help="Worker processes running calibration "
                              "samples in parallel (one ONNX Runtime session each), or 'auto' "
-                             "(one per core); same result for any value"),
+                             "(one per core; on CUDA one per GPU); same result for any value"),
+    device: str = typer.Option("auto", "--device", help="Where the reference, the emulation, "
+                               "layerwise and search run: cpu, cuda, cuda:N, or auto (CUDA "
+                               "when onnxruntime-gpu sees a GPU, else cpu)"),
 ) -> None:
     """Write a strongly typed mixed-precision model meeting the accuracy target."""
     from precision_doctor.workflows.fix import run_fix
@@ -153,7 +159,7 @@ def fix_command(
                          force_low=force_low, no_rewrites=no_rewrites,
                          keep_io_types=keep_io_types, runner=runner, max_samples=max_samples,
                          max_evals=max_evals, html_path=html_path, force=force,
-                         console=console, quiet=quiet, jobs=jobs)
+                         console=console, quiet=quiet, jobs=jobs, device=device)
     except TargetNotMetError as exc:
         err_console.print(f"target not met: {exc}", style="red", markup=False)
         raise typer.Exit(1) from None

@@ -30,6 +30,8 @@ from precision_doctor.jsonable import json_float
 from precision_doctor.layerwise.candidates import Candidate, candidate_from_spec, reference_factory
 from precision_doctor.layerwise.candidates import run_samples as run_all
 from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.runners.device import resolve_device
+from precision_doctor.runners.device import use as use_device
 from precision_doctor.runners.ort_kernels import refuse_cpu_bf16
 from precision_doctor.search.objective import Objective
 
@@ -44,13 +46,14 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
              budget_mb: int = 256, progress: Progress | None = None,
              quiet: bool = False, candidate_results: str | os.PathLike | None = None,
              candidate_log: str | os.PathLike | None = None,
-             stress: bool = False) -> Diagnosis:
+             stress: bool = False, device: str = "auto") -> Diagnosis:
     """Run ``model`` in reduced precision next to its FP32 reference and explain the difference.
 
-    The reference is ONNX Runtime CPU in FP32. The candidate is, by default, a CPU emulation
-    that rounds every tensor to ``target`` (round-to-nearest-even, overflow to inf above the
-    format's max, e.g. 65504 for FP16, flush below the smallest subnormal; TF32 rounds the
-    inputs of MatMul/Gemm/Conv to 10 mantissa bits), or a real engine.
+    The reference is ONNX Runtime in FP32 (on the CPU, or on the GPU with TF32 off, see
+    ``device``). The candidate is, by default, an emulation that rounds every tensor to
+    ``target`` (round-to-nearest-even, overflow to inf above the format's max, e.g. 65504 for
+    FP16, flush below the smallest subnormal; TF32 rounds the inputs of MatMul/Gemm/Conv to 10
+    mantissa bits), or a real engine.
 
     Args:
         model: The FP32 model: a ``.onnx`` path, an ``onnx.ModelProto`` (not modified) or an
@@ -102,6 +105,11 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         stress: For a transformer and an FP16 target, also run the stress probe: the factor
             by which the real inputs can be scaled before an activation overflows, and where
             (``Diagnosis.transformer["stress"]``; up to ~26 extra FP32 runs of one sample).
+        device: Where the reference, the emulation, the layerwise segments and the impact
+            measurements run: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (the first
+            CUDA device when ``onnxruntime-gpu`` and a GPU are present, else the CPU). On
+            CUDA the reference is FP32 with TF32 off (``Diagnosis.reference`` says so) and
+            the noise floor adds a CPU cross-check (``runners.device``).
 
     Returns:
         :class:`Diagnosis`: ``verdict`` (``"pass"``/``"fail"``), ``outputs`` (metrics per
@@ -118,7 +126,9 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         DataFormatError: A data file does not decode.
         PlanError: ``keep`` or ``plan`` names nodes the model does not have.
         BackendError, BackendUnavailable: A runner cannot be built (e.g. no CUDA provider:
-            the message lists the available ones; ONNX Runtime CPU asked to run BF16).
+            the message lists the available ones; ONNX Runtime CPU asked to run BF16), or
+            ``device`` is CUDA and ONNX Runtime has no CUDA execution provider or no GPU
+            answers.
         ReferenceError_: The FP32 reference itself produces NaN/Inf.
         MetricError: Unknown ``metric``, or the metric fails.
         InputError: ``threshold`` without ``metric``.
@@ -143,7 +153,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         refuse_cpu_bf16(runner, proto, other, "diagnose")
     candidate = candidate_from_spec(runner, emulated_plan, proto, other)
     runs: dict[str, dict[str, list[np.ndarray]]] = {}  # the plain runs, scored again below
-    with progress_reporter(progress, quiet) as callback:
+    with progress_reporter(progress, quiet) as callback, use_device(resolve_device(device)):
         report = diagnose_model(proto, samples, precision, candidate,
                                 parse_tolerances(tolerance, precision), layerwise=layerwise,
                                 noise=noise, budget_bytes=budget_mb << 20, model_path=path,

@@ -36,7 +36,9 @@ from precision_doctor.report.files import (
     write_text_atomic,
 )
 from precision_doctor.report.notebook import fix_summary
-from precision_doctor.runners.ort import OrtRunner
+from precision_doctor.runners.device import resolve_device
+from precision_doctor.runners.device import use as use_device
+from precision_doctor.runners.ort import OrtFactory
 from precision_doctor.runners.ort_kernels import refuse_cpu_bf16
 from precision_doctor.runners.ort_options import ort_providers
 from precision_doctor.runners.verify import VerifiedBy
@@ -264,7 +266,8 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
         threshold: float | None = None, keep: Sequence[str] = (),
         force_low: Sequence[str] = (), rewrites: bool = True, keep_io_types: bool = True,
         runner: str = "emulate", max_samples: int | None = None, max_evals: int = 150,
-        progress: Progress | None = None, quiet: bool = False, jobs: int | str = 1) -> Fix:
+        progress: Progress | None = None, quiet: bool = False, jobs: int | str = 1,
+        device: str = "auto") -> Fix:
     """Find the fewest nodes to keep in FP32 so that the model meets an accuracy target in
     FP16/BF16, and build that strongly typed mixed-precision model (in memory).
 
@@ -304,7 +307,12 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
         quiet: No progress output at all.
         jobs: Evaluate samples in this many processes (one ONNX Runtime session each; a
             process pool forked per search), or ``"auto"`` (cores / ORT threads). Results are
-            identical for any value; it pays when the machine has cores to spare.
+            identical for any value; it pays when the machine has cores to spare. On CUDA
+            (``device``), one worker process per visible GPU (``"auto"``: all of them).
+        device: Where the reference, the emulated search evaluations and the verification
+            run: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (the first CUDA device
+            when ``onnxruntime-gpu`` and a GPU are present, else the CPU); recorded in
+            ``report["device"]``.
 
     Returns:
         :class:`Fix`: ``.model`` (``onnx.ModelProto``), ``.plan``, ``.passed``, ``.report``
@@ -323,22 +331,21 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
     proto, path = as_model(model)
     samples = as_samples(data, proto, preprocess, max_samples)
     objective = build_objective(tolerance, metric, threshold, precision)
-    workers = resolve_jobs(jobs, len(samples))
+    where = resolve_device(device)
+    workers = resolve_jobs(jobs, len(samples), where)
     factory = None
     if precision is Precision.BF16:
         refuse_cpu_bf16(runner, proto, command="fix")
     if runner != "emulate":
         providers, options = ort_providers(runner)
+        factory = OrtFactory(tuple(providers), tuple(options), runner)
 
-        def factory(m: onnx.ModelProto, intra_op_threads: int = 0) -> OrtRunner:
-            return OrtRunner(m, providers, options, name=runner,
-                             intra_op_threads=intra_op_threads)
-
-    with progress_reporter(progress, quiet) as callback:
+    with progress_reporter(progress, quiet) as callback, use_device(where):
         result = fix_model(proto, samples, precision, objective, keep, force_low,
                            None if rewrites else [], keep_io_types, factory, max_evals,
                            callback, workers)
     report = result.to_dict()
     report["model"] = {"input": path, "output": None}
+    report["device"] = where.to_dict()
     return Fix(result.model, result.plan, report, result.rewritten, result, tuple(samples),
                proto)

@@ -47,6 +47,7 @@ from precision_doctor.layerwise.candidates import (
     Candidate,
     emulated_fused,
     reference_factory,
+    reference_name,
     run_samples,
 )
 from precision_doctor.layerwise.compare import LAYERWISE_BUDGET, compare_layerwise
@@ -139,7 +140,7 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         for s, a in zip(samples, arrays):
             if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
                 raise ReferenceError_(
-                    f"the FP32 reference (ONNX Runtime CPU) produces NaN/Inf in output {name!r} "
+                    f"the FP32 reference ({reference_name()}) produces NaN/Inf in output {name!r} "
                     f"for sample {s.name!r}: nothing can be compared against it. Check the "
                     "input preprocessing (scale, mean/std) and the model.", output=name,
                     sample=s.name)
@@ -234,7 +235,7 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
                       for s in samples), attribution))
     return DiagnosisReport(
         verdict=verdict, model=_model_info(model, model_path), target=target.value,
-        reference="ort-cpu", candidate=candidate.name,
+        reference=reference_name(), candidate=candidate.name,
         samples=tuple({"name": s.name, "shapes": {k: list(v.shape) for k, v in s.feeds.items()}}
                       for s in samples),
         outputs=tuple(outputs), findings=tuple(findings), hazards=tuple(hazards), layerwise=lw,

@@ -7,6 +7,9 @@ Two probes, each compared with the reference outputs (relative L2 error):
   This measures the FP32 reference's own rounding error against a much more exact result.
 * ``no-graph-opt``: ONNX Runtime with graph optimizations disabled (no fusions, other kernels),
   i.e. a different but equally valid FP32 evaluation order.
+* ``cpu``: when the reference ran on a GPU (``runners.device``: CUDA FP32, TF32 off), ONNX
+  Runtime CPU on the first ``CPU_PROBE_SAMPLES`` samples: the CPU reference the GPU one
+  stands in for, so the floor covers the difference between the two.
 
 The floor of an output is the largest of the probes that ran. An error at (a small multiple of)
 the floor is the model's conditioning, not a precision problem.
@@ -25,6 +28,7 @@ from precision_doctor.compare.metrics import relative_l2
 from precision_doctor.errors import BackendError
 from precision_doctor.graph.external import external_bytes, is_external, tensor_array
 from precision_doctor.graph.weight_store import stored_tensor_proto
+from precision_doctor.runners import device
 from precision_doctor.runners.ort import OrtRunner
 
 _F = TensorProto.FLOAT
@@ -32,6 +36,9 @@ _D = TensorProto.DOUBLE
 # The fp64 probe doubles the weights (as float64 in the weight store): skipped above 1 GiB of
 # external weights, where memory and disk, not accuracy, would limit the run.
 FP64_PROBE_MAX_BYTES = 1 << 30
+# Samples the CPU cross-check of a GPU reference runs: one CPU run per sample is what the GPU
+# saves, so a large calibration set is not run on the CPU again.
+CPU_PROBE_SAMPLES = 2
 
 
 @dataclass(frozen=True)
@@ -123,5 +130,19 @@ def measure_noise_floor(model: onnx.ModelProto, samples: Sequence[Mapping[str, n
                 outputs[probe] = outs
         except BackendError as exc:
             skipped[probe] = str(exc).splitlines()[0][:300]
+    if device.current().is_cuda:
+        try:
+            probes["cpu"] = _cpu_probe(model, samples[:CPU_PROBE_SAMPLES], reference)
+        except BackendError as exc:
+            skipped["cpu"] = str(exc).splitlines()[0][:300]
     per_output = {k: max((p[k] for p in probes.values()), default=0.0) for k in reference}
     return NoiseFloor(per_output, probes, skipped)
+
+
+def _cpu_probe(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]],
+               reference: Mapping[str, Sequence[np.ndarray]]) -> dict[str, float]:
+    """Relative L2 of ONNX Runtime CPU FP32 against the (GPU) reference on ``samples``."""
+    with OrtRunner(model, ("cpu",), name="ort-cpu") as runner:
+        outs = [runner.run(feeds) for feeds in samples]
+    return {k: relative_l2(list(reference[k][:len(outs)]), [o[k] for o in outs])
+            for k in reference}

@@ -22,7 +22,9 @@ from precision_doctor.layerwise.compare import RunnerFactory, WholeGraph
 from precision_doctor.layerwise.engines import SegmentFallback
 from precision_doctor.precision.emulate import EmulationInfo, emulate
 from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.runners import device
 from precision_doctor.runners.base import Runner
+from precision_doctor.runners.batching import batch_symbol, run_batched
 from precision_doctor.runners.emulator import EmulatorRunner, WrittenEmulatorRunner
 from precision_doctor.runners.ort import OrtRunner, resolve_provider
 from precision_doctor.runners.ort_options import ort_providers
@@ -98,7 +100,7 @@ def emulated(plan: PrecisionPlan) -> Candidate:
         kept.clear()  # handed over: layerwise comparison holds it only while it runs
         if done is None:
             return None
-        return done[0], lambda sub: OrtRunner(sub, ("cpu",), name=name)
+        return done[0], lambda sub: OrtRunner(sub, name=name)
 
     return Candidate(name, factory, plan, segments=True, graph=graph)
 
@@ -184,8 +186,14 @@ def _refuse_segments(model: onnx.ModelProto, name: str) -> None:
 
 
 def reference_factory(model: onnx.ModelProto) -> OrtRunner:
-    """ONNX Runtime CPU in FP32: the trusted reference."""
-    return OrtRunner(model, ("cpu",), name="ort-cpu")
+    """ONNX Runtime in FP32 on the current device (``runners.device``; the CPU by default,
+    CUDA with TF32 off inside ``device.use``): the trusted reference."""
+    return OrtRunner(model, name=reference_name())
+
+
+def reference_name() -> str:
+    """Label of the reference on the current device (``ort-cpu``, ``ort-cuda:0-fp32 ...``)."""
+    return device.current().reference_name()
 
 
 def recorded(recording: Recording, model: onnx.ModelProto,
@@ -301,6 +309,9 @@ def run_samples(runner: Runner, samples: Sequence, names: Sequence[str], stage: 
                 ) -> dict[str, list[np.ndarray]]:
     """Run ``runner`` (entered and exited here) on every sample; float outputs as float32.
 
+    On a CUDA device (``runners.device``) samples of equal shapes run in batches where the
+    model has a batch dimension (``runners.batching``); on the CPU one run per sample.
+
     Args:
         runner: A runner not yet entered.
         samples: Objects with ``.feeds``.
@@ -311,7 +322,18 @@ def run_samples(runner: Runner, samples: Sequence, names: Sequence[str], stage: 
         Output name -> one array per sample.
     """
     outs: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    model = getattr(runner, "model", None)
+    batched = (device.current().is_cuda and len(samples) > 1
+               and isinstance(model, onnx.ModelProto) and batch_symbol(model) is not None)
     with runner:
+        if batched:  # on a GPU: samples of equal shapes in one run (runners.batching)
+            for r in run_batched(runner, [s.feeds for s in samples], names):
+                result = float32_outputs(r, names)
+                for n in names:
+                    outs[n].append(result[n])
+            if progress:
+                progress(stage, len(samples), len(samples))
+            return outs
         for i, s in enumerate(samples):
             result = float32_outputs(runner.run(s.feeds), names)
             for n in names:

@@ -4,7 +4,8 @@ The graph is cut into consecutive segments that fit a memory budget, and each se
 once per precision and sample, fed with its own runner's boundary tensors (see
 ``layerwise_engines``); where no cut is possible (control flow, a candidate that runs a model
 of its own) tensors are marked as outputs in chunks instead, and the result says why.
-Statistics are streamed over samples, so only one segment of one sample is held in memory.
+Statistics are streamed over samples, so only one segment of one sample is held in memory
+(on a GPU, one segment of a batch of samples that fits the same budget: ``batched_samples``).
 Per tensor it records the error (relative L2, max/mean abs), NaN/Inf in the candidate, the
 reference's range against the target format (overflow above its max, flush-to-zero below half
 its smallest subnormal, subnormals) and the headroom in bits, log2(format max / observed max).
@@ -41,6 +42,8 @@ from precision_doctor.layerwise.engines import (
 )
 from precision_doctor.layerwise.gain import nonfinite_birth
 from precision_doctor.layerwise.stats import LayerRecord, StatsPool, _Accumulator
+from precision_doctor.runners import device
+from precision_doctor.runners.batching import MAX_BATCH, batch_symbol, groups
 from precision_doctor.runners.ort_shared import shared_cpu
 
 __all__ = ["LAYERWISE_BUDGET", "LayerRecord", "LayerwiseResult", "Progress", "RunnerFactory",
@@ -129,8 +132,9 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
         progress: Called as ``progress(done_runs, total_runs)``.
         segments: False when ``make_candidate`` cannot run sub-models of ``model`` (it runs a
             model of its own, e.g. a rewritten or FP16 model): marking is used.
-        stats_threads: Threads computing the statistics (default: up to 2); 1 also runs the
-            candidate after the reference instead of at the same time.
+        stats_threads: Threads computing the statistics (default: up to 2; on a CUDA device
+            up to 8, the host's cores being free); 1 also runs the candidate after the
+            reference instead of at the same time.
         candidate_graph: ``model`` -> (the candidate's own whole graph, a runner factory for
             its sub-models) or None, e.g. the emulation model: its segments, cut where the
             model's are (``graph.segments.cut_like``), then replace ``make_candidate`` on the
@@ -144,6 +148,8 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
     """
     shapes = {k: v.shape for k, v in samples[0].items()} if samples else {}
     all_sites = float_activations(model, shapes)
+    if segments and device.current().is_cuda:
+        samples = batched_samples(model, samples, all_sites, budget_bytes)
     sites = all_sites
     if tensors is not None:
         wanted = set(tensors)
@@ -151,6 +157,10 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
     fmt = FORMATS[target]
     reason = why_not_segmentable(model) if segments else (
         "the candidate runner runs a model of its own, not sub-models of this one")
+    if stats_threads is None and device.current().is_cuda:
+        # the GPU runs the model: the host's cores are free for the statistics, which then
+        # overlap the next segment's device work (StatsPool.add returns before they finish)
+        stats_threads = max(2, min(8, (os.cpu_count() or 1) - 1))
     stats = StatsPool(sites, fmt, stats_threads)
     side = side_thread() if stats_threads != 1 else None
     # the segments' (or chunks') sessions reuse each other's memory and do not spin while the
@@ -178,6 +188,27 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
     return LayerwiseResult(target.value, threshold, records, first, _nan_birth(model, records),
                            count, tuple(sorted(set(missing))),
                            "segments" if reason is None else "marking", reason)
+
+
+def batched_samples(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]],
+                    sites: Sequence[TensorSite], budget_bytes: int
+                    ) -> Sequence[dict[str, np.ndarray]]:
+    """On a GPU, samples of equal shapes joined along the batch axis, as many as keep one
+    run's outputs of both runners within the budget (``runners.batching``).
+
+    The statistics are sums and extremes over every element, so a batch of B samples folds
+    in exactly as its B samples would (up to summation order). A batch of B fits the
+    budget when B times a sample's floating activations, for both runners, does: then the
+    whole model is one segment of B samples, in one session per runner, instead of one run
+    per sample and segment. Models whose samples do not fit twice in the budget, or without
+    a batch dimension (``batch_symbol``), run sample by sample.
+    """
+    per_sample = sum(node_output_bytes(model, sites))
+    cap = min(MAX_BATCH, budget_bytes // max(1, 2 * per_sample))
+    if cap < 2 or len(samples) < 2 or batch_symbol(model) is None:
+        return samples
+    return [{k: np.concatenate([samples[i][k] for i in group]) for k in samples[group[0]]}
+            for group in groups(samples, max_batch=cap)]
 
 
 def _by_segments(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]],

@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Callable, Sequence
 
 import onnx
@@ -257,15 +256,38 @@ class Searched:
     seconds: float
 
 
+@dataclass(frozen=True)
+class PlanOpener:
+    """Plan -> the runner (not entered) that evaluates it on the rewritten model: the CPU
+    emulator, or ``runner`` on the written mixed-precision model. A module-level object (not a
+    closure over the request, whose progress callback does not pickle), so that the spawned
+    workers of a GPU pool receive it (``search.evalpool``).
+
+    Attributes:
+        model: The rewritten model.
+        runner: Real-engine factory (``request.runner``); None for the emulator.
+        keep_io_types: Writer option of the written model.
+    """
+
+    model: onnx.ModelProto
+    runner: Callable[..., Runner] | None = None
+    keep_io_types: bool = True
+
+    def __call__(self, plan: PrecisionPlan, threads: int = 0) -> Runner:
+        if self.runner is None:  # the arena pays here: each evaluation runs every sample
+            return EmulatorRunner(self.model, plan, intra_op_threads=threads,
+                                  cpu_mem_arena=SEARCH_ARENA)
+        written = write_mixed_precision(self.model, plan, self.keep_io_types,
+                                        validate=False)[0]
+        return self.runner(written, intra_op_threads=threads) if threads \
+            else self.runner(written)
+
+
 def open_plan(request: FixRequest, model: onnx.ModelProto, plan: PrecisionPlan,
               threads: int = 0) -> Runner:
-    """The runner (not entered) that evaluates ``plan`` on the rewritten ``model``: the CPU
-    emulator, or ``request.runner`` on the written mixed-precision model."""
-    if request.runner is None:  # the arena pays here: each evaluation session runs every sample
-        return EmulatorRunner(model, plan, intra_op_threads=threads, cpu_mem_arena=SEARCH_ARENA)
-    written = write_mixed_precision(model, plan, request.keep_io_types, validate=False)[0]
-    return request.runner(written, intra_op_threads=threads) if threads \
-        else request.runner(written)
+    """The runner (not entered) that evaluates ``plan`` on the rewritten ``model``
+    (``PlanOpener``)."""
+    return PlanOpener(model, request.runner, request.keep_io_types)(plan, threads)
 
 
 def search(request: FixRequest, baseline: Baseline, rewritten: Rewritten,
@@ -291,7 +313,8 @@ def search(request: FixRequest, baseline: Baseline, rewritten: Rewritten,
     jobs = request.jobs
     prefetch = jobs <= 1 and small_in_memory(rewritten.model)
     with shared_cpu() if jobs <= 1 else nullcontext():
-        result = search_fp32_set(partial(open_plan, request, rewritten.model), request.samples,
+        result = search_fp32_set(PlanOpener(rewritten.model, request.runner,
+                                            request.keep_io_types), request.samples,
                                  baseline.reference, baseline.objective, start.plan, ranking,
                                  request.max_evals, request.progress, jobs, screen, prefetch)
     ranking_s = ranked[-1].seconds if ranked else 0.0

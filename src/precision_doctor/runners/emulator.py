@@ -1,4 +1,5 @@
-"""The ``emulate`` runners: reduced precision emulated on the CPU with ONNX Runtime.
+"""The ``emulate`` runners: reduced precision emulated with ONNX Runtime (CPU, or the GPU of
+``runners.device.use``: the emulation graph's Cast round trips are exact on either).
 
 ``EmulatorRunner`` emulates an FP32 model under a ``PrecisionPlan``
 (``precision_doctor.precision.emulate`` says exactly what is rounded where);
@@ -22,7 +23,8 @@ from precision_doctor.runners.ort import OrtRunner
 
 
 class EmulatorRunner:
-    """Runs ``model`` as an engine executing ``plan`` would, on ONNX Runtime CPU.
+    """Runs ``model`` as an engine executing ``plan`` would, on ONNX Runtime (the current
+    device: ``runners.device``).
 
     Args:
         model: The FP32 model.
@@ -59,7 +61,7 @@ class EmulatorRunner:
             plan = PrecisionPlan(plan.default, {k: v for k, v in plan.overrides.items()
                                                 if k in names})
         emulated, self.info = self.emulation or emulate(self.model, plan)
-        self._ort = OrtRunner(emulated, ("cpu",), name=self.name,
+        self._ort = OrtRunner(emulated, name=self.name,
                               intra_op_threads=self.intra_op_threads,
                               cpu_mem_arena=self.cpu_mem_arena).__enter__()
         return self

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -24,7 +25,7 @@ from precision_doctor.graph.external import (
 )
 from precision_doctor.graph.external_files import link_model
 from precision_doctor.graph.load import PROTOBUF_LIMIT, ort_model_source
-from precision_doctor.runners import ort_shared
+from precision_doctor.runners import device, ort_shared
 from precision_doctor.runners.base import Feeds, TensorMeta
 
 _ORT_TYPES = {
@@ -68,6 +69,8 @@ class OrtRunner:
             the weights are handed over as ``OrtValue``s instead
             (``SessionOptions.add_external_initializers``; ONNX Runtime copies them).
         providers: Execution providers in priority order (short names allowed: ``cuda``).
+            None: the device of the open ``runners.device.use`` scope (the CPU outside one),
+            with that device's options (on CUDA: TF32 off, see ``runners.device``).
         provider_options: One dict per provider (e.g. ``[{"use_tf32": "0"}, {}]``).
         name: Label for reports; default derived from the providers.
         graph_optimization: ``all``, ``extended``, ``basic`` or ``disable``.
@@ -89,12 +92,14 @@ class OrtRunner:
     """
 
     def __init__(self, model: onnx.ModelProto | str | os.PathLike,
-                 providers: Sequence[str] = ("cpu",),
+                 providers: Sequence[str] | None = None,
                  provider_options: Sequence[Mapping[str, str]] | None = None,
                  name: str | None = None, graph_optimization: str = "all",
                  intra_op_threads: int = 0, strict_providers: bool = True,
                  cpu_mem_arena: bool = False) -> None:
         self.model = model
+        if providers is None:
+            providers, provider_options = device.default_providers()
         self.providers = [resolve_provider(p) for p in providers]
         self.provider_options = [dict(o) for o in (provider_options or [{} for _ in providers])]
         if len(self.provider_options) != len(self.providers):
@@ -206,3 +211,22 @@ class OrtRunner:
         except Exception as exc:
             raise BackendError(f"{self.name}: run failed: {exc}", runner=self.name) from exc
         return dict(zip(names, values))
+
+
+@dataclass(frozen=True)
+class OrtFactory:
+    """Model -> ``OrtRunner`` with fixed providers: a picklable runner factory (spawned GPU
+    workers of the search receive it, ``search.evalpool``).
+
+    Attributes:
+        providers / provider_options / name: As for ``OrtRunner``.
+    """
+
+    providers: tuple[str, ...]
+    provider_options: tuple[Mapping[str, str], ...]
+    name: str
+
+    def __call__(self, model: onnx.ModelProto | str | os.PathLike,
+                 intra_op_threads: int = 0) -> OrtRunner:
+        return OrtRunner(model, self.providers, self.provider_options, name=self.name,
+                         intra_op_threads=intra_op_threads)

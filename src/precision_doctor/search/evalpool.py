@@ -14,11 +14,18 @@ releases the GIL; the sample runs release it too, so the two overlap on the seco
 instead of taking turns (fix on PP-OCRv4 det: 0.25 s of each ~0.9 s evaluation).
 
 Each worker's session gets ``cores // N`` ONNX Runtime intra-op threads (at least 1) so the
-pool does not oversubscribe the cores. The decisions are the same for any N as long as the
-engine's outputs do not depend on its thread count: measured 2026-11-24 with ONNX Runtime
-1.32 CPU, PP-OCRv4 det and rec (plain and emulated FP16) give bitwise identical outputs with 1
-and 2 intra-op threads; tests/search/test_search_speed.py checks ``jobs=2`` against
-``jobs=1`` on a tiny transformer.
+pool does not oversubscribe the cores.
+
+On CUDA (``runners.device``) there is one worker per GPU: worker k runs its sessions on its own
+device. CUDA cannot be used in a process forked after the parent initialized it (the parent's
+reference ran on the GPU), so these workers are spawned, not forked: the plan -> runner function,
+the samples and the output names are pickled to each worker once, at its start (the fix's
+``open_plan`` is a module-level callable object for that reason).
+
+The decisions are the same for any N as long as the engine's outputs do not depend on its thread
+count: measured 2026-11-24 with ONNX Runtime 1.32 CPU, PP-OCRv4 det and rec (plain and emulated
+FP16) give bitwise identical outputs with 1 and 2 intra-op threads;
+tests/search/test_search_speed.py checks ``jobs=2`` against ``jobs=1`` on a tiny transformer.
 """
 
 from __future__ import annotations
@@ -26,15 +33,20 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.pool
 import os
+import pickle
 from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.queues import Queue
 from typing import Callable, Generator, Sequence
 
 import numpy as np
 
-from precision_doctor.errors import InputError
+from precision_doctor.errors import BackendError, InputError
 from precision_doctor.layerwise.candidates import float32_outputs
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.base import Runner
+from precision_doctor.runners.device import CPU, Device, pool_devices
+from precision_doctor.runners.device import current as current_device
+from precision_doctor.runners.device import use as use_device
 
 # plan -> a runner of the plan, not entered; with --jobs > 1 it is called as
 # ``open_plan(plan, threads)`` (ONNX Runtime intra-op threads per worker session)
@@ -52,24 +64,30 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def resolve_jobs(jobs: int | str, samples: int) -> int:
+def resolve_jobs(jobs: int | str, samples: int, device: Device = CPU) -> int:
     """Worker count for ``--jobs``: an integer >= 1, or ``auto`` = usable cores / ONNX Runtime
-    threads per worker (1), capped at the number of samples.
+    threads per worker (1), capped at the number of samples. On CUDA: one worker per device of
+    ``runners.device.pool_devices`` (``auto``: every visible GPU for ``cuda``, one for
+    ``cuda:N``), at most ``jobs``.
 
     Raises:
         InputError: Not a positive integer nor ``auto``.
     """
-    if isinstance(jobs, str):
-        if jobs.strip().lower() == "auto":
-            return max(1, min(usable_cores(), samples))
+    auto = isinstance(jobs, str) and jobs.strip().lower() == "auto"
+    if isinstance(jobs, str) and not auto:
         try:
             jobs = int(jobs)
         except ValueError:
             raise InputError(f"--jobs must be a positive integer or 'auto', not {jobs!r}"
                              ) from None
-    if jobs < 1:
+    if not auto and int(jobs) < 1:
         raise InputError(f"--jobs must be >= 1 (got {jobs})")
-    return min(jobs, max(samples, 1))
+    if device.is_cuda:
+        wanted = 1 << 30 if auto else int(jobs)
+        return max(1, min(len(pool_devices(device, wanted)), wanted, max(samples, 1)))
+    if auto:
+        return max(1, min(usable_cores(), samples))
+    return min(int(jobs), max(samples, 1))
 
 
 def _open(open_plan: OpenPlan, plan: PrecisionPlan, threads: int) -> Runner:
@@ -80,6 +98,16 @@ def _entered(open_plan: OpenPlan, plan: PrecisionPlan) -> Runner:
     runner = _open(open_plan, plan, 0)
     runner.__enter__()
     return runner
+
+
+def _spawned_worker(open_plan: OpenPlan, samples: Sequence, names: Sequence[str],
+                    devices: Queue, threads: int) -> None:
+    """Initializer of a spawned (device) worker: its state, and its own device for good."""
+    _WORKER.clear()
+    _WORKER.update(open_plan=open_plan, samples=samples, names=list(names), threads=threads,
+                   plan=None, runner=None)
+    scope = _WORKER["device"] = use_device(devices.get())  # kept: the scope ends with it
+    scope.__enter__()  # the worker's sessions run on its device until it exits
 
 
 def _worker_run(plan: PrecisionPlan, index: int) -> tuple[int, Outputs1]:
@@ -106,12 +134,19 @@ class SampleRunner:
         prefetch: Let ``prepare`` open the next plan's runner ahead (``jobs`` = 1 only; two
             runners are then alive at once, so leave it off for models whose weights do not
             fit twice).
+        device: Where the workers' sessions run (default: ``runners.device.current()``); on
+            CUDA, worker k runs on ``pool_devices(device, jobs)[k]`` and workers are spawned
+            (``open_plan`` and the samples must pickle).
     """
 
     def __init__(self, open_plan: OpenPlan, samples: Sequence, names: Sequence[str],
-                 jobs: int = 1, prefetch: bool = False) -> None:
+                 jobs: int = 1, prefetch: bool = False, device: Device | None = None) -> None:
         self.open_plan, self.samples, self.names = open_plan, samples, list(names)
-        self.jobs = jobs if "fork" in multiprocessing.get_all_start_methods() else 1
+        self.device = device if device is not None else current_device()
+        self.devices = pool_devices(self.device, jobs) if self.device.is_cuda else []
+        method = "spawn" if self.device.is_cuda else "fork"
+        self.jobs = (min(jobs, len(self.devices)) if self.device.is_cuda else jobs) \
+            if method in multiprocessing.get_all_start_methods() else 1
         self._pool: multiprocessing.pool.Pool | None = None
         self._opener = ThreadPoolExecutor(1) if prefetch and self.jobs <= 1 else None
         self._ahead: tuple[PrecisionPlan, Future] | None = None
@@ -156,9 +191,24 @@ class SampleRunner:
         runner.__exit__(None, None, None)
 
     def _start(self) -> None:
+        threads = max(1, usable_cores() // self.jobs)
+        if self.device.is_cuda:
+            ctx = multiprocessing.get_context("spawn")
+            devices = ctx.Queue()
+            for d in self.devices[:self.jobs]:
+                devices.put(d)
+            try:
+                self._pool = ctx.Pool(self.jobs, _spawned_worker,
+                                      (self.open_plan, self.samples, self.names, devices,
+                                       threads))
+            except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                raise BackendError(f"--jobs {self.jobs} on {self.device.label}: the evaluation "
+                                   f"cannot be sent to a spawned worker ({exc}); use --jobs 1",
+                                   device=self.device.label) from exc
+            return
         _WORKER.clear()
         _WORKER.update(open_plan=self.open_plan, samples=self.samples, names=self.names,
-                       threads=max(1, usable_cores() // self.jobs), plan=None, runner=None)
+                       threads=threads, plan=None, runner=None)
         self._pool = multiprocessing.get_context("fork").Pool(self.jobs)
 
     def run(self, plan: PrecisionPlan, order: Sequence[int]

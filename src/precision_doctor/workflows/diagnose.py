@@ -23,7 +23,7 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
                  html_path: Path | None, force: bool, console: Console, quiet: bool = False,
                  verbose: bool = False, candidate_results: str | None = None,
                  candidate_log: Path | None = None,
-                 stress: bool = False) -> DiagnosisReport:
+                 stress: bool = False, device: str = "auto") -> DiagnosisReport:
     """Load everything, diagnose, render, and write the requested reports.
 
     Raises:
@@ -47,7 +47,7 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
                           max_samples=max_samples, budget_mb=budget_bytes >> 20,
                           progress=progress, quiet=progress is None,
                           candidate_results=candidate_results,
-                          candidate_log=candidate_log, stress=stress)
+                          candidate_log=candidate_log, stress=stress, device=device)
     if quiet:
         console.print(f"{report.verdict.upper()}: {model_path} in {report.target.upper()}",
                       markup=False)

