@@ -264,9 +264,12 @@ def read_decisions(model: onnx.ModelProto, reference: Arrays, candidate: Arrays,
         ``(summaries, flips)``: one summary per decision output (graph output order) and the
         listed flips (per output, largest error share first).
     """
-    summaries, flips = [], []
+    from precision_doctor.diagnosis.detections import read_detections
+
+    # a detection head is read as boxes (diagnosis.detections), never as argmax decisions
+    summaries, flips, boxes = read_detections(model, reference, candidate, sample_names)
     for name in reference:
-        found = detect_decision(model, name, reference[name])
+        found = detect_decision(model, name, reference[name]) if name not in boxes else None
         if found is None:
             continue
         kind, axis = found

@@ -35,12 +35,15 @@ class Sample:
         feeds: Input name -> array, in model input order after ``check_feeds``.
         source_size: ``(height, width)`` in pixels of the decoded image before preprocessing,
             for image samples (None otherwise). Task metrics that map outputs back to the
-            source image (``db-boxes``) receive it.
+            source image (``db-boxes``, ``coco-map-drop``) receive it.
+        input_size: ``(height, width)`` of the image in the model input tensor after
+            preprocessing (the padded canvas for ``resize=height``), for image samples.
     """
 
     name: str
     feeds: dict[str, np.ndarray]
     source_size: tuple[int, int] | None = None
+    input_size: tuple[int, int] | None = None
 
     def describe(self) -> dict[str, object]:
         """JSON-ready summary: name and, per input, shape and dtype (no data)."""
@@ -50,6 +53,8 @@ class Sample:
                       for k, v in self.feeds.items()}}
         if self.source_size is not None:
             out["source_size"] = list(self.source_size)
+        if self.input_size is not None:
+            out["input_size"] = list(self.input_size)
         return out
 
 
@@ -198,7 +203,8 @@ def check_feeds(feeds: Mapping[str, np.ndarray], inputs: Sequence[TensorMeta]
 
 def check_sample(name: str, feeds: Mapping[str, np.ndarray], inputs: Sequence[TensorMeta],
                  file: str | None = None, hint: str = "",
-                 source_size: tuple[int, int] | None = None) -> Sample:
+                 source_size: tuple[int, int] | None = None,
+                 input_size: tuple[int, int] | None = None) -> Sample:
     """``check_feeds`` for one named sample; errors are re-raised prefixed with its name.
 
     Args:
@@ -208,6 +214,7 @@ def check_sample(name: str, feeds: Mapping[str, np.ndarray], inputs: Sequence[Te
         file: Source file recorded in the error context.
         hint: Text appended to the error message (e.g. how to fix a preprocessing spec).
         source_size: ``(height, width)`` of the source image, for image samples.
+        input_size: ``(height, width)`` of the image in the input tensor, for image samples.
 
     Returns:
         The validated ``Sample``.
@@ -216,7 +223,7 @@ def check_sample(name: str, feeds: Mapping[str, np.ndarray], inputs: Sequence[Te
         InputError: As ``check_feeds`` (same subclass), message prefixed with ``name``.
     """
     try:
-        return Sample(name, check_feeds(feeds, inputs), source_size)
+        return Sample(name, check_feeds(feeds, inputs), source_size, input_size)
     except InputError as exc:
         context = {**exc.context, "sample": name, "file": file}
         raise type(exc)(f"{name}: {exc.message}{hint}", **context) from exc

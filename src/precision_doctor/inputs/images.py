@@ -218,6 +218,8 @@ def load_images(paths: Sequence[str | Path], inputs: Sequence[TensorMeta],
             continue
         tensor = image_to_tensor(image, spec, name=p.name)
         hint = f" (preprocessing: {spec}).{_layout_hint(meta, spec)}"
+        spatial = tensor.shape[2:4] if spec.layout == "nchw" else tensor.shape[1:3]
         samples.append(check_sample(p.name, {meta.name: tensor}, inputs, str(p), hint,
-                                    source_size=(image.height, image.width)))
+                                    source_size=(image.height, image.width),
+                                    input_size=(int(spatial[0]), int(spatial[1]))))
     return samples, skipped

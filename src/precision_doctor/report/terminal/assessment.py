@@ -74,7 +74,11 @@ def _render_decisions(report: DiagnosisReport, console: Console) -> None:
     flips = report.decision_flips
     shown = (SHOWN_FLIPS if report.assessment and report.assessment.kind == "decision-flips"
              else SHOWN_FLIPS_OTHERWISE)
+    boxes = {d.output for d in report.decisions if d.kind.startswith("detection-")}
     for i, f in enumerate(flips[:shown], 1):
+        if f.output in boxes:
+            console.print(f"  box {i}: {escape(f.detail)}")
+            continue
         changed = {True: "changed", False: "unchanged", None: "unknown"}[f.task_changed]
         console.print(f"  flip {i}: {escape(f.sample)} {escape(f.output)} at {list(f.position)}: "
                       f"margin {fmt3(f.fp32_margin)}, FP32 noise {fmt3(f.fp32_noise)}, "
