@@ -86,6 +86,10 @@ def diagnose(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Longer tables"),
     stress: bool = typer.Option(False, "--stress", help="Transformers in FP16: find the input "
                                 "scale factor at which a LayerNorm or attention overflows"),
+    labels: Optional[Path] = typer.Option(None, "--labels", help="Ground truth: COCO JSON "
+                                          "(detection) or file,class CSV (classification); "
+                                          "reports the task accuracy of FP32 and of the "
+                                          "candidate side by side"),
 ) -> None:
     """Diagnose MODEL in reduced precision against its FP32 reference, layer by layer."""
     from precision_doctor.workflows.diagnose import run_diagnose
@@ -98,7 +102,7 @@ def diagnose(
             budget_bytes=budget_mb << 20, json_path=json_path, html_path=html_path,
             force=force, console=console, quiet=quiet, verbose=verbose,
             candidate_results=candidate_results, candidate_log=candidate_log,
-            stress=stress)
+            stress=stress, labels=labels)
     except PrecisionDoctorError as exc:
         _fail(exc)
     raise typer.Exit(0 if report.passed else 1)
@@ -117,7 +121,8 @@ def fix_command(
                                         "(as for diagnose)"),
     metric: Optional[str] = typer.Option(None, "--metric", help="Task metric target: top1, "
                                          "top5, mask-iou:threshold=0.3, ctc-string, psnr, "
-                                         "ssim, box-map, or module:function"),
+                                         "ssim, box-map, coco-map-drop (with --labels), or "
+                                         "module:function"),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Pass mark of --metric "
                                               "(on every sample)"),
     keep: List[str] = typer.Option([], "--keep", help="Node name or op type forced to FP32"),
@@ -139,6 +144,10 @@ def fix_command(
     jobs: str = typer.Option("1", "--jobs", "-j", help="Worker processes running calibration "
                              "samples in parallel (one ONNX Runtime session each), or 'auto' "
                              "(one per core); same result for any value"),
+    labels: Optional[Path] = typer.Option(None, "--labels", help="Ground truth: COCO JSON "
+                                          "(detection) or file,class CSV (classification); "
+                                          "reports the task accuracy of FP32 and of the "
+                                          "candidate side by side"),
 ) -> None:
     """Write a strongly typed mixed-precision model meeting the accuracy target."""
     from precision_doctor.workflows.fix import run_fix
@@ -149,7 +158,7 @@ def fix_command(
                          force_low=force_low, no_rewrites=no_rewrites,
                          keep_io_types=keep_io_types, runner=runner, max_samples=max_samples,
                          max_evals=max_evals, html_path=html_path, force=force,
-                         console=console, quiet=quiet, jobs=jobs)
+                         console=console, quiet=quiet, jobs=jobs, labels=labels)
     except TargetNotMetError as exc:
         err_console.print(f"target not met: {exc}", style="red", markup=False)
         raise typer.Exit(1) from None

@@ -16,6 +16,7 @@ from precision_doctor.api.options import (
     as_model,
     as_samples,
     build_objective,
+    labelled_objective,
     build_plan,
     parse_precision,
     parse_tolerances,
@@ -42,7 +43,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
              budget_mb: int = 256, progress: Progress | None = None,
              quiet: bool = False, candidate_results: str | os.PathLike | None = None,
              candidate_log: str | os.PathLike | None = None,
-             stress: bool = False) -> Diagnosis:
+             stress: bool = False, labels: str | os.PathLike | None = None) -> Diagnosis:
     """Run ``model`` in reduced precision next to its FP32 reference and explain the difference.
 
     The reference is ONNX Runtime CPU in FP32. The candidate is, by default, a CPU emulation
@@ -96,6 +97,10 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         stress: For a transformer and an FP16 target, also run the stress probe: the factor
             by which the real inputs can be scaled before an activation overflows, and where
             (``Diagnosis.transformer["stress"]``; up to ~26 extra FP32 runs of one sample).
+        labels: Ground truth (COCO JSON for detection, ``file,class`` CSV for
+            classification, matched to image samples by file name): ``Diagnosis.accuracy``
+            gives the task accuracy of the FP32 reference and of the candidate side by side
+            (COCO mAP by pycocotools, top-1 accuracy); needed by ``metric="coco-map-drop"``.
 
     Returns:
         :class:`Diagnosis`: ``verdict`` (``"pass"``/``"fail"``), ``outputs`` (metrics per
@@ -131,6 +136,9 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
                  if metric or threshold is not None else None)
     proto, path = as_model(model)
     samples = as_samples(data, proto, preprocess, max_samples)
+    labelled, accuracy = labelled_objective(objective or Objective(), proto, samples, labels)
+    if objective is not None:
+        objective = labelled
     emulated_plan = build_plan(proto, precision, plan, keep)
     other = as_model(candidate_model)[0] if candidate_model is not None else None
     candidate = candidate_from_spec(runner, emulated_plan, proto, other)
@@ -147,7 +155,13 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
                                 stress=stress, runs=runs)
         task = (task_score(proto, samples, candidate, objective, callback, runs)
                 if objective is not None else None)
-    return convert(Diagnosis, report, task=task)
+        measured = None
+        if accuracy is not None:
+            names = [o.name for o in proto.graph.output]
+            ref = runs.get("reference") or run_all(reference_factory(proto), samples, names)
+            cand = runs.get("candidate") or run_all(candidate.factory(proto), samples, names)
+            measured = accuracy({"fp32": ref, precision.value: cand})
+    return convert(Diagnosis, report, task=task, accuracy=measured)
 
 
 def task_score(model: onnx.ModelProto, samples: Sequence[Sample], candidate: Candidate,

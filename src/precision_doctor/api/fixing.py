@@ -17,6 +17,7 @@ from precision_doctor.api.options import (
     as_model,
     as_samples,
     build_objective,
+    labelled_objective,
     parse_precision,
     progress_reporter,
 )
@@ -249,7 +250,8 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
         threshold: float | None = None, keep: Sequence[str] = (),
         force_low: Sequence[str] = (), rewrites: bool = True, keep_io_types: bool = True,
         runner: str = "emulate", max_samples: int | None = None, max_evals: int = 150,
-        progress: Progress | None = None, quiet: bool = False, jobs: int | str = 1) -> Fix:
+        progress: Progress | None = None, quiet: bool = False, jobs: int | str = 1,
+        labels: str | os.PathLike | None = None) -> Fix:
     """Find the fewest nodes to keep in FP32 so that the model meets an accuracy target in
     FP16/BF16, and build that strongly typed mixed-precision model (in memory).
 
@@ -285,6 +287,11 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
         jobs: Evaluate samples in this many processes (one ONNX Runtime session each; a
             process pool forked per search), or ``"auto"`` (cores / ORT threads). Results are
             identical for any value; it pays when the machine has cores to spare.
+        labels: Ground truth (COCO JSON for detection, ``file,class`` CSV for
+            classification, matched to image samples by file name): the report's
+            ``accuracy`` gives the task accuracy of the FP32 model, the naive low precision
+            model and the fixed one (e.g. COCO mAP 70.7 -> 66.1 -> 70.6), and the
+            ``coco-map-drop`` / ``accuracy-drop`` metrics can target the accuracy lost.
 
     Returns:
         :class:`Fix`: ``.model`` (``onnx.ModelProto``), ``.plan``, ``.passed``, ``.report``
@@ -293,14 +300,16 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
     Raises:
         TargetNotMetError: Not even all-FP32 meets the target.
         PlanError: ``target`` is not FP16/BF16, or ``keep``/``force_low`` name nothing.
-        MetricError: Unknown metric, a metric without a default and no ``threshold``.
+        MetricError: Unknown metric, a metric without a default and no ``threshold``; a
+            labels metric (``coco-map-drop``) without ``labels``; pycocotools missing.
         ModelLoadError, InputError, BackendError: As for :func:`diagnose`; InputError also
             when ``jobs`` is neither a positive integer nor ``"auto"``.
     """
     precision = parse_precision(target)
     proto, path = as_model(model)
     samples = as_samples(data, proto, preprocess, max_samples)
-    objective = build_objective(tolerance, metric, threshold, precision)
+    objective, accuracy = labelled_objective(
+        build_objective(tolerance, metric, threshold, precision), proto, samples, labels)
     workers = resolve_jobs(jobs, len(samples))
     factory = None
     if runner != "emulate":
@@ -313,7 +322,7 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
     with progress_reporter(progress, quiet) as callback:
         result = fix_model(proto, samples, precision, objective, keep, force_low,
                            None if rewrites else [], keep_io_types, factory, max_evals,
-                           callback, workers)
+                           callback, workers, accuracy)
     report = result.to_dict()
     report["model"] = {"input": path, "output": None}
     return Fix(result.model, result.plan, report, result.rewritten, result, tuple(samples),

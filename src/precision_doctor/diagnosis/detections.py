@@ -8,7 +8,9 @@ or its shape leaves no doubt:
 * TensorRT EfficientNMS outputs (``num_dets``, ``det_boxes``, ``det_scores``, ``det_classes``);
 * a PaddleDetection ``[K, 6]`` output with its count;
 * a raw YOLOv8 head ``[N, 4+C, A]`` (``A > 2 (4+C)``) produced by a ``Concat`` (the exported
-  ``torch.cat((box, cls.sigmoid()), 1)``).
+  ``torch.cat((box, cls.sigmoid()), 1)``);
+* boxes ``[N, A, 4]`` beside per-class scores ``[N, A, C]`` with ``A >= 100`` (SSD-style
+  anchors needing NMS when the scores are probabilities, else DETR queries with logits).
 
 Reference and candidate detections are read with the same options (score above 0.25 for raw
 heads, class-aware NMS at IoU 0.7 by OpenCV) and matched per image, one to one, greedily by
@@ -94,6 +96,8 @@ def find_head(model: onnx.ModelProto, shapes: Mapping[str, np.ndarray]) -> HeadS
         return spec
     if spec.kind == "yolov8" and spec.boxes and _producer_op(model, spec.boxes) == "Concat":
         return spec
+    if spec.kind in ("ssd", "detr") and spec.boxes and shapes[spec.boxes].shape[1] >= 100:
+        return spec  # boxes [N, A, 4] beside per-class scores [N, A, C] for >= 100 A
     return None
 
 

@@ -73,6 +73,8 @@ class FixResult:
             search), ``wall_s`` (whole ``fix``), ``peak_rss_mb`` (this process, MiB, from
             ``resource.getrusage`` ``ru_maxrss``), ``peak_rss_workers_mb`` (largest worker of
             ``--jobs``, 0 without), ``jobs``.
+        accuracy: With labels: the task accuracy of the FP32 reference, the naive low
+            precision model and the fixed model (``compare.tasks.accuracy.task_accuracy``).
     """
 
     model: onnx.ModelProto
@@ -96,6 +98,7 @@ class FixResult:
     score_label: str = "score"
     pass_mark: tuple[float, bool] = (1.0, False)
     resources: dict = field(default_factory=dict)
+    accuracy: dict = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -117,7 +120,7 @@ class FixResult:
             "rewrites": self.rewrites, "writer": self.writer, "seconds": self.seconds,
             "warnings": list(self.warnings), "notes": list(self.notes),
             "near_ties": [t.to_dict() for t in self.near_ties],
-            "resources": self.resources,
+            "resources": self.resources, "accuracy": self.accuracy,
         }
 
 
@@ -143,7 +146,8 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         keep: Sequence[str] = (), force_low: Sequence[str] = (), rewrites: Sequence[str] | None
         = None, keep_io_types: bool = True, runner: Callable[..., Runner] | None = None,
         max_evals: int = 150, progress: Progress | None = None,
-        jobs: int = 1) -> FixResult:
+        jobs: int = 1, accuracy: Callable[[dict[str, Outputs]], dict] | None = None
+        ) -> FixResult:
     """Find and write a mixed-precision model meeting ``objective``.
 
     Args:
@@ -162,6 +166,8 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         jobs: Worker processes for the search's sample runs (``search.evalpool``); the
             result is the same for any value. A ``runner`` factory is then called as
             ``runner(model, intra_op_threads=t)``.
+        accuracy: Called once with ``{"fp32": reference, "<target>": naive, "fixed": after}``
+            outputs; its dict (task accuracy against labels) goes into the result.
 
     Returns:
         ``FixResult``.
@@ -285,6 +291,8 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
                      "Runtime CUDA compute). If your engine computes LayerNormalization in "
                      "FP16, add --keep LayerNormalization.")
     notes.extend(rewrite_engine_notes(rw_report.to_dict()))
+    acc = (accuracy({"fp32": reference, target.value: naive, "fixed": after})
+           if accuracy is not None else {})
     return FixResult(written, fixed_src, result.plan, result, _metrics(reference, naive),
                      _metrics(reference, after), _metrics(reference, after_emulated),
                      score_before, score_after, share,
@@ -292,7 +300,7 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
                      objective.describe(), {k: round(v, 3) for k, v in seconds.items()},
                      tuple(warnings), tuple(notes), tuple(near_ties), objective.score_label(),
                      objective.pass_mark(),
-                     _resources(result, time.perf_counter() - t_start, jobs))
+                     _resources(result, time.perf_counter() - t_start, jobs), acc)
 
 
 def rewrite_engine_notes(rewrites: dict) -> list[str]:

@@ -9,7 +9,9 @@ Heads (the ``head=`` option of the box metrics; ``auto`` reads the outputs' shap
 * ``yolov5``: ``[N, A, 5+C]``: cx, cy, w, h, objectness, ``C`` class scores; score =
   objectness x class score (YOLOv5 ``non_max_suppression``).
 * ``ssd``: two outputs, boxes ``[N, A, 4]`` (``box_format``, pixels or normalized) and class
-  probabilities ``[N, A, C]`` (``background=0`` drops a background column).
+  probabilities ``[N, A, C]``; a background column is dropped: ``background=K``, or by
+  default column 0 when each row sums to 1 (a softmax over background + classes, as SSD and
+  RetinaFace export it; ``background=-1`` keeps every column).
 * ``detr``: DETR-family query heads, no NMS: one output ``[N, Q, 4+C]`` (ultralytics RT-DETR:
   normalized cx, cy, w, h, then sigmoid class scores) or boxes ``[N, Q, 4]`` + logits
   ``[N, Q, C]`` (``activation=sigmoid`` as RT-DETR / Deformable DETR, ``softmax`` as DETR,
@@ -238,7 +240,8 @@ def decode(outputs: Mapping[str, np.ndarray], spec: HeadSpec, *,
         max_det: Detections kept per image (raw heads: after NMS; DETR: the top-k queries).
         activation: DETR class scores: ``auto`` (sigmoid unless already in [0, 1]), ``none``,
             ``sigmoid``, ``softmax``.
-        background: ``ssd``: index of a background class column to drop.
+        background: ``ssd``: index of a background class column to drop (None: column 0 when
+            the scores are a softmax over classes; -1: none).
 
     Returns:
         One :class:`ImageDetections` per image.
@@ -285,7 +288,10 @@ def decode(outputs: Mapping[str, np.ndarray], spec: HeadSpec, *,
             raise MetricError(f"ssd head: boxes {list(a.shape)} and scores {list(s.shape)} do "
                               "not line up as [N, A, 4] and [N, A, C]")
         columns = np.arange(s.shape[2])
-        if background is not None:
+        if background is None and s.shape[2] > 1 and s.size and float(np.nanmax(np.abs(
+                s.sum(axis=-1) - 1.0))) <= 1e-3:
+            background = 0  # a softmax over classes including background (SSD, RetinaFace)
+        if background is not None and background >= 0:
             columns = columns[columns != background]
         cls = s[..., columns]
         label = columns[np.nanargmax(np.nan_to_num(cls, nan=-np.inf), axis=-1)]

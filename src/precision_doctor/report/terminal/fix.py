@@ -10,6 +10,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
+from precision_doctor.compare.tasks.accuracy import accuracy_line
 from precision_doctor.numbers import fmt3, fmt_vs
 from precision_doctor.repair.pipeline import FixResult
 from precision_doctor.report.tables import Col, MetricTable, metric_table
@@ -50,6 +51,8 @@ def render_fix(result: FixResult, console: Console) -> None:
         ("PASS" if ok else "FAIL", f"bold {'green' if ok else 'red'}"),
         f" {result.target.upper()} fix against the objective: {result.objective}"))
     console.print(Text("  ") + objective_line(result))
+    if result.accuracy:
+        console.print(Text(f"Accuracy against labels: {accuracy_line(result.accuracy)}"))
     console.print(before_after_table(result))
     s = result.share
     console.print(f"FP32: {s['fp32_nodes']} of {s['compute_nodes']} compute nodes "
