@@ -9,8 +9,8 @@ from rich.console import Console
 
 from precision_doctor.api.diagnosing import diagnose
 from precision_doctor.api.options import invocation
-from precision_doctor.compare.tasks.accuracy import accuracy_line
 from precision_doctor.api.results import Diagnosis
+from precision_doctor.compare.tasks.accuracy import accuracy_line
 from precision_doctor.errors import InputError
 from precision_doctor.report.files import check_writable, write_json, write_text_atomic
 from precision_doctor.report.progress import progress_bar

@@ -75,7 +75,10 @@ def coco_map(detections: Sequence[ImageDetections], truths: Sequence[ImageLabels
         MetricError: pycocotools is missing.
     """
     coco_cls, eval_cls = _cocotools()
-    images, anns, dets, cats = [], [], [], set()
+    images: list[dict[str, Any]] = []
+    anns: list[dict[str, Any]] = []
+    dets: list[dict[str, Any]] = []
+    cats: set[int] = set()
     for i, (det, gt, (src, inp)) in enumerate(zip(detections, truths, sizes), 1):
         h, w = (src if src is not None else (gt.height or 1, gt.width or 1))
         images.append({"id": i, "width": int(w), "height": int(h), "file_name": gt.name})
@@ -136,7 +139,8 @@ def coco_map_drop(reference: Mapping[str, np.ndarray], candidate: Mapping[str, n
     if ground_truth is None or ground_truth.kind != "detection":
         raise MetricError("coco-map-drop needs COCO labels per image: --labels FILE.json "
                           "(API: labels=...) whose images[].file_name are the input files")
-    options = dict(head=head, boxes=boxes if boxes is not None else output, scores=scores,
+    options: dict[str, Any] = dict(
+        head=head, boxes=boxes if boxes is not None else output, scores=scores,
                    labels=labels, count=count, score_threshold=score_threshold,
                    box_format=box_format, nms_iou=nms_iou, max_det=max_det,
                    activation=activation, background=background)

@@ -45,6 +45,7 @@ from precision_doctor.compare.tasks.heads import (
 from precision_doctor.compare.tasks.io import select_output
 from precision_doctor.errors import MetricError
 
+
 @dataclass(frozen=True)
 class DetectionMatch:
     """One image's matching of candidate detections to reference detections.
@@ -368,13 +369,15 @@ def box_map(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndar
         return 1.0
     aps = []
     for label in classes:
-        scores, hits, n_pos = [], [], 0
+        found: list[np.ndarray] = []
+        hits: list[np.ndarray] = []
+        n_pos = 0
         for r, c, d in zip(ref, cand, details, strict=True):
             n_pos += int(np.count_nonzero(r.labels == label))
             tp = np.zeros(len(c.scores), dtype=bool)
             tp[[m[0] for m in d.matches]] = True
             mine = c.labels == label
-            scores.append(c.scores[mine])
+            found.append(c.scores[mine])
             hits.append(tp[mine])
-        aps.append(average_precision(np.concatenate(scores), np.concatenate(hits), n_pos))
+        aps.append(average_precision(np.concatenate(found), np.concatenate(hits), n_pos))
     return float(np.mean(aps))

@@ -148,7 +148,7 @@ def infer_head(outputs: Mapping[str, Any], boxes: str | None = None,
     if len(shape) == 3 and 5 <= shape[1] and shape[2] > 2 * shape[1]:
         return HeadSpec("yolov8", first, why=f"one output [N, 4+C, A] = {list(shape)}: "
                         f"{shape[1] - 4} class scores over {shape[2]} anchor points")
-    if len(shape) == 3 and shape[2] > 7:
+    if first is not None and len(shape) == 3 and shape[2] > 7:
         arr = np.asarray(outputs[first])
         if arr.size and float(np.nanmax(np.abs(arr[..., :4]))) <= 2.0:
             return HeadSpec("detr", first, why=f"one output [N, Q, 4+C] = {list(shape)} with "
@@ -196,10 +196,10 @@ def nms(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, iou: float,
                           "(cv2.dnn.NMSBoxesBatched): pip install 'precision-doctor[detect]'"
                           ) from None
     xywh = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
-    keep = cv2.dnn.NMSBoxesBatched(xywh.astype(np.float64), scores.astype(np.float32),
-                                   labels.astype(np.int32), -np.inf, float(iou), 1.0,
-                                   int(max_det))
-    keep = np.asarray(keep, np.int64).reshape(-1)
+    batched: Any = cv2.dnn.NMSBoxesBatched  # its stubs want lists; arrays are accepted
+    picked = batched(xywh.astype(np.float64), scores.astype(np.float32),
+                     labels.astype(np.int32), -np.inf, float(iou), 1.0, int(max_det))
+    keep = np.asarray(picked, np.int64).reshape(-1)
     return keep[np.argsort(-scores[keep], kind="stable")]
 
 
