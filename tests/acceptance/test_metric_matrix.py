@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 from PIL import Image
+from tiny_models import make_model, tensor, yolo_head
 from typer.testing import CliRunner
 
 import precision_doctor as pd
 from precision_doctor.cli import app
 from precision_doctor.compare.tasks.registry import BUILTINS
-from tiny_models import make_model, tensor
 
 SIDE = 16
 RNG = np.random.default_rng(7)
@@ -64,27 +64,6 @@ def ctc():
              helper.make_node("Softmax", ["t"], ["y"], name="softmax", axis=-1)]
     return make_model(nodes, *_io([1, SIDE, 6]), inits,
                       metadata={"character": "a\nb\nc\nd"})
-
-
-def yolo_head():
-    """A YOLOv8-shaped raw head [1, 4+2, 64]: boxes around a 8x8 grid of anchor points, two
-    sigmoid class scores, joined by a Concat as the exported head is."""
-    conv, inits = _conv("conv", 3, 4, "x", "h")
-    gx, gy = np.meshgrid(np.arange(8) * 2 + 1.0, np.arange(8) * 2 + 1.0)
-    grid = np.stack([gx.ravel(), gy.ravel()])[None]  # [1, 2, 64]
-    nodes = [conv, helper.make_node("MaxPool", ["h"], ["m"], name="pool", kernel_shape=[2, 2],
-                                    strides=[2, 2]),
-             helper.make_node("Reshape", ["m", "shape"], ["flat"], name="flat"),
-             helper.make_node("Split", ["flat", "split"], ["wh_raw", "cls_raw"], name="split",
-                              axis=1),
-             helper.make_node("Sigmoid", ["wh_raw"], ["wh_s"], name="wh_sig"),
-             helper.make_node("Mul", ["wh_s", "eight"], ["wh"], name="wh_scale"),
-             helper.make_node("Sigmoid", ["cls_raw"], ["cls"], name="cls_sig"),
-             helper.make_node("Concat", ["grid", "wh", "cls"], ["y"], name="head", axis=1)]
-    inits += [tensor("grid", grid), tensor("eight", 8.0),
-              helper.make_tensor("shape", TensorProto.INT64, [3], [1, 4, 64]),
-              helper.make_tensor("split", TensorProto.INT64, [2], [2, 2])]
-    return make_model(nodes, *_io([1, 6, 64]), inits, metadata={"names": "{0: 'a', 1: 'b'}"})
 
 
 MODELS = {"top1": classifier, "top5": classifier, "mask-iou": sigmoid_map,

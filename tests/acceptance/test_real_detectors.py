@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import real_detectors as rd
 from typer.testing import CliRunner
 
 import precision_doctor as pd
-import real_detectors as rd
 from precision_doctor.cli import app
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,26 @@
+"""A detection head is read as boxes, never as argmax decisions (diagnosis/detections.py)."""
+
+import numpy as np
+import pytest
+
+import precision_doctor as pd
+from precision_doctor.diagnosis.detections import class_names, find_head
+from tiny_models import yolo_head
+
+pytest.importorskip("cv2")
+
+
+def test_raw_yolo_head_is_read_as_boxes_with_its_names():
+    model = yolo_head()
+    assert class_names(model) == {0: "a", 1: "b"}
+    x = np.random.default_rng(0).uniform(0, 1, (1, 3, 16, 16)).astype(np.float32)
+    d = pd.diagnose(model, [x, x * 0.5], layerwise=False, noise=False, quiet=True)
+    [summary] = d.decisions
+    assert summary.kind == "detection-yolov8" and summary.suggested_metric == "box-map:head=yolov8"
+    assert not any(s.kind.startswith("class") for s in d.decisions)
+    assert summary.positions > 0 and summary.task_metric == "box-match"
+
+
+def test_plain_tensor_is_not_a_head():
+    model = yolo_head()
+    assert find_head(model, {"y": np.zeros((1, 3, 4), np.float32)}) is None
