@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from precision_doctor.compare.tasks.labels import load_labels
     from precision_doctor.compare.tasks.registry import sample_context
+    from precision_doctor.diagnosis.detections import class_names
     from precision_doctor.layerwise.candidates import reference_factory, run_samples
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -172,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         model = onnx.load(spec["model"])
         names = [o.name for o in model.graph.output]
         reference = run_samples(reference_factory(model), sample_list, names)
-        truths = load_labels(spec["labels"]).for_samples([s.name for s in sample_list])
+        truths = (load_labels(spec["labels"]).with_class_names(class_names(model))
+                  .for_samples([s.name for s in sample_list]))  # by name, as fix does
         contexts = [{**sample_context(s), "ground_truth": t}
                     for s, t in zip(sample_list, truths)]
         tools = list(TOOLS) + (["autocast"] if args.modelopt_python else [])

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
+from tiny_models import yolo_head
 
 import precision_doctor as pd
 from precision_doctor.diagnosis.detections import class_names, find_head
-from tiny_models import yolo_head
 
 pytest.importorskip("cv2")
 
