@@ -185,7 +185,14 @@ def main(argv: list[str] | None = None) -> int:
             python = args.modelopt_python if tool == "autocast" else sys.executable
             row = launch(tool, spec, dest, python)
             if dest.exists():
-                row.update(measure(dest, spec, sample_list, reference, contexts))
+                try:
+                    row.update(measure(dest, spec, sample_list, reference, contexts))
+                except Exception as exc:  # a written model that ONNX Runtime cannot run
+                    from search import fp32_compute_nodes
+
+                    written = onnx.load(str(dest))
+                    row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}",
+                               fp32_nodes=len(fp32_compute_nodes(written)))
             rows.append(row)
         results[name] = rows
         print(f"\n{name}: {len(sample_list)} photos, {spec['preprocess']}")
@@ -197,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{str(r.get('fp32_nodes', '-')) + '/' + str(r.get('compute_nodes', '-')):>13}"
                   f"{r.get('box_map_min', float('nan')):>13.4f}"
                   f"{100 * r.get('coco_map', float('nan')):>7.1f}"
-                  f"{100 * r.get('coco_map50', float('nan')):>7.1f}")
+                  f"{100 * r.get('coco_map50', float('nan')):>7.1f}"
+                  + (f"  ERROR {r['error'][:120]}" if r.get("error") else ""))
     stamp = datetime.date.today().isoformat()
     path = REPO / "benchmarks" / "results" / f"detectors_{stamp}.json"
     path.write_text(json.dumps({"date": stamp, "load_avg": os.getloadavg(),
