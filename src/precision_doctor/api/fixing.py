@@ -236,7 +236,10 @@ def objective_summary(result: FixResult) -> dict:
     """The ``objective`` entry of ``report.html.render_fix_section``'s summary: what the fix
     was judged against and the original (naive) and fixed scores."""
     threshold, higher = result.pass_mark
+    from precision_doctor.compare.tasks.accuracy import accuracy_line
+
     return {"text": result.objective, "target": result.target,
+            "accuracy": accuracy_line(result.accuracy),
             "score_label": result.score_label, "threshold": threshold,
             "higher_is_better": higher,
             "before": {"value": result.score_before.value,

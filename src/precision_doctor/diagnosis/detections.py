@@ -89,7 +89,11 @@ def find_head(model: onnx.ModelProto, shapes: Mapping[str, np.ndarray]) -> HeadS
             return HeadSpec("detr", spec.boxes, why="ultralytics RT-DETR export: [N, Q, 4+C] "
                             "queries, normalized cx cy w h and sigmoid class scores")
         if spec.kind in ("yolov8", "yolov5"):
-            return HeadSpec(spec.kind, spec.boxes, why=f"ultralytics YOLO export: {spec.why}")
+            size = meta.get("imgsz", "").strip("[]").replace(", ", "x")
+            hint = (f"; exported at imgsz {size}, stride {meta.get('stride', '?')} (inputs "
+                    f"as -p resize=fixed,size={size},scale=1/255)") if size else ""
+            return HeadSpec(spec.kind, spec.boxes,
+                            why=f"ultralytics YOLO export: {spec.why}{hint}")
     if spec.kind == "nms" and "EfficientNMS" in spec.why:
         return spec
     if spec.kind in ("nms", "paddle") and spec.why.startswith(("TensorRT", "[K, 6]")):

@@ -211,7 +211,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
 
     t0 = time.perf_counter()
     warnings: list[str] = []
-    if flips and not probe_outputs:
+    boxes = {d.output for d in summaries if d.kind.startswith("detection-")}  # no noise there
+    if any(f.output not in boxes for f in flips) and not probe_outputs:
         warnings.append("decision flips have fp32_noise null: no FP32 noise probe ran ("
                         + ("the noise floor was not measured" if floor is None else
                            "; ".join(f"{k}: {v}" for k, v in floor.skipped.items())) + ")")

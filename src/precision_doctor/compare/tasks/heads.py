@@ -10,12 +10,12 @@ Heads (the ``head=`` option of the box metrics; ``auto`` reads the outputs' shap
   objectness x class score (YOLOv5 ``non_max_suppression``).
 * ``ssd``: two outputs, boxes ``[N, A, 4]`` (``box_format``, pixels or normalized) and class
   probabilities ``[N, A, C]``; a background column is dropped: ``background=K``, or by
-  default column 0 when each row sums to 1 (a softmax over background + classes, as SSD and
-  RetinaFace export it; ``background=-1`` keeps every column).
+  default column 0 when each row sums to 1 within 0.02 (a softmax over background + classes,
+  as SSD and RetinaFace export it; ``background=-1`` keeps every column).
 * ``detr``: DETR-family query heads, no NMS: one output ``[N, Q, 4+C]`` (ultralytics RT-DETR:
   normalized cx, cy, w, h, then sigmoid class scores) or boxes ``[N, Q, 4]`` + logits
   ``[N, Q, C]`` (``activation=sigmoid`` as RT-DETR / Deformable DETR, ``softmax`` as DETR,
-  whose last class is "no object" and is dropped). Score: the best class; the ``topk``
+  whose last class is "no object" and is dropped). Score: the best class; the ``max_det``
   best queries are kept (RT-DETR's postprocessor keeps 300).
 * ``nms``: detections after NMS: one output ``[N, K, 5]`` (x1 y1 x2 y2 score) or
   ``[N, K, >=6]`` (``... score class``: ultralytics ``nms=True`` and end-to-end YOLOv10/YOLO26
@@ -49,6 +49,9 @@ RAW_SCORE_THRESHOLD = 0.25  # ultralytics predict's default conf
 NMS_IOU = 0.7  # ultralytics predict's default iou
 MAX_DET = 300  # ultralytics max_det; RT-DETR's num_top_queries
 EFFICIENT_NMS = ("num_dets", "det_boxes", "det_scores", "det_classes")
+# rows of a softmax sum to 1 within this even when each probability was stored in BF16
+# (relative rounding 2^-9 per value: <= 4e-3 for two classes); per-class sigmoids do not
+SOFTMAX_SUM_TOLERANCE = 2e-2
 
 
 @dataclass(frozen=True)
@@ -289,7 +292,7 @@ def decode(outputs: Mapping[str, np.ndarray], spec: HeadSpec, *,
                               "not line up as [N, A, 4] and [N, A, C]")
         columns = np.arange(s.shape[2])
         if background is None and s.shape[2] > 1 and s.size and float(np.nanmax(np.abs(
-                s.sum(axis=-1) - 1.0))) <= 1e-3:
+                s.sum(axis=-1) - 1.0))) <= SOFTMAX_SUM_TOLERANCE:
             background = 0  # a softmax over classes including background (SSD, RetinaFace)
         if background is not None and background >= 0:
             columns = columns[columns != background]

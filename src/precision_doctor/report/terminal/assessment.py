@@ -62,6 +62,12 @@ def _render_rewritten(report: DiagnosisReport, console: Console) -> None:
 
 def _render_decisions(report: DiagnosisReport, console: Console) -> None:
     for d in report.decisions:
+        if d.kind.startswith("detection-"):
+            console.print(f"Detection head {escape(d.output)} ({d.kind[10:]}): {d.flips} boxes "
+                          f"appeared, vanished, moved or changed class; {d.task_metric} F1 "
+                          f"{fmt_share(d.task_agreement, 1)}\n  read as: {escape(d.why)}")
+            console.print(f"  suggested task metric: --metric {escape(d.suggested_metric or '')}")
+            continue
         task = (f", {d.task_metric} agreement {fmt_share(d.task_agreement, 1)}"
                 if d.task_agreement is not None else "")
         axis = "" if d.kind == "sigmoid-map" else f", axis {d.axis}"
