@@ -18,7 +18,9 @@ reference score at IoU >= ``MATCH_IOU`` = 0.5 (PASCAL VOC's match threshold) wha
 class. A reference box without a match *vanished*, a candidate box without one *appeared*, a
 match with another class *changed class*, and a match of the same class below
 ``MOVED_IOU`` = 0.9 *moved* (project choice: FP16 rounding moves a box by a fraction of a
-pixel, IoU > 0.99 on boxes of tens of pixels). Each such box is listed as a flip; the summary
+pixel, IoU > 0.99 on boxes of tens of pixels). Each such box is listed as a flip (``position``
+= (image, box index; -1 - index for a candidate box), ``fp32_margin`` = its score, the
+labels in ``fp32_top[0]`` / ``candidate_top``, no FP32 noise or error share); the summary
 gives the box-match F1 (``box-match``) and suggests ``--metric box-map`` with the head's
 options.
 """

@@ -1,4 +1,5 @@
-"""The HTML assessment section: assessment, decisions, flips, rewritten run (``assessment.j2``).
+"""The HTML assessment section: assessment, accuracy against labels, decisions, flips, rewritten
+run (``assessment.j2``).
 
 Numbers go through ``numbers.fmt3`` (the template's ``sci`` filter), as in the terminal.
 """
@@ -30,9 +31,13 @@ def assessment_section(report: DiagnosisReport) -> Section | None:
     """The section (id ``assessment``), or None for a report without an assessment."""
     from precision_doctor.report.html import Section, _render
 
+    from precision_doctor.compare.tasks.accuracy import accuracy_line
+
     if report.assessment is None:
         return None
-    return Section("assessment", "Assessment", _render("assessment.j2", r=report))
+    accuracy = accuracy_line(getattr(report, "accuracy", None) or {})  # api.Diagnosis
+    return Section("assessment", "Assessment", _render("assessment.j2", r=report,
+                                                       accuracy=accuracy))
 
 
 __all__ = ["assessment_section", "sci"]
