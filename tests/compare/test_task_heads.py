@@ -133,6 +133,13 @@ def test_coco_map_by_pycocotools_and_the_drop(tmp_path):
                             np.array([0]))  # input pixels of a 320x320 input
     np.testing.assert_allclose(to_source(exact, (480, 640), (320, 320)),
                                [[100, 75, 300, 150]])
+    # letterbox 480x640 -> 320x320: the image is 240x320 at top 40 (ultralytics LetterBox)
+    np.testing.assert_allclose(to_source(exact, (480, 640), (320, 320), (40, 0, 240, 320)),
+                               [[100, 20, 300, 120]])
+    unit = ImageDetections(np.array([[0.25, 0.25, 0.5, 0.5]]), np.array([0.9]),
+                           np.array([0]), normalized=True)
+    np.testing.assert_allclose(to_source(unit, (480, 640), (320, 320), (40, 0, 240, 320)),
+                               [[160, 80, 320, 240]])
     hit = coco_map([exact], [truth], [(None, None)])
     assert hit["map50"] == 0.0 and hit["objects"] == 1  # in the wrong pixels without sizes
     right = ImageDetections(np.array([[100.0, 50.0, 300.0, 150.0]]), np.array([0.9]),

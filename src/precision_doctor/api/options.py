@@ -135,7 +135,8 @@ def as_samples(data: DataLike | None, model: onnx.ModelProto,
             feeds = {inputs[0].name: feeds}
         samples.append(check_sample(name, feeds, inputs,
                                     source_size=getattr(item, "source_size", None),
-                                    input_size=getattr(item, "input_size", None)))
+                                    input_size=getattr(item, "input_size", None),
+                                    input_box=getattr(item, "input_box", None)))
     if not samples:
         raise InputError("data holds no samples: give at least one feed dict or array")
     return samples

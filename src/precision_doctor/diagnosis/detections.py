@@ -93,7 +93,7 @@ def find_head(model: onnx.ModelProto, shapes: Mapping[str, np.ndarray]) -> HeadS
         if spec.kind in ("yolov8", "yolov5"):
             size = meta.get("imgsz", "").strip("[]").replace(", ", "x")
             hint = (f"; exported at imgsz {size}, stride {meta.get('stride', '?')} (inputs "
-                    f"as -p resize=fixed,size={size},scale=1/255)") if size else ""
+                    f"as ultralytics feeds them: -p ultralytics:size={size})") if size else ""
             return HeadSpec(spec.kind, spec.boxes,
                             why=f"ultralytics YOLO export: {spec.why}{hint}")
     if spec.kind == "nms" and "EfficientNMS" in spec.why:

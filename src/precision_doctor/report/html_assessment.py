@@ -29,9 +29,8 @@ def sci(x: object) -> str:
 
 def assessment_section(report: DiagnosisReport) -> Section | None:
     """The section (id ``assessment``), or None for a report without an assessment."""
-    from precision_doctor.report.html import Section, _render
-
     from precision_doctor.compare.tasks.accuracy import accuracy_line
+    from precision_doctor.report.html import Section, _render
 
     if report.assessment is None:
         return None

@@ -51,7 +51,8 @@ def task_accuracy(runs: Mapping[str, Outputs], contexts: Sequence[Mapping[str, A
         head = {k: v for k, v in opts.items() if k in HEAD_OPTIONS}
         if opts.get("output") is not None and "boxes" not in head:
             head["boxes"] = opts["output"]
-        sizes = [(contexts[i].get("source_size"), contexts[i].get("input_size")) for i in idx]
+        sizes = [(contexts[i].get("source_size"), contexts[i].get("input_size"),
+                  contexts[i].get("input_box")) for i in idx]
         out.update(kind="detection", metric="COCO mAP@[.5:.95] (pycocotools)")
         for name, outputs in runs.items():
             dets = [extract_detections({k: v[i] for k, v in outputs.items()},

@@ -1,11 +1,12 @@
 """Detection accuracy against COCO labels, computed by pycocotools (``COCOeval``).
 
 Detections are read from the head as exported (``compare.tasks.heads``) and mapped back to
-source-image pixels before they meet the labels: boxes in input pixels are scaled by
-``source_size / input_size`` per axis (the ``resize=fixed`` stretch that
-``cv2.dnn.blobFromImage`` and most ONNX demos use; letterbox padding is not undone), normalized
-boxes by ``source_size``. Array inputs carry no sizes: their boxes are taken as already in the
-labels' pixels.
+source-image pixels before they meet the labels: normalized boxes are first scaled to the input
+tensor's pixels (``input_size``), then ``x_src = (x - left) * w_src / width`` (and so for y)
+with ``input_box = (top, left, height, width)``, where the resized image lies in the tensor:
+this undoes the ``resize=fixed`` stretch (``cv2.dnn.blobFromImage``), the ``letterbox``
+padding of ultralytics exports and a center crop. Array inputs carry no sizes: their boxes are
+taken as already in the labels' pixels.
 
 ``coco-map-drop`` (per sample, lower is better): COCO mAP@[.5:.95] of the reference's
 detections on that image minus the candidate's, both against the labels (``--threshold 0.001``:
@@ -43,29 +44,34 @@ def _cocotools() -> tuple[Any, Any]:
 
 
 def to_source(det: ImageDetections, source_size: Sequence[int] | None,
-              input_size: Sequence[int] | None) -> np.ndarray:
+              input_size: Sequence[int] | None,
+              input_box: Sequence[int] | None = None) -> np.ndarray:
     """``[K, 4]`` xyxy boxes in source-image pixels (rules: module docstring)."""
     boxes = np.asarray(det.boxes, np.float64).reshape(-1, 4)
     if source_size is None:
         return boxes
     sh, sw = float(source_size[0]), float(source_size[1])
     if det.normalized:
-        return boxes * [sw, sh, sw, sh]
-    if input_size is None:
-        return boxes
-    ih, iw = float(input_size[0]), float(input_size[1])
-    return boxes * [sw / iw, sh / ih, sw / iw, sh / ih]
+        if input_size is None:
+            return boxes * [sw, sh, sw, sh]
+        boxes = boxes * [input_size[1], input_size[0], input_size[1], input_size[0]]
+    if input_box is None:
+        if input_size is None:
+            return boxes
+        input_box = (0, 0, int(input_size[0]), int(input_size[1]))
+    top, left, bh, bw = (float(v) for v in input_box)
+    return (boxes - [left, top, left, top]) * [sw / bw, sh / bh, sw / bw, sh / bh]
 
 
 def coco_map(detections: Sequence[ImageDetections], truths: Sequence[ImageLabels],
-             sizes: Sequence[tuple[Sequence[int] | None, Sequence[int] | None]]
-             ) -> dict[str, float]:
+             sizes: Sequence[tuple[Any, ...]]) -> dict[str, float]:
     """COCO box mAP of detections against labels, by pycocotools.
 
     Args:
         detections: One per image.
         truths: The labels of the same images.
-        sizes: ``(source_size, input_size)`` per image, each ``(height, width)`` or None.
+        sizes: ``(source_size, input_size[, input_box])`` per image (context values or
+            None).
 
     Returns:
         ``{"map": mAP@[.5:.95], "map50": mAP@0.5, "images", "objects", "detections"}``; the
@@ -79,7 +85,8 @@ def coco_map(detections: Sequence[ImageDetections], truths: Sequence[ImageLabels
     anns: list[dict[str, Any]] = []
     dets: list[dict[str, Any]] = []
     cats: set[int] = set()
-    for i, (det, gt, (src, inp)) in enumerate(zip(detections, truths, sizes), 1):
+    for i, (det, gt, size) in enumerate(zip(detections, truths, sizes), 1):
+        src, inp, box = (*size, None)[:3]
         h, w = (src if src is not None else (gt.height or 1, gt.width or 1))
         images.append({"id": i, "width": int(w), "height": int(h), "file_name": gt.name})
         for (x, y, bw, bh), c, crowd in zip(gt.boxes, gt.categories,
@@ -87,7 +94,8 @@ def coco_map(detections: Sequence[ImageDetections], truths: Sequence[ImageLabels
             anns.append({"id": len(anns) + 1, "image_id": i, "category_id": int(c),
                          "bbox": [x, y, bw, bh], "area": float(bw * bh), "iscrowd": crowd})
             cats.add(int(c))
-        for (x1, y1, x2, y2), s, c in zip(to_source(det, src, inp), det.scores, det.labels):
+        for (x1, y1, x2, y2), s, c in zip(to_source(det, src, inp, box), det.scores,
+                                          det.labels):
             dets.append({"image_id": i, "category_id": int(c), "score": float(s),
                          "bbox": [float(x1), float(y1), float(x2 - x1), float(y2 - y1)]})
             cats.add(int(c))
@@ -118,7 +126,8 @@ def coco_map_drop(reference: Mapping[str, np.ndarray], candidate: Mapping[str, n
                   activation: str = "auto", background: int | None = None,
                   ground_truth: ImageLabels | None = None,
                   source_size: tuple[int, int] | None = None,
-                  input_size: tuple[int, int] | None = None) -> float:
+                  input_size: tuple[int, int] | None = None,
+                  input_box: tuple[int, int, int, int] | None = None) -> float:
     """COCO mAP@[.5:.95] lost on one image: reference's minus candidate's, both against the
     labels (lower is better; negative when the candidate does better).
 
@@ -127,7 +136,8 @@ def coco_map_drop(reference: Mapping[str, np.ndarray], candidate: Mapping[str, n
         head ... background: How to read the detection head (``box-map``'s options; ``output``
             is the same as ``boxes``).
         ground_truth: The image's labels (per-sample context from ``--labels``).
-        source_size / input_size: The image's size before and after preprocessing (context).
+        source_size / input_size / input_box: The image's size before and after
+            preprocessing and where it lies in the input (context).
 
     Returns:
         The drop in mAP points / 100 (0.001 = 0.1 point); 0.0 when the image has no labelled
@@ -149,7 +159,7 @@ def coco_map_drop(reference: Mapping[str, np.ndarray], candidate: Mapping[str, n
     if len(ref) != 1 or len(cand) != 1:
         raise MetricError(f"coco-map-drop scores one image per sample; the outputs hold "
                           f"{len(ref)} images")
-    size = [(source_size, input_size)]
+    size = [(source_size, input_size, input_box)]
     a = coco_map(ref, [ground_truth], size)["map"]
     b = coco_map(cand, [ground_truth], size)["map"]
     if np.isnan(a) and np.isnan(b):

@@ -17,11 +17,12 @@ Option values cannot contain ``,``; ``true``/``false``/``none`` and numbers are 
 Every built-in takes ``output=NAME`` (default: the first output).
 
 Per-sample context: a metric function with a keyword parameter named in :data:`CONTEXT_KEYS`
-also receives that fact about the sample, when known (``source_size``: the source image's
-``(height, width)``, and ``input_size``: the image's ``(height, width)`` in the model input,
-for image inputs; ``ground_truth``: the sample's labels from ``--labels``); such parameters are
-not spec options. Only a function that names the parameter receives it: a ``**options``
-catch-all does not (it would forward the fact to functions that do not take it).
+also receives that fact about the sample, when known: for image inputs ``source_size`` (the
+source image's ``(height, width)``), ``input_size`` (its ``(height, width)`` in the model
+input) and ``input_box`` (where the resized image lies in it); ``ground_truth`` (the sample's
+labels from ``--labels``). Such parameters are not spec options. Only a function that names
+the parameter receives it: a ``**options`` catch-all does not (it would forward the fact to
+functions that do not take it).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ Outputs = Mapping[str, np.ndarray]
 TEXT_OPTIONS = frozenset({"output", "boxes", "scores", "labels", "count", "charset", "layout",
                           "box_format", "head", "activation"})
 # Facts about a sample passed to metric functions that declare them (not settable by a spec).
-CONTEXT_KEYS = frozenset({"source_size", "input_size", "ground_truth"})
+CONTEXT_KEYS = frozenset({"source_size", "input_size", "input_box", "ground_truth"})
 
 
 @dataclass(frozen=True)
