@@ -48,8 +48,8 @@ def diagnose(
                                        "random:seed=0,low=-1,high=1,count=2,shape=x:1x3x224x224"),
     preprocess: Optional[str] = typer.Option(None, "--preprocess", "-p", help="Image "
                                              "preprocessing: preset (imagenet, ppocr-det, "
-                                             "ppocr-rec, ppocr-cls, none) and/or key=value "
-                                             "overrides"),
+                                             "ppocr-rec, ppocr-cls, ultralytics, none) "
+                                             "and/or key=value overrides"),
     target: str = typer.Option("fp16", "--target", "-t", help="fp16, bf16 or tf32 (fp32 to "
                                "compare two FP32 engines)"),
     runner: str = typer.Option("emulate", "--runner", "-r", help="emulate, emulate-fused (BN "

@@ -62,7 +62,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
             (float64 -> float32); dynamic dims are taken from the data.
         target: ``"fp16"``, ``"bf16"``, ``"tf32"``, or ``"fp32"`` (compare two FP32 engines).
         preprocess: Image preprocessing: a preset (``imagenet``, ``ppocr-det``, ``ppocr-rec``,
-            ``ppocr-cls``, ``paddleocr-det``, ``none``), ``key=value`` overrides
+            ``ppocr-cls``, ``paddleocr-det``, ``ultralytics``, ``none``), ``key=value`` overrides
             (``"ppocr-det:resize=max-side,side=960"``) or a ``PreprocessSpec``. Images only.
         runner: ``"emulate"``, ``"emulate-fused"`` (BatchNorm folded and LayerNorm fused as
             engines run it), or ONNX Runtime: ``"ort:cuda,tf32=0"``, ``"ort:tensorrt,fp16=1"``.
