@@ -24,3 +24,18 @@ def test_raw_yolo_head_is_read_as_boxes_with_its_names():
 def test_plain_tensor_is_not_a_head():
     model = yolo_head()
     assert find_head(model, {"y": np.zeros((1, 3, 4), np.float32)}) is None
+
+
+def test_heads_with_nms_are_found_by_names_or_structure():
+    from onnx import helper
+
+    empty = helper.make_model(helper.make_graph([], "g", [], []))
+    efficient = {"num_dets": np.array([[1]], np.int32),
+                 "det_boxes": np.zeros((1, 100, 4), np.float32),
+                 "det_scores": np.zeros((1, 100), np.float32),
+                 "det_classes": np.zeros((1, 100), np.int32)}
+    spec = find_head(empty, efficient)
+    assert spec is not None and (spec.kind, spec.count) == ("nms", "num_dets")
+    paddle = {"rows": np.zeros((3, 6), np.float32), "count": np.array([3], np.int32)}
+    assert find_head(empty, paddle).kind == "paddle"
+    assert find_head(empty, {"y": np.zeros((1, 12, 6), np.float32)}) is None  # could be anything

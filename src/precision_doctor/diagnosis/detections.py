@@ -86,8 +86,7 @@ def find_head(model: onnx.ModelProto, shapes: Mapping[str, np.ndarray]) -> HeadS
         if meta.get("end2end", "").lower() == "true" or "nms': True" in meta.get("args", ""):
             return HeadSpec("nms", spec.boxes, why="ultralytics export with NMS in the graph "
                             "(rows x1 y1 x2 y2 score class)")
-        if "rt-detr" in meta.get("description", "").lower() or "rtdetr" in meta.get(
-                "description", "").lower():
+        if "detr" in meta.get("description", "").lower():  # "Ultralytics rtdetr-l model ..."
             return HeadSpec("detr", spec.boxes, why="ultralytics RT-DETR export: [N, Q, 4+C] "
                             "queries, normalized cx cy w h and sigmoid class scores")
         if spec.kind in ("yolov8", "yolov5"):
@@ -96,10 +95,8 @@ def find_head(model: onnx.ModelProto, shapes: Mapping[str, np.ndarray]) -> HeadS
                     f"as ultralytics feeds them: -p ultralytics:size={size})") if size else ""
             return HeadSpec(spec.kind, spec.boxes,
                             why=f"ultralytics YOLO export: {spec.why}{hint}")
-    if spec.kind == "nms" and "EfficientNMS" in spec.why:
-        return spec
-    if spec.kind in ("nms", "paddle") and spec.why.startswith(("TensorRT", "[K, 6]")):
-        return spec
+    if spec.kind == "paddle" or (spec.kind == "nms" and spec.count and spec.scores):
+        return spec  # PaddleDetection rows + count; EfficientNMS outputs found by their names
     if spec.kind == "yolov8" and spec.boxes and _producer_op(model, spec.boxes) == "Concat":
         return spec
     if spec.kind in ("ssd", "detr") and spec.boxes and shapes[spec.boxes].shape[1] >= 100:
