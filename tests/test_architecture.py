@@ -1,12 +1,16 @@
-"""The layout reads like the architecture: layer order, file size, no printing in the library.
+"""The layout reads like the architecture: layer order, no import cycles, file and package
+size, no printing in the library.
 
 Layers, lowest first (a module may import from its own layer and the layers below it only;
-function-level imports count too). CONTRIBUTING.md explains the order.
+function-level imports count too). Between modules there is no import cycle, not even through
+a function-level import. A package holds at most ``MAX_MODULES`` modules (a subpackage counts
+as one). CONTRIBUTING.md explains the order.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -44,6 +48,12 @@ FACADE = "precision_doctor"
 
 MAX_LINES = 400
 OVERSIZE_EXEMPT: set[str] = set()
+
+# Modules of one package (its .py files besides __init__.py, plus its subpackages, one each).
+MAX_MODULES = 12
+# The package root is exempt: its subpackages are the layers themselves (CONTRIBUTING.md draws
+# them); its own modules (cli, errors, formats, ...) still count against the limit.
+ROOT_COUNTS_FILES_ONLY = "precision_doctor"
 
 # The only places that may create a rich Console (everything else receives one).
 CONSOLE_MAKERS = {"cli.py", "report/notebook.py", "api/options.py"}
@@ -85,6 +95,68 @@ def imported_modules(path: Path, module: str) -> list[tuple[int, str]]:
 
 
 SOURCES = sorted(PACKAGE.rglob("*.py"))
+MODULES = {module_name(p): p for p in SOURCES}
+
+
+def import_graph(sources: Mapping[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules of ``sources`` it imports (any nesting level). ``from pkg import x``
+    points at ``pkg.x`` when that is a module, else at ``pkg``. The facade's lazy imports of
+    the API (PEP 562, ``FACADE``) are left out: nothing inside the package imports the API
+    through the facade."""
+    graph: dict[str, set[str]] = {}
+    for module, path in sources.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parent + ([base] if base else []))
+                targets.update(f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base
+                               for a in node.names)
+        if module == FACADE:
+            targets = {t for t in targets if not t.startswith("precision_doctor.api")}
+        graph[module] = {t for t in targets if t in sources and t != module}
+    return graph
+
+
+def import_cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm), each
+    sorted: every module of one imports every other, directly or not."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
 
 
 def test_every_module_has_a_layer():
@@ -114,6 +186,44 @@ def test_layer_check_sees_violations(tmp_path: Path):
     names = [n for _, n in imported_modules(probe, module_name(fake))]
     assert names == ["precision_doctor.report.html"]
     assert layer_of(names[0]) > layer_of(module_name(fake))
+
+
+def test_no_import_cycles():
+    cycles = import_cycles(import_graph(MODULES))
+    assert not cycles, f"import cycles (function-level imports count): {cycles}"
+
+
+def test_cycle_check_sees_cycles(tmp_path: Path):
+    """The checker itself: a cycle through a function-level import is found, a chain is not."""
+    files = {"precision_doctor.report.a": "from precision_doctor.report.b import f\n",
+             "precision_doctor.report.b": "def f():\n    from precision_doctor.report import a\n",
+             "precision_doctor.report.c": "from precision_doctor.report.a import f\n"}
+    sources = {}
+    for name, text in files.items():
+        path = tmp_path / f"{name.rpartition('.')[2]}.py"
+        path.write_text(text)
+        sources[name] = path
+    assert import_cycles(import_graph(sources)) == [
+        ["precision_doctor.report.a", "precision_doctor.report.b"]]
+
+
+def package_sizes() -> dict[str, int]:
+    """Package -> its modules (``.py`` files besides ``__init__.py``) plus its subpackages."""
+    sizes = {}
+    for init in PACKAGE.rglob("__init__.py"):
+        folder = init.parent
+        files = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+        subpackages = [d for d in folder.iterdir() if (d / "__init__.py").exists()]
+        name = module_name(init)
+        sizes[name] = len(files) + (0 if name == ROOT_COUNTS_FILES_ONLY else len(subpackages))
+    return sizes
+
+
+def test_no_package_over_the_module_limit():
+    sizes = package_sizes()
+    assert sizes["precision_doctor.report"] >= 5  # the count sees the package's modules
+    large = {name: n for name, n in sizes.items() if n > MAX_MODULES}
+    assert not large, f"packages over {MAX_MODULES} modules (a subpackage counts as one): {large}"
 
 
 def test_no_file_over_the_line_limit():

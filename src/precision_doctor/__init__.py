@@ -29,7 +29,9 @@ from precision_doctor.errors import (
     MetricError,
     ModelError,
     ModelLoadError,
+    OutputError,
     OutputExistsError,
+    OutputPathError,
     PlanError,
     PrecisionDoctorError,
     ReferenceError_,
@@ -57,9 +59,9 @@ _API = ("Audit", "Diagnosis", "Fix", "InputComparison", "audit", "compare_inputs
 __all__ = [
     "Audit", "BackendError", "BackendUnavailable", "DataFormatError", "Diagnosis", "Fix",
     "InputComparison", "InputError", "InputNameError", "InputShapeError", "MetricError",
-    "ModelError", "ModelLoadError", "OutputExistsError", "PlanError", "PrecisionDoctorError",
-    "ReferenceError_", "TargetNotMetError", "UnsupportedModelError", "__version__", "audit",
-    "compare_inputs", "diagnose", "fix",
+    "ModelError", "ModelLoadError", "OutputError", "OutputExistsError", "OutputPathError",
+    "PlanError", "PrecisionDoctorError", "ReferenceError_", "TargetNotMetError",
+    "UnsupportedModelError", "__version__", "audit", "compare_inputs", "diagnose", "fix",
 ]
 
 

@@ -24,7 +24,8 @@ err_console = Console(stderr=True)
 
 
 def _fail(exc: PrecisionDoctorError) -> None:
-    err_console.print(f"error: {exc}", highlight=False, markup=False, style="red")
+    err_console.print(f"error: {exc}", highlight=False, markup=False, style="red",
+                      soft_wrap=True)  # one line, however narrow the terminal
     raise typer.Exit(2)
 
 
@@ -196,10 +197,11 @@ def audit(
     from precision_doctor.report.files import check_writable, write_json
     from precision_doctor.report.terminal.audit import render_audit, render_build_diff
 
+    inputs = [layer_info, log, profile, onnx_model, plan, compare, compare_profile]
     if layer_info.is_file() and is_build_log(layer_info):
         _audit_log(layer_info, onnx_model, json_path, force)
     try:
-        check_writable([json_path], force)
+        check_writable([json_path], force, inputs=inputs)
         model = load_model(onnx_model) if onnx_model else None
         report = audit_engine_build(layer_info, onnx=model, profile=profile, log=log,
                                     plan=str(plan) if plan else None, expect_fp32=expect_fp32)
@@ -233,7 +235,7 @@ def _audit_log(path: Path, onnx_model: Optional[Path], json_path: Optional[Path]
     from precision_doctor.report.terminal.buildlog import render_build_log
 
     try:
-        check_writable([json_path], force)
+        check_writable([json_path], force, inputs=[path, onnx_model])
         build = read_build_log(path, load_model(onnx_model) if onnx_model else None)
         render_build_log(build, console)
         if json_path:
@@ -265,7 +267,7 @@ def inputs_command(
     from precision_doctor.report.terminal.forensics import render_forensics
 
     try:
-        check_writable([json_path], force)
+        check_writable([json_path], force, inputs=[a, b, model])
         result = compare_inputs(a, b, preprocess_a=preprocess_a, preprocess_b=preprocess_b,
                                 model=model, target=target)
         render_forensics(result, console)
@@ -330,5 +332,5 @@ def run() -> None:  # pragma: no cover - console entry point helper
     try:
         app()
     except PrecisionDoctorError as exc:
-        err_console.print(f"error: {exc}", style="red", markup=False)
+        err_console.print(f"error: {exc}", style="red", markup=False, soft_wrap=True)
         sys.exit(2)

@@ -18,7 +18,10 @@ the message without a traceback.
     │   └── BackendUnavailable     an optional backend (CUDA, TensorRT) is not installed/usable
     ├── MetricError                a user metric raised, returned NaN, or cannot be imported
     ├── TargetNotMetError          the accuracy target cannot be met even with everything in FP32
-    └── OutputExistsError          refusing to overwrite an existing file without --force
+    └── OutputError                an output file cannot be written
+        ├── OutputExistsError      refusing to overwrite an existing file without --force
+        └── OutputPathError        its folder is missing or not writable, it is a folder, or it
+                                   is one of the inputs
 """
 
 from __future__ import annotations
@@ -93,5 +96,14 @@ class TargetNotMetError(PrecisionDoctorError):
     """The accuracy target cannot be met even with every node in FP32."""
 
 
-class OutputExistsError(PrecisionDoctorError):
+class OutputError(PrecisionDoctorError):
+    """An output file cannot be written (checked before any work starts)."""
+
+
+class OutputExistsError(OutputError):
     """Refusing to overwrite an existing file without ``--force``."""
+
+
+class OutputPathError(OutputError):
+    """An output path cannot be written: its folder is missing or not writable, it is a folder,
+    or it is one of the command's inputs (the model is never overwritten)."""

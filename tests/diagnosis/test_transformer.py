@@ -8,11 +8,8 @@ import pytest
 from onnx import TensorProto, helper
 from tiny_models import make_model, tensor
 
-from precision_doctor.diagnosis.headroom.probe import (
-    TransformerReport,
-    analyze_transformer,
-    layernorm_statistics,
-)
+from precision_doctor.diagnosis.headroom.probe import analyze_transformer, layernorm_statistics
+from precision_doctor.diagnosis.headroom.records import TransformerReport
 from precision_doctor.diagnosis.headroom.sites import find_attention, find_layernorms
 from precision_doctor.diagnosis.headroom.stress import StressResult, stress_probe
 from precision_doctor.formats import Precision

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diagnosis"))
 from test_transformer import D, T, attention_block  # noqa: E402
 
 from precision_doctor.formats import Precision  # noqa: E402

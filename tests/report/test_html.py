@@ -24,7 +24,9 @@ from precision_doctor.inputs import load_samples
 from precision_doctor.layerwise.candidates import emulated
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.report import plots
-from precision_doctor.report.html import fmt_num, render_fix_section, render_html, sort_key
+from precision_doctor.report.html import render_html
+from precision_doctor.report.html_fix import render_fix_section
+from precision_doctor.report.templating import fmt_num, sort_key
 
 SCRIPT_NODE = "<script>alert(1)</script>"
 IMG_TENSOR = '<img src=x onerror="alert(2)">'

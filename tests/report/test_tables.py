@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from precision_doctor.numbers import WIDTH, fmt3, fmt_share, fmt_vs
-from precision_doctor.report.tables import Col, MetricTable, metric_table
+from precision_doctor.report.terminal.tables import Col, MetricTable, metric_table
 
 
 @pytest.mark.parametrize("value, text", [

@@ -27,8 +27,8 @@ from precision_doctor.graph.load import input_metadata
 from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import dumps
 from precision_doctor.precision.plan import PrecisionPlan
-from precision_doctor.repair.pipeline import FixResult
 from precision_doctor.repair.pipeline import fix as fix_model
+from precision_doctor.repair.result import FixResult
 from precision_doctor.report.files import (
     check_writable,
     model_files,
@@ -114,6 +114,8 @@ class Fix:
         """The stable JSON text of the report; also written to ``path`` when given.
 
         Raises:
+            OutputPathError: The folder of ``path`` is missing or not writable, or it is a
+                folder.
             OutputExistsError: ``path`` exists and ``force`` is False.
         """
         return json_text(self.to_dict(), path, force)
@@ -135,6 +137,8 @@ class Fix:
             What was written: ``{"model", "plan", "recipes", "report", "rewritten"}`` -> path.
 
         Raises:
+            OutputPathError: A file cannot be written: its folder is missing or not
+                writable, or it is a folder (nothing written).
             OutputExistsError: A file exists and ``force`` is False (nothing written).
             InputError: ``path`` is the source model (never overwritten), or no model is held.
         """
@@ -186,6 +190,8 @@ class Fix:
 
         Raises:
             InputError: The ``Fix`` was rebuilt from JSON (no model or samples to diagnose).
+            OutputPathError: The folder of ``path`` is missing or not writable, or it is a
+                folder.
             OutputExistsError: ``path`` exists and ``force`` is False.
         """
         if self.model is None or self.result is None or self.source is None or not self.samples:

@@ -264,7 +264,7 @@ def progress_reporter(progress: Progress | None, quiet: bool) -> Iterator[Progre
         return
     from rich.console import Console
 
-    from precision_doctor.report.progress import progress_bar
+    from precision_doctor.report.terminal.progress import progress_bar
 
     console = Console(stderr=True)
     with progress_bar(console, enabled=console.is_terminal) as bar:

@@ -32,6 +32,8 @@ def json_text(data: Mapping[str, Any], path: PathLike | None, force: bool) -> st
     """The stable JSON text of ``data``, also written atomically to ``path`` when given.
 
     Raises:
+        OutputPathError: The folder of ``path`` is missing or not writable, or it is a
+            folder.
         OutputExistsError: ``path`` exists and ``force`` is False.
     """
     text = dumps(data)
@@ -57,6 +59,8 @@ class _Views:
             force: Overwrite an existing ``path``.
 
         Raises:
+            OutputPathError: The folder of ``path`` is missing or not writable, or it is a
+                folder.
             OutputExistsError: ``path`` exists and ``force`` is False.
         """
         return json_text(self.to_dict(), path, force)
@@ -69,6 +73,8 @@ class _Views:
             force: Overwrite an existing ``path``.
 
         Raises:
+            OutputPathError: The folder of ``path`` is missing or not writable, or it is a
+                folder.
             OutputExistsError: ``path`` exists and ``force`` is False.
         """
         page = self._page()

@@ -41,7 +41,7 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 2
     }
 
 ``transformer``: per-block FP16 headroom of a model with LayerNorms or attention
-(``diagnosis.headroom.probe.TransformerReport.to_dict``; ``stress`` from
+(``diagnosis.headroom.records.TransformerReport.to_dict``; ``stress`` from
 ``diagnosis.headroom.stress``).
 
 Non-finite floats are written as the strings "inf", "-inf", "nan" (JSON has no such numbers).
@@ -139,7 +139,7 @@ class DiagnosisReport:
     rewritten: dict | None = None
     largest_jump: str | None = None
     recording: dict | None = None  # recorded candidate: runner, version, cross-check
-    transformer: dict | None = None  # diagnosis.headroom.probe.TransformerReport.to_dict()
+    transformer: dict | None = None  # diagnosis.headroom.records.TransformerReport.to_dict()
 
     @property
     def passed(self) -> bool:

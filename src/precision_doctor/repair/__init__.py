@@ -1,1 +1,3 @@
-"""``fix``: rewrite, rank, search, write, verify; and the review of the fixed model."""
+"""``fix`` as named stages: baseline, rewrite, start plan, rank, search (``stages``), write,
+verify (``verify``), chained by ``pipeline.fix`` into a ``FixResult`` (``result``); and the
+review of the fixed model (``review``)."""

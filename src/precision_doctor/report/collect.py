@@ -28,7 +28,14 @@ from typing import Any, Mapping, Sequence
 
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision
-from precision_doctor.report.recipes import ShapeRange, _b, _fence, _shell, _x, shape_ranges
+from precision_doctor.report.shell import (
+    ShapeRange,
+    fence,
+    polygraphy_shapes,
+    shape_ranges,
+    shell,
+    trtexec_shapes,
+)
 
 
 @dataclass(frozen=True)
@@ -90,11 +97,11 @@ class CollectRecipe:
                f"Copy {self.model}" + (f", {self.fixed}" if self.fixed else "") +
                f" and {self.inputs} (the real inputs, Polygraphy --save-inputs format) to a "
                "machine with TensorRT and Polygraphy, run these commands there, copy "
-               f"`{self.out_dir}/` back, then analyse here:", _fence(self.analyse, "bash")]
+               f"`{self.out_dir}/` back, then analyse here:", fence(self.analyse, "bash")]
         for run in self.runs:
             out += [f"### {run.tag}: {run.model}, {run.typed}, TF32 "
-                    f"{'on' if run.tf32 else 'off'}", _fence("\n".join(run.commands), "bash"),
-                    "Analyse:", _fence("\n".join(run.analyse), "bash")]
+                    f"{'on' if run.tf32 else 'off'}", fence("\n".join(run.commands), "bash"),
+                    "Analyse:", fence("\n".join(run.analyse), "bash")]
         out.append("The --trt-outputs mark all engine keeps every tensor, which blocks fusions "
                    "(NVIDIA/TensorRT #2571, #4647): compare its outputs with the unmarked "
                    "recording's before trusting the layerwise table. TensorRT 8.6 has no "
@@ -145,22 +152,20 @@ def _run(path: str, original: str, tag: str, typed: str, tf32: bool, inputs: str
          out_dir: str, ranges: Sequence[ShapeRange], target: str) -> CollectRun:
     out = lambda suffix: str(PurePosixPath(out_dir) / f"{tag}{suffix}")  # noqa: E731
     poly_typed = ["--strongly-typed"] if typed == "strongly-typed" else [f"--{typed}"]
-    poly_shapes = [[f"--trt-{k}-shapes", *(f"{s.name}:{_b(getattr(s, k))}" for s in ranges)]
-                   for k in ("min", "opt", "max")] if ranges else []
+    poly_shapes = polygraphy_shapes(ranges)
     base = [["polygraphy", "run", path, "--trt"], poly_typed, ["--tf32"] if tf32 else [],
             *poly_shapes, ["--load-inputs", inputs]]
-    deployed = _shell([*base, ["--save-inputs", out(".inputs.json")],
-                       ["--save-outputs", out(".json"), "--verbose"]]) + \
+    deployed = shell([*base, ["--save-inputs", out(".inputs.json")],
+                      ["--save-outputs", out(".json"), "--verbose"]]) + \
         f" > {shlex.quote(out('.log'))} 2>&1"
-    marked = _shell([*base, ["--trt-outputs", "mark", "all"],
-                     ["--save-outputs", out(".marked.json")]])
+    marked = shell([*base, ["--trt-outputs", "mark", "all"],
+                    ["--save-outputs", out(".marked.json")]])
     trt_typed = ["--stronglyTyped"] if typed == "strongly-typed" else [f"--{typed}"]
-    trt_shapes = [[f"--{k}Shapes=" + ",".join(f"{s.name}:{_x(getattr(s, k))}" for s in ranges)]
-                  for k in ("min", "opt", "max")] if ranges else []
-    trtexec = _shell([["trtexec", f"--onnx={path}"], trt_typed, [] if tf32 else ["--noTF32"],
-                      *trt_shapes, ["--profilingVerbosity=detailed",
-                                    f"--exportLayerInfo={out('.layers.json')}",
-                                    f"--exportProfile={out('.profile.json')}", "--verbose"]]) + \
+    trt_shapes = trtexec_shapes(ranges)
+    trtexec = shell([["trtexec", f"--onnx={path}"], trt_typed, [] if tf32 else ["--noTF32"],
+                     *trt_shapes, ["--profilingVerbosity=detailed",
+                                   f"--exportLayerInfo={out('.layers.json')}",
+                                   f"--exportProfile={out('.profile.json')}", "--verbose"]]) + \
         f" > {shlex.quote(out('.trtexec.log'))} 2>&1"
     common = ["--data", inputs, "--target", target]
     analyse = (

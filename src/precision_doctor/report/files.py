@@ -1,8 +1,11 @@
-"""Safe file output: never overwrite silently, always write atomically.
+"""Safe file output: checked before the work, never overwritten silently, written atomically.
 
-A file is written to a temporary name in the same directory and renamed over the target
-(``os.replace`` is atomic on POSIX and Windows), so a crash never leaves a half-written report
-or model, and an existing file is replaced only with ``force=True``.
+Every output path is checked before any model is loaded (``check_writable``): its folder exists
+and is writable, it is not a folder, not one of the inputs (the model is never overwritten), and
+it does not exist unless ``force``; a failed check names the path in one line
+(``OutputPathError``, ``OutputExistsError``), and nothing has been written. A file is then
+written to a temporary name in the same directory and renamed over the target (``os.replace``
+is atomic on POSIX and Windows), so a crash never leaves a half-written report or model.
 """
 
 from __future__ import annotations
@@ -14,33 +17,101 @@ from typing import Iterable
 
 import onnx
 
-from precision_doctor.errors import OutputExistsError
+from precision_doctor.errors import OutputExistsError, OutputPathError
 from precision_doctor.graph.external import has_external_data
 from precision_doctor.graph.external_files import save_model
 from precision_doctor.graph.load import PROTOBUF_LIMIT
 from precision_doctor.jsonable import dumps
 
 
-def check_writable(paths: Iterable[str | os.PathLike[str] | None], force: bool) -> None:
-    """Raise before any work starts if an output exists and ``force`` is False.
+def check_writable(paths: Iterable[str | os.PathLike[str] | None], force: bool, *,
+                   inputs: Iterable[str | os.PathLike[str] | None] = (),
+                   folders: Iterable[str | os.PathLike[str]] = ()) -> None:
+    """Raise before any work starts if an output cannot be written.
+
+    Args:
+        paths: Output files (None entries are skipped).
+        force: Whether existing files may be replaced.
+        inputs: The command's input files: no output may be one of them.
+        folders: Output folders the caller creates when missing (``check_folder``); a file in
+            one of them (at any depth) needs no existing parent folder.
 
     Raises:
-        OutputExistsError: Names the first existing file.
+        OutputPathError: An output is an input, a folder, or its folder is missing, not a
+            folder or not writable (the message names the path).
+        OutputExistsError: An output exists and ``force`` is False.
     """
+    made = [Path(f) for f in folders]
+    for folder in made:
+        check_folder(folder)
+    sources = [Path(i) for i in inputs if i is not None]
     for p in paths:
-        if p is not None and Path(p).exists() and not force:
+        if p is None:
+            continue
+        target = Path(p)
+        if any(_same_file(target, s) for s in sources):
+            raise OutputPathError(f"cannot write {target}: it is an input of this command; "
+                                  "write the output elsewhere", file=str(target))
+        if target.is_dir():
+            raise OutputPathError(f"cannot write {target}: it is a folder; give a file name",
+                                  file=str(target))
+        if not any(f == target.parent or f in target.parents for f in made):
+            _check_parent(target)
+        if target.exists() and not force:
             raise OutputExistsError(f"{p} exists; pass --force to overwrite it", file=str(p))
 
 
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, force: bool = False) -> Path:
-    """Write ``data`` to ``path`` atomically.
+def check_folder(path: str | os.PathLike[str]) -> None:
+    """Raise unless ``path`` is a writable folder, or is missing with a writable parent folder
+    (the caller creates it, one level only).
 
     Raises:
+        OutputPathError: Names the path and what is wrong with it.
+    """
+    folder = Path(path)
+    if folder.exists():
+        if not folder.is_dir():
+            raise OutputPathError(f"cannot write into {folder}: it is a file, not a folder",
+                                  file=str(folder))
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise OutputPathError(f"cannot write into {folder}: the folder is not writable",
+                                  file=str(folder))
+        return
+    _check_parent(folder)
+
+
+def _check_parent(target: Path) -> None:
+    parent = target.parent
+    if not parent.exists():
+        raise OutputPathError(f"cannot write {target}: folder {parent} does not exist "
+                              "(create it first)", file=str(target))
+    if not parent.is_dir():
+        raise OutputPathError(f"cannot write {target}: {parent} is a file, not a folder",
+                              file=str(target))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputPathError(f"cannot write {target}: folder {parent} is not writable",
+                              file=str(target))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file (through links too, when both exist)."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, force: bool = False) -> Path:
+    """Write ``data`` to ``path`` atomically (its folder must exist).
+
+    Raises:
+        OutputPathError: ``path`` cannot be written (see ``check_writable``).
         OutputExistsError: ``path`` exists and ``force`` is False.
     """
     target = Path(path)
     check_writable([target], force)
-    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -86,6 +157,7 @@ def write_model(path: str | os.PathLike[str], model: onnx.ModelProto, force: boo
         The files written.
 
     Raises:
+        OutputPathError: A target cannot be written (see ``check_writable``).
         OutputExistsError: A target exists and ``force`` is False.
     """
     files = model_files(path, model)

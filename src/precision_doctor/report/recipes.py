@@ -20,37 +20,33 @@ from __future__ import annotations
 import collections
 import copy
 import os
-import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 import onnx
 
-from precision_doctor.errors import InputShapeError, ModelLoadError, PlanError
+from precision_doctor.errors import ModelLoadError, PlanError
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.load import name_nodes
 from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.report.shell import (
+    ShapeRange,
+    fence,
+    poly_dims,
+    polygraphy_shapes,
+    shape_ranges,
+    shell,
+    trtexec_shapes,
+    with_suffix,
+)
 from precision_doctor.runners.ort_options import parse_ort_spec
 
 _BAD_CHARS = {",": "',' separates trtexec --layerPrecisions entries",
               "'": "trtexec strips single quotes from layer names",
               "*": "trtexec reads '*' as a wildcard, which could pin other layers too"}
-_WRAP = 100  # characters; a longer command is written one group per line
 _MISSING: Any = object()  # a plan node absent from the original model
-
-
-@dataclass(frozen=True)
-class ShapeRange:
-    """An optimization-profile range for one graph input: element-wise ``min``/``max`` of the
-    shapes seen and, as ``opt``, the most frequent one (first seen wins ties)."""
-
-    name: str
-    min: tuple[int, ...]
-    opt: tuple[int, ...]
-    max: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -109,46 +105,19 @@ class Recipes:
     def render_markdown(self) -> str:
         """A short ``recipes.md`` section with every command and option set."""
         out = [f"## Engine recipes ({self.target.value}, TF32 {'on' if self.tf32 else 'off'})",
-               "### TensorRT >= 10, strongly typed (recommended)", _fence(self.trtexec, "bash"),
+               "### TensorRT >= 10, strongly typed (recommended)", fence(self.trtexec, "bash"),
                "### TensorRT 8.6-10.x, weakly typed, original model"]
-        out += ([_fence(self.trtexec_weak, "bash"), _fence(self.polygraphy_weak, "bash")]
+        out += ([fence(self.trtexec_weak, "bash"), fence(self.polygraphy_weak, "bash")]
                 if self.trtexec_weak
                 else ["Withheld (see the notes): use the strongly typed model."])
         if self.skipped:
             out += ["FP32 nodes whose TensorRT layer cannot be named exactly:",
-                    _fence("\n".join(f"{n}  # {r}" for n, r in self.skipped), "text")]
-        out += ["### Verify with Polygraphy", _fence(self.polygraphy_run, "bash"),
-                _fence(self.polygraphy_reference, "bash"),
-                "### ONNX Runtime execution providers", _fence(self.ort_python, "python"),
+                    fence("\n".join(f"{n}  # {r}" for n, r in self.skipped), "text")]
+        out += ["### Verify with Polygraphy", fence(self.polygraphy_run, "bash"),
+                fence(self.polygraphy_reference, "bash"),
+                "### ONNX Runtime execution providers", fence(self.ort_python, "python"),
                 "### Notes", "\n".join(f"- {n}" for n in self.notes)]
         return "\n\n".join(out) + "\n"
-
-
-def shape_ranges(input_shapes: Mapping[str, Sequence[Any]]) -> tuple[ShapeRange, ...]:
-    """Profile ranges from ``input_shapes`` (name -> one shape, or the shapes seen in the
-    calibration data). ``opt``, which TensorRT tunes kernels for, is the commonest shape seen:
-    the best guess of the deployment shape.
-
-    Raises:
-        InputShapeError: A non-integer or negative dim, or shapes of different ranks.
-    """
-    ranges = []
-    for name, value in input_shapes.items():
-        seen = [value] if not value or not isinstance(value[0], (list, tuple)) else list(value)
-        try:
-            shapes = [tuple(int(d) for d in s) for s in seen]
-            if any(isinstance(d, bool) or int(d) != d or d < 0 for s in seen for d in s):
-                raise ValueError("dims must be integers >= 0")
-        except (TypeError, ValueError) as exc:
-            raise InputShapeError(f"input {name!r}: shapes must be lists of non-negative "
-                                  f"integers, got {value!r} ({exc})", input=name) from exc
-        if len(ranks := {len(s) for s in shapes}) != 1:
-            raise InputShapeError(f"input {name!r}: the shapes seen have ranks {sorted(ranks)};"
-                                  " one engine profile needs one rank", input=name)
-        ranges.append(ShapeRange(str(name), tuple(map(min, zip(*shapes))),
-                                 collections.Counter(shapes).most_common(1)[0][0],
-                                 tuple(map(max, zip(*shapes)))))
-    return tuple(ranges)
 
 
 def trt_layer_names(model: onnx.ModelProto | str | os.PathLike) -> dict[str, str | None]:
@@ -241,41 +210,40 @@ def build_recipes(fixed_model: str | os.PathLike, original_model: str | os.PathL
             skipped.append((node, why))
         else:
             layers.append(str(layer))
-    engine, layer_json = _with_suffix(fixed, ".plan"), _with_suffix(fixed, ".layers.json")
-    trt_shapes = [[f"--{k}Shapes=" + ",".join(f"{s.name}:{_x(getattr(s, k))}" for s in ranges)]
-                  for k in ("min", "opt", "max")] if ranges else []
+    engine, layer_json = with_suffix(fixed, ".plan"), with_suffix(fixed, ".layers.json")
+    trt_shapes = trtexec_shapes(ranges)
     no_tf32 = [[] if tf32 else ["--noTF32"]]
     plan_arg = ["--plan", str(plan_json)] if plan_json else []
-    trtexec = _shell([["trtexec", f"--onnx={fixed}"], ["--stronglyTyped"], *no_tf32, *trt_shapes,
-                      ["--profilingVerbosity=detailed", f"--exportLayerInfo={layer_json}",
-                       f"--saveEngine={engine}"]],
-                     ["# TensorRT >= 10. TensorRT 11 builds every network strongly typed",
-                      "# (--stronglyTyped is the default there; weak typing was removed)."])
+    trtexec = shell([["trtexec", f"--onnx={fixed}"], ["--stronglyTyped"], *no_tf32, *trt_shapes,
+                     ["--profilingVerbosity=detailed", f"--exportLayerInfo={layer_json}",
+                      f"--saveEngine={engine}"]],
+                    ["# TensorRT >= 10. TensorRT 11 builds every network strongly typed",
+                     "# (--stronglyTyped is the default there; weak typing was removed)."])
     trtexec += "\n# then check the precision each layer ran in:\n" + shlex.join(
         ["precision-doctor", "audit", layer_json, "--onnx", fixed, *plan_arg])
-    poly_shapes = [[f"--trt-{k}-shapes", *(f"{s.name}:{_b(getattr(s, k))}" for s in ranges)]
-                   for k in ("min", "opt", "max")] if ranges else []
-    shape_in = [["--input-shapes", *(f"{s.name}:{_b(s.opt)}" for s in ranges)]] if ranges else []
+    poly_shapes = polygraphy_shapes(ranges)
+    shape_in = ([["--input-shapes", *(f"{s.name}:{poly_dims(s.opt)}" for s in ranges)]]
+                if ranges else [])
     real_in = [["--load-inputs", str(inputs_json)]] if inputs_json else shape_in
     poly_tf32 = [["--tf32"] if tf32 else []]
     tol = [["--atol", f"{atol:g}", "--rtol", f"{rtol:g}"]]
     typed = [["--trt", "--strongly-typed"], *poly_tf32, *poly_shapes]
-    polygraphy_run = _shell([["polygraphy", "run", fixed], ["--onnxrt"], *typed, *real_in, *tol],
-                            ["# The engine against ONNX Runtime CPU running the same typed model."])
+    polygraphy_run = shell([["polygraphy", "run", fixed], ["--onnxrt"], *typed, *real_in, *tol],
+                           ["# The engine against ONNX Runtime CPU running the same typed model."])
     polygraphy_reference = "\n".join([
         "# The engine against the FP32 original: save reference outputs, then compare.",
-        _shell([["polygraphy", "run", orig, "--onnxrt"], *real_in,
-                ["--save-inputs", "inputs.json", "--save-outputs", "fp32_outputs.json"]]),
-        _shell([["polygraphy", "run", fixed], *typed, ["--load-inputs", "inputs.json"],
-                ["--load-outputs", "fp32_outputs.json"], *tol])])
+        shell([["polygraphy", "run", orig, "--onnxrt"], *real_in,
+               ["--save-inputs", "inputs.json", "--save-outputs", "fp32_outputs.json"]]),
+        shell([["polygraphy", "run", fixed], *typed, ["--load-inputs", "inputs.json"],
+               ["--load-outputs", "fp32_outputs.json"], *tol])])
     trtexec_weak = polygraphy_weak = ""
     if target is not Precision.TF32 and not skipped:
         flag = "--bf16" if target is Precision.BF16 else "--fp16"
-        weak_engine = _with_suffix(orig, f".weak_{target.value}.plan")
-        weak_json = _with_suffix(orig, f".weak_{target.value}.layers.json")
+        weak_engine = with_suffix(orig, f".weak_{target.value}.plan")
+        weak_json = with_suffix(orig, f".weak_{target.value}.layers.json")
         pins = [[(f"--layer{k}=", [f"{n}:fp32" for n in layers])]
                 for k in ("Precisions", "OutputTypes")] if layers else []
-        trtexec_weak = _shell(
+        trtexec_weak = shell(
             [["trtexec", f"--onnx={orig}"], [flag], *no_tf32, ["--precisionConstraints=obey"],
              *pins, *trt_shapes, ["--profilingVerbosity=detailed",
                                   f"--exportLayerInfo={weak_json}", f"--saveEngine={weak_engine}"]],
@@ -285,7 +253,7 @@ def build_recipes(fixed_model: str | os.PathLike, original_model: str | os.PathL
         trtexec_weak += "\n" + shlex.join(
             ["precision-doctor", "audit", weak_json, "--onnx", orig, *plan_arg])
         poly_pins = [["--layer-precisions"], *([f"{n}:float32"] for n in layers)] if layers else []
-        polygraphy_weak = _shell(
+        polygraphy_weak = shell(
             [["polygraphy", "convert", orig], [flag], *poly_tf32,
              ["--precision-constraints", "obey"], *poly_pins, *poly_shapes, ["-o", weak_engine]],
             ["# Polygraphy sets layer precisions only (it has no per-layer output types)."])
@@ -359,42 +327,3 @@ def _notes(target: Precision, tf32: bool, nodes: Sequence[str], layers: Sequence
     return tuple(notes)
 
 
-def _with_suffix(path: str, suffix: str) -> str:
-    p = Path(path)
-    return str(p.with_name(p.stem + suffix)) if p.suffix == ".onnx" else path + suffix
-
-
-def _x(shape: Sequence[int]) -> str:  # trtexec dims; a 0-D input is "scalar"
-    return "x".join(map(str, shape)) if shape else "scalar"
-
-
-def _b(shape: Sequence[int]) -> str:  # Polygraphy dims
-    return "[" + ",".join(map(str, shape)) + "]"
-
-
-def _shell(groups: Sequence[Sequence[Any]], comments: Sequence[str] = ()) -> str:
-    """Render a command, one group of arguments per line, every piece ``shlex.quote``-d. A long
-    ``(prefix, items)`` argument (one comma-joined word) continues on unindented lines
-    (``'a b:fp32,'\\`` + newline): POSIX shells drop backslash-newline, joining the pieces."""
-    rendered = []
-    for group in groups:
-        words = []
-        for arg in group:
-            if not isinstance(arg, tuple):
-                words.append(shlex.quote(arg))
-            elif len(joined := arg[0] + ",".join(arg[1])) <= _WRAP:
-                words.append(shlex.quote(joined))
-            else:
-                parts = [arg[0]] + [it + "," for it in arg[1][:-1]] + [arg[1][-1]]
-                words.append("\\\n".join(shlex.quote(p) for p in parts))
-        if words:
-            rendered.append(" ".join(words))
-    flat = " ".join(rendered)
-    body = flat if len(flat) <= _WRAP and "\n" not in flat else " \\\n  ".join(rendered)
-    return "\n".join([*comments, body])
-
-
-def _fence(text: str, lang: str) -> str:
-    """A Markdown code fence longer than any backtick run in ``text``."""
-    ticks = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
-    return f"{ticks}{lang}\n{text.rstrip()}\n{ticks}"

@@ -78,7 +78,7 @@ class OrtRunner:
             session's peak (measured 2026-11-21: ``fix`` on PP-OCRv4 det, 3 full-size images,
             2.3 GB peak RSS with it, 0.9 GB without). On where one session runs many large
             samples: without it each large activation is a fresh mmap, and ``fix``'s emulated
-            search spent half its CPU time in page faults (``repair.pipeline.SEARCH_ARENA``).
+            search spent half its CPU time in page faults (``repair.stages.SEARCH_ARENA``).
             Turn it on to time CPU inference. Inside ``runners.ort_shared.shared_cpu()``
             the session allocates from one arena shared with the other sessions instead.
 

@@ -4,7 +4,7 @@
    target: done, k = 0.
 2. Rank candidates by measured sensitivity (from one layerwise comparison of the start plan on
    the samples it scores worst: overflow/NaN births first, then local error gain =
-   rel_l2(out) / rel_l2(inputs); ``repair.pipeline`` makes it margin- and engine-aware for
+   rel_l2(out) / rel_l2(inputs); ``repair.stages.rank`` makes it margin- and engine-aware for
    decision metrics).
 3. Grow: bisect for the shortest prefix of the ranking that meets the target (log2 N
    evaluations, assuming more FP32 never hurts). Every candidate in FP32 is evaluated only

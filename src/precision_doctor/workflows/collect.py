@@ -26,18 +26,20 @@ def run_collect(model_path: Path, *, data: str, preprocess: str | None, fixed: P
     ``OUT/collect.sh`` and ``OUT/COLLECT.md``; results go to ``OUT/results``.
 
     Raises:
+        OutputPathError: ``out`` cannot be written (checked before the model is loaded).
         PrecisionDoctorError: Bad model, data or target; files exist without ``force``.
     """
+    script, page = out / "collect.sh", out / "COLLECT.md"
+    inputs = Path(data) if _is_polygraphy_inputs(data) and max_samples is None else \
+        out / "inputs.json"
+    check_writable([script, page] + ([inputs] if inputs.parent == out else []), force,
+                   inputs=[model_path, fixed], folders=[out])
     model = load_model(model_path)
     if fixed is not None:
         load_model(fixed)  # fail here, not on the TensorRT machine
     metas = input_metadata(model)
     samples = load_samples(data, metas, preprocess, max_samples)
-    script, page = out / "collect.sh", out / "COLLECT.md"
-    inputs = Path(data) if _is_polygraphy_inputs(data) and max_samples is None else \
-        out / "inputs.json"
-    check_writable([script, page] + ([inputs] if inputs.parent == out else []), force)
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(exist_ok=True)
     if inputs.parent == out:
         save_polygraphy_inputs(samples, inputs, overwrite=force)
     dynamic = {m.name for m in metas if m.is_dynamic()}

@@ -37,7 +37,7 @@ from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.errors import BackendUnavailable
 from precision_doctor.layerwise.compare import LAYERWISE_BUDGET
 from precision_doctor.numbers import fmt3, fmt_vs
-from precision_doctor.repair.pipeline import FixResult
+from precision_doctor.repair.result import FixResult
 from precision_doctor.report.files import check_writable, write_bytes_atomic
 from precision_doctor.report.terminal.fix import applied_rewrites
 from precision_doctor.workflows.diagnose import run_diagnose
@@ -153,7 +153,8 @@ def run_demo(out_dir: Path, console: Console, force: bool = False, quick: bool =
     """Diagnose and fix the PP-OCRv4 text detector in FP16 on bundled photos.
 
     Args:
-        out_dir: Folder for the inputs, reports and fixed model (created if missing).
+        out_dir: Folder for the inputs, reports and fixed model (created if missing; its parent
+            folder must exist).
         console: Where the progress, the reports and the summary are printed.
         force: Overwrite files of an earlier demo run.
         quick: Photos shrunk to max side 320 and no noise floor (~10 s; for tests).
@@ -165,12 +166,14 @@ def run_demo(out_dir: Path, console: Console, force: bool = False, quick: bool =
     Raises:
         BackendUnavailable: The ``demo`` extra is not installed (message: the pip command).
         OutputExistsError: A demo file exists and ``force`` is False (checked before any work).
+        OutputPathError: ``out_dir`` cannot be written (checked before any work).
         PrecisionDoctorError: Any other problem of the diagnose or fix workflows.
     """
+    paths = demo_paths(out_dir)
+    check_writable(paths.values(), force, folders=[out_dir])
     model = find_demo_model()
     images = load_demo_images()
-    paths = demo_paths(out_dir)
-    check_writable(paths.values(), force)
+    (out_dir / "inputs").mkdir(parents=True, exist_ok=True)
     for item in DEMO_IMAGES:
         write_bytes_atomic(paths[f"inputs/{item.file}"], _png(images[item.file]), force)
     preprocess = QUICK_PREPROCESS if quick else FULL_PREPROCESS

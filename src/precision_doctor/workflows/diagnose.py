@@ -13,8 +13,8 @@ from precision_doctor.api.results import Diagnosis
 from precision_doctor.compare.tasks.accuracy import accuracy_line
 from precision_doctor.errors import InputError
 from precision_doctor.report.files import check_writable, write_json, write_text_atomic
-from precision_doctor.report.progress import progress_bar
 from precision_doctor.report.terminal.diagnosis import render_diagnosis
+from precision_doctor.report.terminal.progress import progress_bar
 
 
 def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, target: str,
@@ -30,7 +30,7 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
     Raises:
         PrecisionDoctorError: Any user-facing problem (bad model, data, plan, runner, file).
     """
-    check_writable([json_path, html_path], force)
+    check_writable([json_path, html_path], force, inputs=[model_path, candidate_model, plan_path])
     if data is None:
         raise InputError("--data is required: an image folder (with --preprocess), .npy/.npz, "
                          "Polygraphy inputs JSON, or random:... for seeded random inputs")

@@ -9,11 +9,10 @@ from rich.console import Console
 
 from precision_doctor.api.fixing import fix, sidecar_paths
 from precision_doctor.api.options import invocation
-from precision_doctor.errors import InputError
-from precision_doctor.repair.pipeline import FixResult
+from precision_doctor.repair.result import FixResult
 from precision_doctor.report.files import check_writable
-from precision_doctor.report.progress import progress_bar
 from precision_doctor.report.terminal.fix import render_fix, resources_line
+from precision_doctor.report.terminal.progress import progress_bar
 from precision_doctor.workflows.collect import collect_section
 
 
@@ -26,15 +25,14 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
     """Run ``fix`` and write the fixed model, its plan, recipes and reports.
 
     Raises:
+        OutputPathError: An output cannot be written (or is the input model): checked before
+            the model is loaded, nothing is written.
         PrecisionDoctorError: Any user-facing problem; nothing is written then.
         TargetNotMetError: The target cannot be met even in FP32 (nothing is written).
         InputError: ``jobs`` is neither a positive integer nor ``auto``.
     """
     side = sidecar_paths(output)
-    if output.resolve() == Path(model_path).resolve():
-        raise InputError("-o must differ from the input model: precision-doctor never "
-                         "overwrites your model")
-    check_writable([output, *side.values(), html_path], force)
+    check_writable([output, *side.values(), html_path], force, inputs=[model_path])
     with progress_bar(console, enabled=not quiet and console.is_terminal) as progress:
         fixed = fix(model_path, data, target=target, preprocess=preprocess,
                     tolerance=list(tolerances), metric=metric, threshold=threshold, keep=keep,

@@ -40,9 +40,7 @@ from precision_doctor.compare.tasks.heads import (
     ImageDetections,
     decode,
     infer_head,
-    to_xyxy,
 )
-from precision_doctor.compare.tasks.io import select_output
 from precision_doctor.errors import MetricError
 
 
@@ -151,72 +149,6 @@ def extract_detections(outputs: Mapping[str, np.ndarray], *, head: str = "auto",
         spec = HeadSpec(head, boxes, scores, labels, count, box_format)
     return decode(outputs, spec, score_threshold=score_threshold, nms_iou=nms_iou,
                   max_det=max_det, activation=activation, background=background)
-
-
-def read_nms_head(outputs: Mapping[str, np.ndarray], spec: HeadSpec,
-                  score_threshold: float) -> list[ImageDetections]:
-    """Detections of a head that includes NMS (``nms``: rows ``x1 y1 x2 y2 score class`` or
-    separate outputs; ``paddle``: ``[K, 6]`` rows ``class score x1 y1 x2 y2`` and a count).
-
-    Detections are kept where ``score > score_threshold`` (strict, so zero-padded slots drop at
-    0.0). Without a score column or output every box has score 1.0; without labels every box
-    has label 0.
-
-    Raises:
-        MetricError: A missing output or shapes that do not line up.
-    """
-    if spec.kind == "paddle":
-        return _read_paddle(outputs, spec, score_threshold)
-    boxes, scores, labels, count = spec.boxes, spec.scores, spec.labels, spec.count
-    b = np.asarray(select_output(outputs, boxes, role="boxes"), dtype=np.float64)
-    if b.ndim == 2:
-        b = b[None]
-    if b.ndim != 3 or b.shape[-1] < 4:
-        raise MetricError(f"detection boxes must be [K, >=4] or [N, K, >=4], got {b.shape}; "
-                          "name the boxes output with boxes=NAME or the head with head=...",
-                          output=boxes)
-
-    def per_box(name: str | None, column: int, default: float, role: str) -> np.ndarray:
-        if name is not None:
-            arr = np.asarray(select_output(outputs, name, role=role), dtype=np.float64)
-            if arr.size != b.shape[0] * b.shape[1]:
-                raise MetricError(f"{role} output {name!r} has shape {arr.shape}, which does "
-                                  f"not match boxes {b.shape}", output=name)
-            return arr.reshape(b.shape[:2])
-        return b[..., column] if b.shape[-1] > column else np.full(b.shape[:2], default)
-
-    s = per_box(scores, 4, 1.0, "scores")
-    lab = np.rint(np.nan_to_num(per_box(labels, 5, 0.0, "labels"), nan=-1.0)).astype(np.int64)
-    keep = s > score_threshold
-    if count is not None:
-        n = np.asarray(select_output(outputs, count, role="count")).reshape(-1).astype(np.int64)
-        if n.size != b.shape[0]:
-            raise MetricError(f"count output {count!r} has {n.size} values for {b.shape[0]} "
-                              "images", output=count)
-        keep &= np.arange(b.shape[1])[None, :] < n[:, None]
-    xyxy = to_xyxy(b[..., :4], spec.box_format)
-    return [ImageDetections(xyxy[i][keep[i]], s[i][keep[i]], lab[i][keep[i]])
-            for i in range(b.shape[0])]
-
-
-def _read_paddle(outputs: Mapping[str, np.ndarray], spec: HeadSpec,
-                 score_threshold: float) -> list[ImageDetections]:
-    rows = np.asarray(select_output(outputs, spec.boxes, role="boxes"), np.float64)
-    if rows.ndim != 2 or rows.shape[1] < 6:
-        raise MetricError(f"a PaddleDetection head is [K, 6]; got {list(rows.shape)}",
-                          output=spec.boxes)
-    counts = (np.asarray(select_output(outputs, spec.count, role="count")).reshape(-1)
-              .astype(np.int64) if spec.count is not None else np.array([len(rows)]))
-    if int(counts.sum()) > len(rows):
-        raise MetricError(f"count output {spec.count!r} sums to {int(counts.sum())} boxes; the "
-                          f"[K, 6] output has {len(rows)}", output=spec.count)
-    out, start = [], 0
-    for n in counts:
-        r = rows[start:start + int(n)]
-        start += int(n)
-        r = r[(r[:, 0] >= 0) & (r[:, 1] > score_threshold)]
-        out.append(ImageDetections(r[:, 2:6], r[:, 1], np.rint(r[:, 0]).astype(np.int64)))
-    return out
 
 
 def match_image(reference: ImageDetections, candidate: ImageDetections,

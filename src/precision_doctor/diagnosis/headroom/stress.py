@@ -31,7 +31,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from precision_doctor.diagnosis.headroom.probe import HeadroomProbe, TransformerReport
+from precision_doctor.diagnosis.headroom.probe import HeadroomProbe
+from precision_doctor.diagnosis.headroom.records import TransformerReport
 from precision_doctor.diagnosis.headroom.sites import centered, find_layernorms
 from precision_doctor.formats import Precision
 from precision_doctor.graph.outputs import mark_outputs

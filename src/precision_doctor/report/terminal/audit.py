@@ -2,7 +2,7 @@
 
 Every engine-provided string goes through ``Text`` so that TensorRT names such as
 ``(Unnamed Layer* 12) [Shuffle]`` are never read as rich markup. Tables are
-``report.tables.metric_table``: a table when it fits the console, key: value blocks when it
+``tables.metric_table``: a table when it fits the console, key: value blocks when it
 does not, so no time or header is cut at 80 columns. Engine names longer than the limits below
 are shortened on purpose (the JSON report has them in full).
 """
@@ -21,7 +21,7 @@ from precision_doctor.audit.records import (
     AuditReport,
     EngineLayer,
 )
-from precision_doctor.report.tables import Cell, Col, MetricTable, metric_table
+from precision_doctor.report.terminal.tables import Cell, Col, MetricTable, metric_table
 
 COLORS = {"fp32": "green", "tf32": "yellow", "fp16": "cyan", "bf16": "blue", "fp8": "magenta",
           "int8": "magenta", "mixed": "yellow", "unknown": "red", "not-honored": "red",

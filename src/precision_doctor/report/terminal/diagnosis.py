@@ -1,7 +1,7 @@
 """Terminal rendering of a diagnosis with rich: verdict first, then outputs, findings, layers.
 
 Every number goes through ``numbers.fmt3`` (3 significant digits, the same strings as the HTML
-report) and every table through ``report.tables.metric_table``, which turns into key: value blocks
+report) and every table through ``tables.metric_table``, which turns into key: value blocks
 when the console is too narrow: at 80 columns no number or header is ever cut with ``…``.
 """
 
@@ -19,8 +19,8 @@ from precision_doctor.diagnosis.report import DiagnosisReport, OutputResult
 from precision_doctor.diagnosis.rootcause import Finding
 from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult
 from precision_doctor.numbers import fmt3, fmt_count, fmt_share
-from precision_doctor.report.tables import Cell, Col, MetricTable, metric_table
 from precision_doctor.report.terminal.assessment import render_assessment, render_minor
+from precision_doctor.report.terminal.tables import Cell, Col, MetricTable, metric_table
 
 OUTPUT_COLUMNS = (Col("output", "key"), Col("verdict", "tag"), Col("rel L2"), Col("max abs"),
                   Col("p99 abs"), Col("1-cos"), Col("SNR dB"), Col("NaN/Inf"),

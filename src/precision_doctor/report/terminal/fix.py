@@ -2,7 +2,7 @@
 
 The headline is the fixed model against *the fix's objective* (the task metric and threshold, or
 the tolerance), with the original model's naive low-precision score beside it; every number goes
-through ``numbers.fmt3`` and every table through ``report.tables`` (readable at 80 columns).
+through ``numbers.fmt3`` and every table through ``tables`` (readable at 80 columns).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from rich.text import Text
 
 from precision_doctor.compare.tasks.accuracy import accuracy_line
 from precision_doctor.numbers import fmt3, fmt_vs
-from precision_doctor.repair.pipeline import FixResult
-from precision_doctor.report.tables import Col, MetricTable, metric_table
+from precision_doctor.repair.result import FixResult
 from precision_doctor.report.terminal.diagnosis import verdict_tag
+from precision_doctor.report.terminal.tables import Col, MetricTable, metric_table
 
 BEFORE_AFTER_COLUMNS = (Col("output", "key"), Col("before"), Col("after"),
                         Col("after emu", label="after (emulated)"))

@@ -2,7 +2,7 @@
 
 File names and summaries go through ``Text`` so that brackets in them are never read as rich
 markup. Numbers use ``numbers.fmt3`` (3 significant digits, as in every report) and tables
-``report.tables.metric_table`` (key: value blocks when the console is narrow: nothing is cut).
+``tables.metric_table`` (key: value blocks when the console is narrow: nothing is cut).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from rich.text import Text
 from precision_doctor.forensics.analyze import EXPLAINED_REL_STD
 from precision_doctor.forensics.result import ForensicsResult, InputFinding
 from precision_doctor.numbers import fmt3
-from precision_doctor.report.tables import Cell, Col, MetricTable, metric_table
+from precision_doctor.report.terminal.tables import Cell, Col, MetricTable, metric_table
 
 KIND_COLORS = {"layout": "red", "channel-order": "red", "scale": "red", "normalization": "red",
                "resize": "yellow", "padding": "yellow", "crop-offset": "yellow",

@@ -1,0 +1,100 @@
+"""``FixResult``: what ``fix`` returns, and its JSON report (schema ``precision-doctor/fix``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+
+from precision_doctor import __version__
+from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.search.bisection import SearchResult
+from precision_doctor.search.near_ties import NearTie
+from precision_doctor.search.objective import Score
+
+
+@dataclass(frozen=True)
+class FixResult:
+    """Everything ``fix`` did; ``to_dict`` is the JSON report (schema ``precision-doctor/fix``).
+
+    Attributes:
+        model: The fixed strongly typed model.
+        rewritten: The FP32 model after the numerically safe rewrites (the plan's node names).
+        plan: The final precision plan (every override with its reason).
+        search: The search result (evaluations, trials).
+        before: Output metrics (dicts) of the naive all-low model (emulated).
+        after: Output metrics of the fixed model run by ONNX Runtime CPU.
+        after_emulated: Output metrics of the emulated final plan.
+        score_before: Objective score of the naive all-low model (emulated).
+        score_after: Objective score of the fixed model run by ONNX Runtime CPU.
+        share: FP32 share by nodes / FLOPs / params.
+        rewrites: Report of the rewrites (dict).
+        writer: Report of the writer (dict).
+        target: The low precision asked for (``fp16`` or ``bf16``).
+        objective: The objective, in words.
+        seconds: Wall time per stage.
+        warnings: What the user should know and may act on (emulator vs ORT gap, budget).
+        notes: Assumptions the fixed model relies on (engine settings).
+        near_ties: Samples left out of a decision-metric target (see ``search.near_ties``).
+        score_label: What the scores measure (``Objective.score_label``).
+        pass_mark: ``(threshold, higher_is_better)`` the scores are compared with
+            (``Objective.pass_mark``).
+        resources: What the run cost: ``evaluations``, ``samples_run`` (sample runs of the
+            search), ``wall_s`` (whole ``fix``), ``peak_rss_mb`` (this process, MiB, from
+            ``resource.getrusage`` ``ru_maxrss``), ``peak_rss_workers_mb`` (largest worker of
+            ``--jobs``, 0 without), ``jobs``.
+        accuracy: With labels: the task accuracy of the FP32 reference, the naive low
+            precision model and the fixed model (``compare.tasks.accuracy.task_accuracy``).
+    """
+
+    model: onnx.ModelProto
+    rewritten: onnx.ModelProto
+    plan: PrecisionPlan
+    search: SearchResult
+    before: dict
+    after: dict
+    after_emulated: dict
+    score_before: Score
+    score_after: Score
+    share: dict
+    rewrites: dict
+    writer: dict
+    target: str
+    objective: str
+    seconds: dict = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    near_ties: tuple[NearTie, ...] = ()
+    score_label: str = "score"
+    pass_mark: tuple[float, bool] = (1.0, False)
+    resources: dict = field(default_factory=dict)
+    accuracy: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """Whether the fixed model, run by ONNX Runtime CPU, meets the objective."""
+        return self.score_after.passed
+
+    def to_dict(self) -> dict:
+        """The JSON report (schema ``precision-doctor/fix``, version 1)."""
+        return {
+            "schema": "precision-doctor/fix", "schema_version": 1, "tool_version": __version__,
+            "verdict": "pass" if self.passed else "fail", "target": self.target,
+            "objective": self.objective, "plan": self.plan.to_dict(),
+            "fp32_share": self.share, "before": self.before, "after": self.after,
+            "after_emulated": self.after_emulated,
+            "score_before": _score_dict(self.score_before),
+            "score_after": _score_dict(self.score_after),
+            "search": {"evaluations": self.search.evaluations, "kept": list(self.search.kept),
+                       "ranking_head": list(self.search.ranking[:20]),
+                       "samples_run": sum(t.samples for t in self.search.trials),
+                       "trials": [t.__dict__ for t in self.search.trials]},
+            "rewrites": self.rewrites, "writer": self.writer, "seconds": self.seconds,
+            "warnings": list(self.warnings), "notes": list(self.notes),
+            "near_ties": [t.to_dict() for t in self.near_ties],
+            "resources": self.resources, "accuracy": self.accuracy,
+        }
+
+
+def _score_dict(s: Score) -> dict:
+    return {"passed": s.passed, "value": s.value, "detail": s.detail}

@@ -1,0 +1,290 @@
+"""The stages of ``fix`` before the model is written: baseline, rewrite, start plan, rank,
+search. Each is a function from frozen dataclasses to a frozen dataclass; ``repair.pipeline``
+chains them, and ``repair.verify`` writes and verifies what the search found.
+
+    FixRequest -> measure_baseline -> Baseline   (FP32 reference, naive low-precision score)
+    FixRequest -> rewrite          -> Rewritten  (numerically safe rewrites)
+    Rewritten  -> plan_start       -> StartPlan  (user keeps, hazards, LayerNorm statistics)
+    StartPlan  -> rank             -> Ranking    (nodes by measured sensitivity; called by the
+                                                  search only when the start plan fails)
+    StartPlan  -> search           -> Searched   (the smallest FP32 set meeting the objective)
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Callable, Sequence
+
+import onnx
+
+from precision_doctor.diagnosis.hazards import Hazard, scan_hazards
+from precision_doctor.diagnosis.headroom.probe import fp32_statistics_nodes
+from precision_doctor.errors import PlanError
+from precision_doctor.formats import Precision
+from precision_doctor.graph.external import small_in_memory
+from precision_doctor.graph.outputs import producer_inputs
+from precision_doctor.layerwise.candidates import emulated, reference_factory, run_samples
+from precision_doctor.layerwise.compare import compare_layerwise
+from precision_doctor.precision.plan import PrecisionPlan, select_nodes
+from precision_doctor.precision.rewrites import RewriteReport, apply_rewrites
+from precision_doctor.precision.writer import write_mixed_precision
+from precision_doctor.runners.base import Runner
+from precision_doctor.runners.emulator import EmulatorRunner
+from precision_doctor.runners.ort_shared import shared_cpu
+from precision_doctor.search.bisection import SearchResult, search_fp32_set
+from precision_doctor.search.cost import compute_nodes
+from precision_doctor.search.near_ties import (
+    DECISION_METRICS,
+    NearTie,
+    at_risk_samples,
+    decision_output,
+    find_near_ties,
+)
+from precision_doctor.search.objective import Objective, Outputs, Score
+from precision_doctor.search.ranking import rank_by_sensitivity, upstream_first
+
+Progress = Callable[[str, int, int], None]
+REWRITE_HINT = "(after rewrites: folded BatchNorms and fused LayerNorms are gone)"
+RANKING_SAMPLES = 2  # layerwise ranking uses the worst samples; every evaluation uses all
+
+# The emulated search's sessions use ONNX Runtime's CPU memory arena: without it every large
+# activation is a fresh mmap and half the CPU time is page faults. Measured 2026-11-24 on the
+# idle 2-core machine, `fix det.onnx` (3 full images, default tolerance): 256 s wall (495 s CPU,
+# 147M minor page faults), peak RSS 1.26 GB without; 133 s (253 s CPU, 20M faults), 1.97 GB
+# with; the same 9 FP32 nodes. In this process (--jobs 1) the search's sessions share one arena
+# instead (runners.ort_shared: 1.2 GB peak); this per-session arena serves the --jobs workers.
+SEARCH_ARENA = True
+
+
+@dataclass(frozen=True)
+class FixRequest:
+    """What ``fix`` was asked (the arguments of ``repair.pipeline.fix``, checked).
+
+    Raises:
+        PlanError: ``target`` is not FP16 or BF16.
+    """
+
+    model: onnx.ModelProto
+    samples: Sequence
+    target: Precision
+    objective: Objective
+    keep: Sequence[str] = ()
+    force_low: Sequence[str] = ()
+    rewrites: Sequence[str] | None = None
+    keep_io_types: bool = True
+    runner: Callable[..., Runner] | None = None
+    max_evals: int = 150
+    progress: Progress | None = None
+    jobs: int = 1
+
+    def __post_init__(self) -> None:
+        if self.target not in (Precision.FP16, Precision.BF16):
+            raise PlanError(f"fix writes FP16 or BF16 models; {self.target.value} is an engine "
+                            "setting (TF32: check it with `diagnose --target tf32`)")
+
+    @property
+    def output_names(self) -> list[str]:
+        """The graph outputs of the original model, in order."""
+        return [o.name for o in self.model.graph.output]
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The FP32 reference and the naive all-low model's score.
+
+    Attributes:
+        reference: ONNX Runtime CPU FP32 outputs, per output a list over samples (float32).
+        objective: The objective with the samples' contexts and without near-tie samples.
+        near_ties: Samples whose FP32 decision is within FP32 noise of flipping.
+        naive: Outputs of the emulated all-low model.
+        score_before: ``objective`` on ``naive``.
+        seconds: Wall time of this stage.
+    """
+
+    reference: Outputs
+    objective: Objective
+    near_ties: tuple[NearTie, ...]
+    naive: Outputs
+    score_before: Score
+    seconds: float
+
+
+def measure_baseline(request: FixRequest) -> Baseline:
+    """Run the FP32 reference and the naive all-low emulation on every sample.
+
+    Raises:
+        BackendError: ONNX Runtime fails on the model.
+    """
+    t0 = time.perf_counter()
+    model, samples, names = request.model, request.samples, request.output_names
+    reference = run_samples(reference_factory(model), samples, names)
+    objective = request.objective.with_samples(samples)
+    near_ties = find_near_ties(model, samples, reference, objective)
+    if near_ties:
+        objective = replace(objective, exclude=frozenset(t.index for t in near_ties))
+    naive = run_samples(EmulatorRunner(model, PrecisionPlan(request.target)), samples, names)
+    return Baseline(reference, objective, tuple(near_ties), naive,
+                    objective.score(reference, naive), time.perf_counter() - t0)
+
+
+@dataclass(frozen=True)
+class Rewritten:
+    """The FP32 model after the numerically safe rewrites (folded BatchNorms, fused
+    LayerNorms), with the report of every rule; the search names this model's nodes."""
+
+    model: onnx.ModelProto
+    report: RewriteReport
+    seconds: float
+
+
+def rewrite(request: FixRequest) -> Rewritten:
+    """Apply the requested rewrites (``request.rewrites``; None = all) to a copy of the model."""
+    t0 = time.perf_counter()
+    model, report = apply_rewrites(request.model, request.rewrites)
+    return Rewritten(model, report, time.perf_counter() - t0)
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """The plan the search starts from and the nodes it may move to FP32.
+
+    Attributes:
+        plan: All-low with the nodes kept in FP32 before any evaluation: ``--keep`` (reason
+            ``user``), parameters out of the format's range (``hazard``) and the statistics of
+            decomposed LayerNorms left unfused (``rewrite``).
+        hazards: The static hazards of the rewritten model.
+        candidates: Compute nodes neither in ``plan``'s overrides nor in ``--force-low``.
+    """
+
+    plan: PrecisionPlan
+    hazards: tuple[Hazard, ...]
+    candidates: tuple[str, ...]
+
+
+def plan_start(request: FixRequest, rewritten: Rewritten) -> StartPlan:
+    """The start plan on the rewritten model.
+
+    Raises:
+        PlanError: ``keep``/``force_low`` name nothing in the rewritten model.
+    """
+    model = rewritten.model
+    base = PrecisionPlan(request.target)
+    user = select_nodes(model, request.keep, "--keep", REWRITE_HINT)
+    if user:
+        base = base.keep_fp32(user, "user", "--keep")
+    hazards = scan_hazards(model, request.target)
+    for h in hazards:
+        if h.kind == "parameter-out-of-range":
+            base = base.keep_fp32([h.node], "hazard", h.detail)
+    # layernorm-fp32-stats for a LayerNorm left unfused: FP32 statistics via the plan
+    if request.rewrites is None or "layernorm-fp32-stats" in request.rewrites:
+        feeds = [s.feeds for s in request.samples]
+        for ln, stats in fp32_statistics_nodes(model, feeds).items():
+            base = base.keep_fp32(stats, "rewrite", f"FP32 statistics of the decomposed "
+                                  f"LayerNorm '{ln}' ((x - mean)^2 overflows FP16; not fused)")
+    low = set(select_nodes(model, request.force_low, "--force-low", REWRITE_HINT))
+    fixed = set(base.overrides)
+    candidates = tuple(n.name for n in compute_nodes(model)
+                       if n.name not in fixed and n.name not in low)
+    return StartPlan(base, tuple(hazards), candidates)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Candidate nodes by measured sensitivity, most sensitive first.
+
+    Attributes:
+        nodes: The ranked candidates.
+        samples: Indices of the samples the layerwise comparison ran on.
+        seconds: Wall time of this stage.
+    """
+
+    nodes: tuple[str, ...]
+    samples: tuple[int, ...]
+    seconds: float
+
+
+def rank(request: FixRequest, baseline: Baseline, rewritten: Rewritten, start: StartPlan,
+         start_score: Score) -> Ranking:
+    """Rank the candidates with one layerwise comparison of the start plan.
+
+    Metric objectives rank on the ``RANKING_SAMPLES`` worst-scored samples, tolerance objectives
+    on the first ones (choosing them by error share per element gave det a ranking whose search
+    kept 14 FP32 nodes instead of 9 and a 4x longer layerwise pass, measured 2026-11-24).
+    Decomposed-LayerNorm nodes come first; for a decision metric, the nodes feeding the decision
+    output come before the others (rounding elsewhere cannot flip it).
+    """
+    t0 = time.perf_counter()
+    objective, samples, model = baseline.objective, request.samples, rewritten.model
+    worst = (objective.worst_samples(start_score, RANKING_SAMPLES, len(samples))
+             if objective.metric is not None
+             else list(range(min(RANKING_SAMPLES, len(samples)))))
+    cand = emulated(start.plan)
+    lw = compare_layerwise(model, [samples[i].feeds for i in worst], reference_factory,
+                           cand.factory, request.target, threshold=1e-2,
+                           candidate_graph=cand.graph)
+    layernorms = [n for h in start.hazards if h.kind == "decomposed-layernorm" for n in h.nodes]
+    ranked = rank_by_sensitivity(lw, list(start.candidates), producer_inputs(model), layernorms)
+    if objective.metric is not None and objective.metric.name in DECISION_METRICS:
+        ranked = upstream_first(ranked, model, decision_output(objective, request.output_names))
+    return Ranking(tuple(ranked), tuple(worst), time.perf_counter() - t0)
+
+
+@dataclass(frozen=True)
+class Searched:
+    """What the search found.
+
+    Attributes:
+        result: The smallest FP32 set found, its plan, score, trials and the final outputs.
+        ranking: The ranking it searched (None when the start plan already passed).
+        seconds: Wall time of the search without the ranking.
+    """
+
+    result: SearchResult
+    ranking: Ranking | None
+    seconds: float
+
+
+def open_plan(request: FixRequest, model: onnx.ModelProto, plan: PrecisionPlan,
+              threads: int = 0) -> Runner:
+    """The runner (not entered) that evaluates ``plan`` on the rewritten ``model``: the CPU
+    emulator, or ``request.runner`` on the written mixed-precision model."""
+    if request.runner is None:  # the arena pays here: each evaluation session runs every sample
+        return EmulatorRunner(model, plan, intra_op_threads=threads, cpu_mem_arena=SEARCH_ARENA)
+    written = write_mixed_precision(model, plan, request.keep_io_types, validate=False)[0]
+    return request.runner(written, intra_op_threads=threads) if threads \
+        else request.runner(written)
+
+
+def search(request: FixRequest, baseline: Baseline, rewritten: Rewritten,
+           start: StartPlan) -> Searched:
+    """Search the smallest set of candidates to keep in FP32 (``search.bisection``).
+
+    Raises:
+        TargetNotMetError: Not even all-FP32 meets the objective.
+        BackendError: A runner fails.
+    """
+    t0 = time.perf_counter()
+    ranked: list[Ranking] = []
+
+    def ranking(start_score: Score) -> list[str]:
+        ranked.append(rank(request, baseline, rewritten, start, start_score))
+        return list(ranked[-1].nodes)
+
+    def screen(start_outputs: Outputs) -> list[int] | None:
+        return at_risk_samples(baseline.reference, start_outputs, baseline.objective)
+
+    # in this process, the evaluations' sessions reuse each other's memory (runners.ort_shared)
+    # and the next evaluation's runner opens while one runs, where two of them fit in memory
+    jobs = request.jobs
+    prefetch = jobs <= 1 and small_in_memory(rewritten.model)
+    with shared_cpu() if jobs <= 1 else nullcontext():
+        result = search_fp32_set(partial(open_plan, request, rewritten.model), request.samples,
+                                 baseline.reference, baseline.objective, start.plan, ranking,
+                                 request.max_evals, request.progress, jobs, screen, prefetch)
+    ranking_s = ranked[-1].seconds if ranked else 0.0
+    return Searched(result, ranked[-1] if ranked else None,
+                    time.perf_counter() - t0 - ranking_s)

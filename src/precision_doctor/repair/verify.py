@@ -1,0 +1,122 @@
+"""The last stages of ``fix``: write the strongly typed model the search found, and verify it
+against the FP32 reference.
+
+    Searched -> write  -> Written       (the mixed-precision model, validated)
+    Written  -> verify -> Verification  (the written model's outputs, what ran it, its score)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import onnx
+
+from precision_doctor.layerwise.candidates import run_samples
+from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.precision.writer import write_mixed_precision
+from precision_doctor.precision.writer.report import WriterReport
+from precision_doctor.repair.stages import Baseline, FixRequest, Rewritten, Searched
+from precision_doctor.runners.base import Runner
+from precision_doctor.runners.emulator import EmulatorRunner
+from precision_doctor.runners.ort import OrtRunner
+from precision_doctor.search.objective import Outputs, Score
+
+VERIFY_RUNNER = "ort-cpu-fixed"  # ONNX Runtime CPU, default options, on the written model
+
+
+@dataclass(frozen=True)
+class Written:
+    """The strongly typed mixed-precision model.
+
+    Attributes:
+        model: The written model (validated with ``onnx.checker``, shape inference and an ONNX
+            Runtime session: ``precision.writer``).
+        report: The writer's report (Casts, nodes it kept in FP32 beyond the plan).
+        source: The rewritten FP32 model it was written from (the plan's node names).
+        plan: The plan the search found (the writer may keep more in FP32:
+            ``report.effective_plan()``).
+        seconds: Wall time of this stage.
+    """
+
+    model: onnx.ModelProto
+    report: WriterReport
+    source: onnx.ModelProto
+    plan: PrecisionPlan
+    seconds: float
+
+
+def write(request: FixRequest, rewritten: Rewritten, searched: Searched) -> Written:
+    """Write the rewritten model with the search's plan (``request.keep_io_types``).
+
+    Raises:
+        UnsupportedModelError: The written model fails shape inference or ``onnx.checker``.
+        BackendError: ONNX Runtime CPU cannot load the written model.
+    """
+    t0 = time.perf_counter()
+    model, report = write_mixed_precision(rewritten.model, searched.result.plan,
+                                          request.keep_io_types)
+    return Written(model, report, rewritten.model, searched.result.plan,
+                   time.perf_counter() - t0)
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What verified the written model, and what it measured.
+
+    Attributes:
+        runner: The runner whose outputs are ``outputs``: ``ort-cpu-fixed`` (ONNX Runtime CPU,
+            default options, on the written model).
+        reused_search: True when ``outputs`` are the search's final evaluation, which ran this
+            very model with that runner (``fix --runner ort:cpu``), so it was not run again.
+        outputs: The written model's outputs, per output a list over samples (float32).
+        emulated: Outputs of the CPU emulation of the effective plan on the rewritten model
+            (the gap to ``outputs`` is the engine's rounding against the emulator's).
+        score: The objective on ``outputs``: the verdict of ``fix``.
+        seconds: Wall time of this stage.
+    """
+
+    runner: str
+    reused_search: bool
+    outputs: Outputs
+    emulated: Outputs
+    score: Score
+    seconds: float
+
+
+def verify(written: Written, request: FixRequest, baseline: Baseline,
+           searched: Searched) -> Verification:
+    """Run the written model with ONNX Runtime CPU on every sample and score it against the
+    FP32 reference (``baseline``); emulate the effective plan beside it.
+
+    Outputs the search already has are reused: its final evaluation, when the search ran the
+    written model with plain ONNX Runtime CPU, or the emulated plan, when it equals the
+    effective plan.
+
+    Raises:
+        BackendError: ONNX Runtime fails on the written model.
+    """
+    t0 = time.perf_counter()
+    samples, names, final = request.samples, request.output_names, searched.result.final_outputs
+    if (request.runner is not None and final is not None
+            and _is_plain_ort_cpu(request.runner(written.model))):
+        outputs, reused = final, True  # the search's final evaluation ran this very model
+    else:
+        outputs = run_samples(OrtRunner(written.model, name=VERIFY_RUNNER), samples, names)
+        reused = False
+    effective = written.report.effective_plan()
+    if (request.runner is None and final is not None
+            and effective.fp32_nodes() == written.plan.fp32_nodes()):
+        emulated = final  # the search's final evaluation ran this plan
+    else:
+        emulated = run_samples(EmulatorRunner(written.source, effective), samples, names)
+    score = baseline.objective.score(baseline.reference, outputs)
+    return Verification(VERIFY_RUNNER, reused, outputs, emulated, score,
+                        time.perf_counter() - t0)
+
+
+def _is_plain_ort_cpu(runner: Runner) -> bool:
+    """Whether ``runner`` (not entered) is ONNX Runtime CPU with default options, i.e. what
+    ``fix`` verifies the written model with."""
+    return (isinstance(runner, OrtRunner) and runner.providers == ["CPUExecutionProvider"]
+            and runner.provider_options == [{}] and runner.graph_optimization == "all")

@@ -1,0 +1,96 @@
+"""The fix's sections of the HTML report: its verdict against the objective the user set, and
+the fix summary (before/after metrics, FP32 share, the precision plan, engine recipes)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from precision_doctor.diagnosis.report import DiagnosisReport
+from precision_doctor.numbers import fmt_vs
+from precision_doctor.report.templating import COLLAPSE_ROWS, Section, model_name, render
+
+FIX_METRICS = ("rel_l2", "max_abs", "p99_abs", "mean_abs", "cosine", "snr_db", "nan", "inf",
+               "argmax_agreement")  # shown per output in the fix's before/after table
+
+
+def render_fix_section(fix_summary: Mapping[str, Any]) -> Section:
+    """The fix summary: before/after metrics, FP32 share, the precision plan, engine recipes.
+
+    Args:
+        fix_summary: Plain dict. Keys (all optional): ``before`` / ``after``: metrics as
+            ``{metric: value}`` or ``{output: {metric: value}}``; ``plan``: list of
+            ``{"node", "op_type", "precision", "reason", "detail"}``; ``fp32_share_nodes`` /
+            ``fp32_share_flops``: shares in [0, 1]; ``recipes``: ``{name: command}``;
+            ``verdict``: ``pass``/``fail`` of the fixed model; ``model``: written model path;
+            ``objective``: ``{"text", "target", "score_label", "threshold",
+            "higher_is_better", "before": {"value", "passed"}, "after": {...}, "accuracy"}``
+            (``accuracy``: the FP32 / low precision / fixed accuracy line; with it, the
+            page is headlined by ``fix_verdict_section``); ``resolved``: list of
+            ``ResolvedCause.to_dict()`` (causes the fix removed).
+
+    Returns:
+        The section (id ``fix``).
+    """
+    before, after = _flatten(fix_summary.get("before") or {}), _flatten(
+        fix_summary.get("after") or {})
+    rows = [(k, before.get(k), after.get(k), _ratio(before.get(k), after.get(k)),
+             6 if k.endswith(("cosine", "agreement")) else 3)
+            for k in list(before) + [k for k in after if k not in before]]
+    plan = [dict(p) for p in fix_summary.get("plan") or ()]
+    return Section("fix", "Fix", render(
+        "fix.j2", rows=rows, plan=plan, collapse=len(plan) > COLLAPSE_ROWS,
+        share_nodes=fix_summary.get("fp32_share_nodes"),
+        share_flops=fix_summary.get("fp32_share_flops"),
+        recipes=dict(fix_summary.get("recipes") or {}), verdict=fix_summary.get("verdict"),
+        model=fix_summary.get("model")))
+
+
+def fix_verdict_section(report: DiagnosisReport, fix_summary: Mapping[str, Any]) -> Section:
+    """The headline of a fix report: the fixed model against the objective the user set (task
+    metric + threshold, or tolerance), beside the original model's naive score, and the causes
+    the fix removed.
+
+    Args:
+        report: The diagnosis of the fixed model (for the model name).
+        fix_summary: See ``render_fix_section``; uses ``objective`` and ``resolved``.
+    """
+    o = fix_summary["objective"]
+    threshold, higher = o.get("threshold"), bool(o.get("higher_is_better"))
+    before, after = o.get("before") or {}, o.get("after") or {}
+    fx = {"passed": bool(after.get("passed")), "before_passed": bool(before.get("passed")),
+          "target": o.get("target") or report.target, "objective": o.get("text", ""),
+          "score_label": o.get("score_label", "score"),
+          "threshold": "–" if threshold is None else f"{float(threshold):g}",
+          "op": "≥" if higher else "≤", "accuracy": o.get("accuracy", ""),
+          "before_text": fmt_vs(_number(before.get("value")), threshold, higher),
+          "after_text": fmt_vs(_number(after.get("value")), threshold, higher)}
+    return Section("verdict", "Verdict", render(
+        "fix_verdict.j2", fx=fx, model_name=model_name(report),
+        resolved=[dict(c) for c in fix_summary.get("resolved") or ()]))
+
+
+def _number(x: Any) -> float | None:
+    """A JSON number (``"inf"``/``"nan"`` strings too) as a float; None stays None."""
+    return None if x is None else float(x)
+
+
+def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{output: {metric: v}}`` -> ``{"output · metric": v}``; OutputMetrics dicts keep only
+    ``FIX_METRICS``; JSON's "inf"/"nan" strings become floats."""
+    flat: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if isinstance(value, Mapping):
+            keep = ({k: value[k] for k in FIX_METRICS if k in value} if "rel_l2" in value
+                    else value)
+            flat.update(_flatten(keep, f"{prefix}{key} · "))
+        else:
+            flat[f"{prefix}{key}"] = float(value) if value in ("inf", "-inf", "nan") else value
+    return flat
+
+
+def _ratio(before: Any, after: Any) -> float | None:
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                  for v in (before, after))
+    return after / before if numbers and before != 0 else None
