@@ -54,12 +54,14 @@ def diagnose(
     target: str = typer.Option("fp16", "--target", "-t", help="fp16, bf16 or tf32 (fp32 to "
                                "compare two FP32 engines)"),
     runner: str = typer.Option("emulate", "--runner", "-r", help="emulate, emulate-fused (BN "
-                               "folded, LayerNorm fused, as engines run it), or an ONNX Runtime "
-                               "spec: ort:cuda,tf32=0 | ort:tensorrt,fp16=1 | ort:cpu, or "
-                               "TensorRT via Polygraphy: trt:tf32=0 (untested here)"),
-    candidate_model: Optional[Path] = typer.Option(None, "--candidate-model", help="For ort "
-                                                   "runners: run this model (e.g. the output "
-                                                   "of fix) instead of MODEL"),
+                               "folded, LayerNorm fused, as engines run it), emulate-written "
+                               "(--candidate-model emulated as written, e.g. a BF16 model), or "
+                               "an ONNX Runtime spec: ort:cuda,tf32=0 | ort:tensorrt,fp16=1 | "
+                               "ort:cpu (not for BF16: no kernels), or TensorRT via Polygraphy: "
+                               "trt:tf32=0 (untested here)"),
+    candidate_model: Optional[Path] = typer.Option(None, "--candidate-model", help="For ort and "
+                                                   "emulate-written runners: run this model "
+                                                   "(e.g. the output of fix) instead of MODEL"),
     plan: Optional[Path] = typer.Option(None, "--plan", help="Precision plan JSON for the "
                                         "emulator (default: every node in --target)"),
     keep: List[str] = typer.Option([], "--keep", help="Node name or op type to keep in FP32 "
@@ -134,7 +136,8 @@ def fix_command(
     keep_io_types: bool = typer.Option(True, "--keep-io-types/--low-io-types", help="Keep "
                                        "graph inputs/outputs FP32"),
     runner: str = typer.Option("emulate", "--runner", "-r", help="Evaluate with the emulator "
-                               "or a real engine (ort:cuda,tf32=0)"),
+                               "or a real engine (ort:cuda,tf32=0), which then verifies the "
+                               "written model too"),
     max_samples: Optional[int] = typer.Option(None, "--max-samples"),
     max_evals: int = typer.Option(150, "--max-evals",
                                    help="Search evaluation budget (a cap; a search stops "

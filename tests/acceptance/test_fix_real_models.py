@@ -11,6 +11,7 @@ import pytest
 
 from precision_doctor.compare.tasks.mask import mask_iou_per_sample
 from precision_doctor.compare.tasks.registry import get_metric
+from precision_doctor.compare.tolerance import default_tolerance
 from precision_doctor.formats import Precision
 from precision_doctor.graph import input_metadata, load_model
 from precision_doctor.inputs import load_samples
@@ -91,3 +92,24 @@ def test_fix_det_gives_the_ocr_client_identical_boxes(shared_dir):
             ref_boxes, _ = post(ref.run(s.feeds)[out], s.source_size)
             cand_boxes, _ = post(cand.run(s.feeds)[out], s.source_size)
             assert len(ref_boxes) > 3 and np.array_equal(ref_boxes, cand_boxes), s.name
+
+
+def test_fix_bf16_cls_on_the_cpu_is_written_and_verified_by_its_emulation(shared_dir):
+    """Issue 19: ONNX Runtime CPU has no BF16 Conv kernel; the written model is verified by
+    emulating it exactly, and that equals the plan emulator's result on the real crops."""
+    model = load_model(shared_dir / "models/ppocrv4/cls.onnx")
+    samples = load_samples(shared_dir / "data/ocr/rec_crops/paddleocr", input_metadata(model),
+                           "ppocr-cls", max_samples=4)
+    result = fix(model, samples, Precision.BF16,
+                 Objective(tolerances={"*": default_tolerance(Precision.BF16)}))
+    assert result.passed
+    assert result.verification["runner"] == "emulate-written-bf16"
+    assert any("Conv(22)" in s["reason"] for s in result.verification["skipped"])
+    out = model.graph.output[0].name
+    assert result.after[out]["rel_l2"] == pytest.approx(result.after_emulated[out]["rel_l2"],
+                                                        rel=1e-9)
+    written = result.model
+    onnx.checker.check_model(written, full_check=True)
+    assert any(t.data_type == onnx.TensorProto.BFLOAT16 for n in written.graph.node
+               if n.op_type == "Constant" for a in n.attribute for t in [a.t])
+    assert max(o.version for o in written.opset_import if o.domain in ("", "ai.onnx")) == 22

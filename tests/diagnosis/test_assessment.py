@@ -9,9 +9,9 @@ from rich.console import Console
 from tiny_models import S, conv_bn, make_model, random_samples, tensor, transformer_block
 
 from precision_doctor.compare.tolerance import Tolerance
+from precision_doctor.diagnosis.assess import assess
 from precision_doctor.diagnosis.assessment import (
     AssessmentInputs,
-    assess,
     catastrophic_gain,
     rounding_depth,
 )
@@ -130,7 +130,7 @@ def test_defect_without_impact_measurement_from_hard_events():
 def test_report_round_trips_and_renders_the_assessment_first(tmp_path):
     report = _diagnose(conv_bn(), random_samples((1, 3, 8, 8)))
     data = report.to_dict()
-    assert data["schema_version"] == 2 and data["assessment"]["kind"] == "defect"
+    assert data["schema_version"] == 3 and data["assessment"]["kind"] == "defect"
     assert data["layerwise"]["largest_jump"] == "bn"
     assert {f["group"] for f in data["findings"]} == {"main", "minor"}
     again = DiagnosisReport.from_dict(data)
@@ -148,9 +148,14 @@ def test_report_round_trips_and_renders_the_assessment_first(tmp_path):
 
 
 def test_assess_rules_on_plain_inputs():
-    base = AssessmentInputs(False, (("y", 0.05, 0.01, False, 0),), FP16, depth=100,
+    base = AssessmentInputs(False, (("y", 0.04, 0.01, False, 0),), FP16, depth=100,
                             measured=True)
-    assert assess(base).kind == "rounding"
+    assert assess(base).kind == "rounding"  # 8.2x the sqrt(100) u expectation
+    far = replace(base, outputs=(("y", 0.5, 0.01, False, 0),))
+    assert assess(far).kind == "unexplained"  # 102x: not ordinary rounding
+    assert assess(far).remedy.startswith("do not loosen") and "fix" in assess(far).remedy
+    random = assess(replace(base, synthetic=True))
+    assert random.summary.startswith("On random inputs only") and "real samples" in random.remedy
     assert assess(replace(base, passed=True)).kind == "within-tolerance"
     nan = replace(base, outputs=(("y", float("inf"), 0.01, False, 3),), measured=False)
     assert assess(nan).kind == "defect"

@@ -41,7 +41,7 @@ def test_small_activations_pass_fp16_and_report_round_trips():
     assert report.layerwise.first_divergence is None
     data = json.loads(json.dumps(report.to_dict()))
     assert DiagnosisReport.from_dict(data).to_dict() == report.to_dict()
-    assert data["schema"] == "precision-doctor/diagnosis" and data["schema_version"] == 2
+    assert data["schema"] == "precision-doctor/diagnosis" and data["schema_version"] == 3
     assert data["assessment"]["kind"] == "within-tolerance"
 
 

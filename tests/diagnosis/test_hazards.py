@@ -2,7 +2,7 @@ import numpy as np
 from onnx import TensorProto, helper
 from tiny_models import conv_bn, make_model, tensor, transformer_block
 
-from precision_doctor.diagnosis.hazards import find_decomposed_layernorms, scan_hazards
+from precision_doctor.diagnosis.causes.hazards import find_decomposed_layernorms, scan_hazards
 from precision_doctor.formats import Precision
 
 

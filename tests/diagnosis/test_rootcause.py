@@ -1,4 +1,4 @@
-from precision_doctor.diagnosis.rootcause import build_findings
+from precision_doctor.diagnosis.causes.findings import build_findings
 from precision_doctor.formats import Precision
 from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult
 

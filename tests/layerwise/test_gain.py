@@ -55,6 +55,7 @@ def test_a_birth_measured_harmless_is_skipped():
                rec("d", 3, 0.5)]
     assert largest_jump(records, CHAIN, U, 1e-2).record.tensor == "b"
     jump = largest_jump(records, CHAIN, U, 1e-2, harmless={"n_b"})
-    # the Inf input carries no finite error: the gain is measured against u
-    assert jump.record.tensor == "c" and jump.gain == pytest.approx(0.5 / U)
+    # c computes a finite value from b's Inf: it absorbs the upstream event (gain 0), it does
+    # not amplify rounding; d carries c's error on (gain 1)
+    assert jump.record.tensor == "d" and jump.gain == pytest.approx(1.0)
 

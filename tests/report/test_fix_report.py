@@ -119,7 +119,7 @@ def test_fix_html_headline_is_the_objective_with_before_after(monkeypatch, tmp_p
     # the default-tolerance diagnosis is secondary, labelled, and never names the folded BN
     assert secondary and "secondary" in secondary[:40] and "FAIL" in secondary
     assert "Main cause" not in text
-    assert "Largest remaining cause: accumulated-rounding Sub cancel" in secondary
+    assert "Largest remaining cause: cancellation Sub cancel" in secondary
     assert "BatchNormalization bn" not in secondary.split("Static hazards")[0]
 
 

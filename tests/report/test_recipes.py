@@ -149,6 +149,18 @@ def test_bf16_tf32_targets_and_ort_booleans():
     assert "--atol 0.001 --rtol 0.001" in fp.polygraphy_run
 
 
+def test_bf16_recipes_are_strongly_typed_and_compare_on_cuda():
+    bf = _recipes(target="bf16")
+    strong = _argv(bf.trtexec)[0]
+    assert "--stronglyTyped" in strong and "--bf16" not in strong  # the Casts carry BF16
+    run = _argv(bf.polygraphy_run)[0]
+    assert run[run.index("--onnxrt") + 1:run.index("--onnxrt") + 3] == ["--providers", "cuda"]
+    assert "--providers" not in _recipes().polygraphy_run  # FP16: ONNX Runtime CPU runs it
+    assert bf.ort["cuda_fixed"]["provider_options"][0] == {"use_tf32": "0"}  # no BF16 flag
+    note = next(n for n in bf.notes if n.startswith("BF16"))
+    assert "compute capability >= 8.0" in note and "emulate-written" in note
+
+
 @pytest.mark.skipif(BASH is None, reason="bash is not installed")
 def test_shell_sees_exact_argv_even_for_hostile_long_names(tmp_path):
     hostile = ["$(touch pwned)", "`touch pwned2`; touch pwned3", "a\"b\\c", "x y " * 20]

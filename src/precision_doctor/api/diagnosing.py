@@ -25,11 +25,13 @@ from precision_doctor.api.options import (
 from precision_doctor.api.results import Diagnosis, convert
 from precision_doctor.diagnosis.diagnose import diagnose as diagnose_model
 from precision_doctor.errors import InputError
+from precision_doctor.formats import Precision
 from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import json_float
 from precision_doctor.layerwise.candidates import Candidate, candidate_from_spec, reference_factory
 from precision_doctor.layerwise.candidates import run_samples as run_all
 from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.runners.ort_kernels import refuse_cpu_bf16
 from precision_doctor.search.objective import Objective
 
 
@@ -65,7 +67,11 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
             ``ppocr-cls``, ``paddleocr-det``, ``ultralytics``, ``none``), ``key=value`` overrides
             (``"ppocr-det:resize=max-side,side=960"``) or a ``PreprocessSpec``. Images only.
         runner: ``"emulate"``, ``"emulate-fused"`` (BatchNorm folded and LayerNorm fused as
-            engines run it), or ONNX Runtime: ``"ort:cuda,tf32=0"``, ``"ort:tensorrt,fp16=1"``.
+            engines run it), ``"emulate-written"`` (``candidate_model``, a strongly typed model
+            such as a BF16 model from ``fix``, emulated exactly as written), or ONNX Runtime:
+            ``"ort:cuda,tf32=0"``, ``"ort:tensorrt,fp16=1"``. ``"ort:cpu"`` with a BF16
+            target is refused with the reason (ONNX Runtime CPU has no BF16 kernels for
+            Conv, MatMul, ...; it would run the FP32 model in FP32).
         tolerance: Pass bound per output. Default relative L2 error <= 1e-2 for FP16/TF32,
             8e-2 for BF16, 1e-4 for FP32 (20x the format's unit roundoff, 2^-11 for FP16, as
             ``compare.tolerance`` documents). A number (relative L2), text
@@ -80,8 +86,8 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         noise: Measure the FP32 noise floor (float64 and unoptimized FP32 probes).
         keep: Node names or op types kept in FP32 by the emulator.
         plan: A ``PrecisionPlan`` (or its JSON file) for the emulator instead of all-``target``.
-        candidate_model: For ``ort:`` runners, run this model (e.g. a fixed one) as the
-            candidate instead of ``model``.
+        candidate_model: For ``ort:`` and ``emulate-written`` runners, run this model (e.g. a
+            fixed one) as the candidate instead of ``model``.
         max_samples: Use the first N samples.
         budget_mb: Memory budget of one layerwise segment (its outputs and weights, both
             runners, one sample), in MiB.
@@ -117,7 +123,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         DataFormatError: A data file does not decode.
         PlanError: ``keep`` or ``plan`` names nodes the model does not have.
         BackendError, BackendUnavailable: A runner cannot be built (e.g. no CUDA provider:
-            the message lists the available ones).
+            the message lists the available ones; ONNX Runtime CPU asked to run BF16).
         ReferenceError_: The FP32 reference itself produces NaN/Inf.
         MetricError: Unknown ``metric``, or the metric fails.
         InputError: ``threshold`` without ``metric``.
@@ -141,6 +147,8 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         objective = labelled
     emulated_plan = build_plan(proto, precision, plan, keep)
     other = as_model(candidate_model)[0] if candidate_model is not None else None
+    if precision is Precision.BF16:
+        refuse_cpu_bf16(runner, proto, other, "diagnose")
     candidate = candidate_from_spec(runner, emulated_plan, proto, other)
     runs: dict[str, dict[str, list[np.ndarray]]] = {}  # the plain runs, scored again below
     with progress_reporter(progress, quiet) as callback:

@@ -23,6 +23,7 @@ from precision_doctor.api.options import (
 )
 from precision_doctor.api.results import json_text
 from precision_doctor.errors import InputError
+from precision_doctor.formats import Precision
 from precision_doctor.graph.load import input_metadata
 from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import dumps
@@ -37,7 +38,9 @@ from precision_doctor.report.files import (
 )
 from precision_doctor.report.notebook import fix_summary
 from precision_doctor.runners.ort import OrtRunner
+from precision_doctor.runners.ort_kernels import refuse_cpu_bf16
 from precision_doctor.runners.ort_options import ort_providers
+from precision_doctor.runners.verify import VerifiedBy
 from precision_doctor.search.evalpool import resolve_jobs
 
 
@@ -59,10 +62,11 @@ class Fix:
             boundaries); None for a ``Fix`` rebuilt from JSON without it.
         plan: Every node kept in FP32, with the reason (``user``, ``hazard``, ``search``).
         report: The JSON report: verdict, objective, ``before``/``after`` errors per output
-            (relative L2 vs the FP32 reference; ``after`` = the written model on ONNX Runtime
-            CPU), ``fp32_share`` (nodes, FLOPs, parameters), search trials, rewrites, writer
-            details, warnings. ``model.input`` is the source path when known;
-            :meth:`save` records the output path and the engine recipes here.
+            (relative L2 vs the FP32 reference; ``after`` = the written model on the runner
+            that verified it, named with the reason in ``verification``), ``fp32_share``
+            (nodes, FLOPs, parameters), search trials, rewrites, writer details, warnings.
+            ``model.input`` is the source path when known; :meth:`save` records the output
+            path and the engine recipes here.
         rewritten: The FP32 model after the numerically safe rewrites (BatchNorm folding,
             LayerNorm fusion); the plan's node names are its names.
         result: The in-memory ``FixResult`` (search trials, scores); None from JSON.
@@ -80,7 +84,7 @@ class Fix:
 
     @property
     def passed(self) -> bool:
-        """Whether the written model meets the target on ONNX Runtime CPU."""
+        """Whether the written model meets the target on the runner that verified it."""
         return self.report.get("verdict") == "pass"
 
     @property
@@ -165,7 +169,6 @@ class Fix:
 
     def _recipes(self, report: dict, output: Path, side: dict[str, Path]) -> str:
         """Engine recipes as markdown; also stored in ``report["recipes"]``."""
-        from precision_doctor.formats import Precision
         from precision_doctor.report.recipes import build_recipes
 
         shapes: dict[str, list[list[int]]] = {}
@@ -183,8 +186,9 @@ class Fix:
 
     def to_html(self, path: str | os.PathLike | None = None, *, force: bool = False,
                 command: str | None = None) -> str:
-        """The HTML report: a diagnosis of the fixed model (ONNX Runtime CPU) against the FP32
-        reference on the calibration samples, with the before/after table, plan and recipes.
+        """The HTML report: a diagnosis of the fixed model (on the runner that verified it)
+        against the FP32 reference on the calibration samples, with the before/after table,
+        the verifying runner, plan and recipes.
 
         Runs the fixed model and the reference once more on the samples.
 
@@ -208,16 +212,20 @@ class Fix:
 
 def _fix_html(fixed: Fix, command: str | None) -> str:
     from precision_doctor.diagnosis.diagnose import diagnose
-    from precision_doctor.layerwise.candidates import onnxruntime
+    from precision_doctor.layerwise.candidates import verified
     from precision_doctor.repair.review import review_fixed_diagnosis
     from precision_doctor.report.html import render_html
 
     result = fixed.result
     assert result is not None and fixed.model is not None and fixed.source is not None
     source = (fixed.report.get("model") or {}).get("input")
+    # the fixed model diagnosed with the runner that verified it (ONNX Runtime CPU cannot
+    # run most BF16 models: then its exact emulation, runners.verify)
+    verifier = VerifiedBy.from_dict(result.verification) if result.verification else \
+        VerifiedBy("ort-cpu-fixed", "ort:cpu", "the default verifier")
     after = diagnose(fixed.source, list(fixed.samples), parse_precision(result.target),
-                     onnxruntime(["cpu"], model=fixed.model, name="ort-cpu-fixed"),
-                     noise=False, measure_impact=False, model_path=source)
+                     verified(verifier, fixed.model), noise=False, measure_impact=False,
+                     model_path=source)
     # the page is headlined by the fix's objective; the default-tolerance diagnosis is
     # secondary and leaves out the causes the fix removed (folded BatchNorms, FP32 nodes)
     after, resolved = review_fixed_diagnosis(after, fixed.model, result.plan, result.rewrites,
@@ -234,7 +242,8 @@ def _fix_html(fixed: Fix, command: str | None) -> str:
                "verdict": "pass" if result.passed else "fail",
                "model": (fixed.report.get("model") or {}).get("output"),
                "objective": objective_summary(result),
-               "resolved": [c.to_dict() for c in resolved]}
+               "resolved": [c.to_dict() for c in resolved],
+               "verification": result.verification}
     return render_html(after, fix=summary, command=command)
 
 
@@ -268,7 +277,10 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
     bias Adds folded); nodes ranked by measured sensitivity, bisection and delta debugging
     (O(k log N) evaluations, each on all samples); the model written with Casts at precision
     boundaries only, validated (``onnx.checker``, shape inference, an ONNX Runtime session)
-    and verified on ONNX Runtime CPU against the FP32 reference.
+    and verified against the FP32 reference: with ``runner`` when given; otherwise with ONNX
+    Runtime CPU, or for a BF16 model with ONNX Runtime CUDA when present, else by emulating the
+    written model exactly (ONNX Runtime CPU has no BF16 Conv/MatMul kernels).
+    ``report["verification"]`` names the runner and why.
 
     Args:
         model: The FP32 model: a ``.onnx`` path, an ``onnx.ModelProto`` (not modified) or an
@@ -288,7 +300,9 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
         keep_io_types: Keep graph inputs and outputs FP32 (Casts inside the model).
         runner: Evaluate candidates with ``"emulate"`` (CPU emulation) or a real engine,
             ``"ort:cpu"``, ``"ort:cuda,tf32=0"`` (decision metrics at exact thresholds depend on
-            the engine's rounding: search with the engine you deploy on).
+            the engine's rounding: search with the engine you deploy on); the written model is
+            then verified with it too. ``"ort:cpu"`` with ``target="bf16"`` is refused (ONNX
+            Runtime CPU has no BF16 Conv/MatMul kernels).
         max_samples: Use the first N samples.
         max_evals: Search budget in evaluations (a warning says when it was used up).
         progress: ``progress(stage, done, total)`` callback; default: a rich bar on a terminal.
@@ -313,6 +327,8 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
             labels metric (``coco-map-drop``) without ``labels``; pycocotools missing.
         ModelLoadError, InputError, BackendError: As for :func:`diagnose`; InputError also
             when ``jobs`` is neither a positive integer nor ``"auto"``.
+        BackendUnavailable: ``runner="ort:cpu"`` with ``target="bf16"`` (the message says
+            what to use instead).
     """
     precision = parse_precision(target)
     proto, path = as_model(model)
@@ -321,6 +337,8 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
         build_objective(tolerance, metric, threshold, precision), proto, samples, labels)
     workers = resolve_jobs(jobs, len(samples))
     factory = None
+    if precision is Precision.BF16:
+        refuse_cpu_bf16(runner, proto, command="fix")
     if runner != "emulate":
         providers, options = ort_providers(runner)
 

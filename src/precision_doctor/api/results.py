@@ -104,6 +104,7 @@ class Diagnosis(DiagnosisReport, _Views):
     accuracy: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict:
+        """The JSON report (``DiagnosisReport.to_dict``, with ``task`` when measured)."""
         data = DiagnosisReport.to_dict(self)
         if self.task is not None:
             data["task"] = dict(self.task)
@@ -148,6 +149,7 @@ class Audit(AuditReport, _Views):
         return not any(f.kind == "fp32-not-honored" for f in self.findings)
 
     def to_dict(self) -> dict:
+        """The JSON report (``AuditReport.to_dict``, with ``build_log`` when read)."""
         data = AuditReport.to_dict(self)
         if self.build_log is not None:
             data["build_log"] = dict(self.build_log)

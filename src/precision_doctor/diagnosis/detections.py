@@ -19,10 +19,15 @@ class. A reference box without a match *vanished*, a candidate box without one *
 match with another class *changed class*, and a match of the same class below
 ``MOVED_IOU`` = 0.9 *moved* (project choice: FP16 rounding moves a box by a fraction of a
 pixel, IoU > 0.99 on boxes of tens of pixels). Each such box is listed as a flip (``position``
-= (image, box index; -1 - index for a candidate box), ``fp32_margin`` = its score, the
-labels in ``fp32_top[0]`` / ``candidate_top``, no FP32 noise or error share); the summary
-gives the box-match F1 (``box-match``) and suggests ``--metric box-map`` with the head's
-options.
+= (image, box index; -1 - index for a candidate box), the labels in ``fp32_top[0]`` /
+``candidate_top``, no FP32 noise or error share) with its margin and reading
+(``diagnosis.decisions.reading``): a box that vanished or appeared has the margin
+``|score - score threshold|``, a box that changed class or moved ``|reference score -
+candidate score|`` (the competing class or anchor scored about the candidate's score in FP32);
+it is a ``near-tie`` when that margin is at most ``sqrt(u)`` (the ``resolution``) times the
+score, what ordinary rounding of the scores can move, else ``damage``. The summary gives the
+box-match F1 (``box-match``), counts near-ties and damage (destroyed above 5% of the boxes)
+and suggests ``--metric box-map`` with the head's options.
 """
 
 from __future__ import annotations
@@ -34,8 +39,18 @@ import numpy as np
 import onnx
 
 from precision_doctor.compare.tasks.detection import box_iou
-from precision_doctor.compare.tasks.heads import HeadSpec, ImageDetections, decode, infer_head
-from precision_doctor.diagnosis.decisions import DecisionFlip, DecisionSummary
+from precision_doctor.compare.tasks.heads import (
+    RAW_SCORE_THRESHOLD,
+    HeadSpec,
+    ImageDetections,
+    decode,
+    infer_head,
+)
+from precision_doctor.diagnosis.decisions.reading import (
+    DESTROYED_SHARE,
+    DecisionFlip,
+    DecisionSummary,
+)
 from precision_doctor.errors import PrecisionDoctorError
 from precision_doctor.numbers import fmt3
 
@@ -120,7 +135,7 @@ def _match(ref: ImageDetections, cand: ImageDetections) -> tuple[dict[int, tuple
 
 
 def read_detections(model: onnx.ModelProto, reference: Arrays, candidate: Arrays,
-                    sample_names: Sequence[str]
+                    sample_names: Sequence[str], resolution: float = 0.0
                     ) -> tuple[list[DecisionSummary], list[DecisionFlip], set[str]]:
     """Detect a detection head and compare its boxes (rules: module docstring).
 
@@ -128,6 +143,7 @@ def read_detections(model: onnx.ModelProto, reference: Arrays, candidate: Arrays
         model: The FP32 model.
         reference / candidate: Output name -> arrays (one per sample).
         sample_names: One name per sample.
+        resolution: ``sqrt(u)`` of the target format (relative score change of a near-tie).
 
     Returns:
         ``(summaries, flips, outputs)``: one summary for the head, its changed boxes (most
@@ -154,7 +170,7 @@ def read_detections(model: onnx.ModelProto, reference: Arrays, candidate: Arrays
                 pairs, extra = _match(r, c)
                 matched_same += sum(int(r.labels[i] == c.labels[j]) for i, (j, _) in
                                     pairs.items())
-                found += _changes(spec, sample, image, r, c, pairs, extra, names)
+                found += _changes(spec, sample, image, r, c, pairs, extra, names, resolution)
     except PrecisionDoctorError:
         return [], [], set()
     found.sort(key=lambda t: -t[0])
@@ -166,14 +182,24 @@ def read_detections(model: onnx.ModelProto, reference: Arrays, candidate: Arrays
     why = (f"{spec.why}: the task reads boxes after decoding and NMS, not the raw tensor "
            f"({len(flips)} boxes appeared, vanished, moved or changed class among {n_ref} "
            "FP32 detections)")
-    summary = DecisionSummary(label, f"detection-{spec.kind}", 0, total, len(flips), f1, f1,
-                              "box-match", spec_text, why, None, 0.0)
+    near = sum(f.reading == "near-tie" for f in flips)
+    damaged = [f.fp32_margin for f in flips if f.reading == "damage"]
+    summary = DecisionSummary(
+        label, f"detection-{spec.kind}", 0, total, len(flips), f1, f1, "box-match", spec_text,
+        why, None, 0.0, near_ties=near, damage=len(damaged),
+        damage_margin=float(np.median(damaged)) if damaged else None,
+        destroyed=len(flips) > 1 and len(flips) > DESTROYED_SHARE * total)
     return [summary], flips, covered
 
 
 def _changes(spec: HeadSpec, sample: str, image: int, r: ImageDetections, c: ImageDetections,
              pairs: Mapping[int, tuple[int, float]], extra: Sequence[int],
-             names: Mapping[int, str]) -> list[tuple[float, DecisionFlip]]:
+             names: Mapping[int, str], resolution: float) -> list[tuple[float, DecisionFlip]]:
+    threshold = RAW_SCORE_THRESHOLD if spec.kind in ("yolov8", "yolov5", "ssd", "detr") else 0.0
+
+    def reading(margin: float, score: float) -> str:
+        return "near-tie" if margin <= resolution * max(score, threshold) else "damage"
+
     def cls(i: int) -> str:
         return names.get(int(i), str(int(i)))
 
@@ -186,9 +212,11 @@ def _changes(spec: HeadSpec, sample: str, image: int, r: ImageDetections, c: Ima
         s, lab = float(r.scores[i]), int(r.labels[i])
         if i not in pairs:
             what, cand, detail = "vanished", -1, "no candidate box overlaps it at IoU >= 0.5"
+            margin = abs(s - threshold)
         else:
             j, iou = pairs[i]
             cand = int(c.labels[j])
+            margin = abs(s - float(c.scores[j]))
             if cand != lab:
                 what, detail = "changed class", f"the candidate calls it {cls(cand)} " \
                                                 f"({fmt3(float(c.scores[j]))}), IoU {fmt3(iou)}"
@@ -198,14 +226,15 @@ def _changes(spec: HeadSpec, sample: str, image: int, r: ImageDetections, c: Ima
             else:
                 continue
         text = f"{cls(lab)} {fmt3(s)} at {box(r.boxes[i])} of {sample} {what}: {detail}"
-        out.append((s, DecisionFlip(output, sample, (image, i), s, None, True, 0.0, (lab, -1),
-                                    cand, text)))
+        out.append((s, DecisionFlip(output, sample, (image, i), margin, None, True, 0.0,
+                                    (lab, -1), cand, text, reading(margin, s))))
     for j in extra:
         s, lab = float(c.scores[j]), int(c.labels[j])
         text = (f"{cls(lab)} {fmt3(s)} at {box(c.boxes[j])} of {sample} appeared: no FP32 box "
                 "overlaps it at IoU >= 0.5")
-        out.append((s, DecisionFlip(output, sample, (image, -1 - j), s, None, True, 0.0,
-                                    (-1, -1), lab, text)))
+        margin = abs(s - threshold)
+        out.append((s, DecisionFlip(output, sample, (image, -1 - j), margin, None, True, 0.0,
+                                    (-1, -1), lab, text, reading(margin, s))))
     return out
 
 

@@ -10,40 +10,41 @@ the assessment (``diagnosis.assessment``).
 from __future__ import annotations
 
 import hashlib
+import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 import onnx
 
-from precision_doctor.compare.metrics import compute_metrics, relative_l2
+from precision_doctor.compare.metrics import compute_metrics
 from precision_doctor.compare.tolerance import (
     Tolerance,
     check,
     default_tolerance,
     elementwise_pass_share,
 )
+from precision_doctor.diagnosis.assess import assess
 from precision_doctor.diagnosis.assessment import (
     AssessmentInputs,
-    assess,
-    defect_candidates,
     rounding_depth,
-    share_removed,
 )
-from precision_doctor.diagnosis.decisions import read_decisions
-from precision_doctor.diagnosis.hazards import scan_hazards
+from precision_doctor.diagnosis.causes.cures import out_of_range, overflow_regions
+from precision_doctor.diagnosis.causes.explain import explain
+from precision_doctor.diagnosis.causes.hazards import scan_hazards
+from precision_doctor.diagnosis.decisions.reading import read_decisions
 from precision_doctor.diagnosis.noise import measure_noise_floor
 from precision_doctor.diagnosis.report import DiagnosisReport, OutputResult
-from precision_doctor.diagnosis.rootcause import build_findings, group_findings, rank_findings
 from precision_doctor.errors import PrecisionDoctorError, ReferenceError_
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.load import opset_of
 from precision_doctor.graph.outputs import producer_inputs
 from precision_doctor.inputs.recording import Recording
+from precision_doctor.inputs.synthetic import is_random_source
 from precision_doctor.layerwise.candidates import (
     Candidate,
-    emulated,
     emulated_fused,
     reference_factory,
     run_samples,
@@ -59,6 +60,7 @@ from precision_doctor.layerwise.recording import (
 
 Progress = Callable[[str, int, int], None]
 NOISE_MULTIPLE_OK = 2.0  # an error within 2x the FP32 noise floor is not a precision finding
+ATTRIBUTION_BUDGET = 4.0  # attribution wall time: 4x the plain runs and the layerwise pass
 
 
 class SampleLike(Protocol):
@@ -159,9 +161,16 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
 
     outputs = _judge(out_names, ref, cand, tolerances, target, floor)
     verdict = "pass" if all(o.passed for o in outputs) else "fail"
+    depth = rounding_depth(model)
+    u = FORMATS[target].unit_roundoff
+    expected = math.sqrt(max(depth, 1)) * u
     summaries, flips = (read_decisions(model, ref, cand, [s.name for s in samples],
-                                       probe_outputs, model_path) if decisions else ([], []))
+                                       probe_outputs, model_path, resolution=math.sqrt(u))
+                        if decisions else ([], []))
 
+    read = {d.output for d in summaries}  # argmax agreement means something there only
+    outputs = [o if o.name in read or o.metrics.argmax_agreement is None else
+               replace(o, metrics=replace(o.metrics, argmax_agreement=None)) for o in outputs]
     default_tol = _tolerance_for(out_names[0], tolerances, target)
     lw, jump = None, None
     inputs_of = producer_inputs(model)
@@ -185,24 +194,19 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         timings["layerwise"] = time.perf_counter() - t0
 
     hazards = scan_hazards(model, target)
-    findings = build_findings(hazards, lw, target, verdict == "fail", inputs_of, candidate.tf32)
+    regions = (overflow_regions(model, out_of_range(
+        lw.records, FORMATS[target].max, [lw.nan_birth] if lw.nan_birth else []))
+        if lw is not None else {})
     t0 = time.perf_counter()
     transformer = _transformer_section(model, samples, target, stress)
     timings["transformer"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    measure = None
-    if measure_impact and candidate.plan is not None and verdict == "fail":
-        plan = candidate.plan
-
-        def measure(nodes: Sequence[str]) -> float:
-            trial = emulated(plan.keep_fp32(nodes, "diagnose"))
-            outs = run_samples(trial.factory(model), samples, out_names)
-            return max(relative_l2(ref[n], outs[n]) for n in (o.name for o in outputs))
-
-    baseline = max((o.metrics.rel_l2 for o in outputs), default=0.0)
-    findings = group_findings(rank_findings(findings, measure, baseline))
-    explained, defect_share = _joint_shares(findings, measure, baseline, target)
-    timings["findings"] = time.perf_counter() - t0
+    explanation = explain(model, samples, target, candidate, lw, hazards,
+                          {o.name: (o.metrics.rel_l2, o.passed) for o in outputs}, ref, cand,
+                          summaries, inputs_of, regions, expected, progress,
+                          ATTRIBUTION_BUDGET * sum(timings.get(k, 0.0) for k in (
+                              "reference", "candidate", "layerwise")))
+    findings, explained = list(explanation.findings), explanation.explained
+    timings.update(explanation.seconds)
     if lw is not None:  # an Inf birth measured harmless (minor) is not the jump
         harmless = {n for f in findings if f.group == "minor" and f.impact is not None
                     for n in f.nodes}
@@ -220,12 +224,15 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
                          warnings) if rewritten else None)
     timings["rewritten"] = time.perf_counter() - t0
     gain = (jump.record.node, jump.gain) if jump is not None else None
+    attribution = explanation.attribution.to_dict() if explanation.attribution else None
     assessment = assess(AssessmentInputs(
         verdict == "pass",
         tuple((o.name, o.metrics.rel_l2, o.tolerance.rel_l2, o.passed,
                o.metrics.nan + o.metrics.inf) for o in outputs),
-        target, rounding_depth(model), tuple(findings), tuple(summaries), tuple(flips),
-        explained, defect_share, measure is not None, gain, rw))
+        target, depth, tuple(findings), tuple(summaries), tuple(flips),
+        explained, explanation.defect_share, candidate.plan is not None and verdict == "fail",
+        gain, rw, any(is_random_source(s.name) or s.name.startswith("random[")
+                      for s in samples), attribution))
     return DiagnosisReport(
         verdict=verdict, model=_model_info(model, model_path), target=target.value,
         reference="ort-cpu", candidate=candidate.name,
@@ -237,7 +244,7 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         assessment=assessment, explained_share=explained, decision_flips=tuple(flips),
         decisions=tuple(summaries), rewritten=rw,
         largest_jump=jump.record.tensor if jump is not None else None, recording=recording,
-        transformer=transformer)
+        transformer=transformer, attribution=attribution)
 
 
 def _judge(out_names: Sequence[str], ref, cand, tolerances, target: Precision, floor
@@ -260,24 +267,6 @@ def _judge(out_names: Sequence[str], ref, cand, tolerances, target: Precision, f
                                     f"floor ({nf:.3g}): the model's conditioning, not precision")
         outputs.append(OutputResult(name, passed, reason, tol, metrics, nf, multiple))
     return outputs
-
-
-def _joint_shares(findings, measure, baseline: float, target: Precision
-                  ) -> tuple[float | None, float | None]:
-    """(all findings' remedies jointly, the defect candidates' remedies jointly): shares of
-    the output error removed, one emulated evaluation each (None when not measured)."""
-    if measure is None or baseline <= 0:
-        return None, None
-    everything = list(dict.fromkeys(n for f in findings if f.kind != "reference-mismatch"
-                                    for n in f.nodes))
-    explained = share_removed(baseline, measure(everything)) if everything else 0.0
-    defects = list(dict.fromkeys(n for f in defect_candidates(findings, target)
-                                 for n in f.nodes))
-    if not defects:
-        return explained, None
-    if set(defects) == set(everything):
-        return explained, explained
-    return explained, share_removed(baseline, measure(defects))
 
 
 ENGINE_REWRITES = ("fold-bias-add", "fold-batchnorm", "fuse-layernorm")

@@ -1,20 +1,24 @@
 """The diagnosis result: a frozen, versioned record that round-trips through JSON.
 
-JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 2)::
+JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 3):
 
     {
-      "schema": "precision-doctor/diagnosis", "schema_version": 2, "tool_version": "0.1.0",
+      "schema": "precision-doctor/diagnosis", "schema_version": 3, "tool_version": "0.1.0",
       "verdict": "pass" | "fail",
-      "assessment": {"kind": "within-tolerance" | "rounding" | "decision-flips" | "defect",
+      "assessment": {"kind": "within-tolerance" | "rounding" | "decision-flips" | "defect"
+                             | "unexplained",
                      "summary", "evidence": {name: scalar}, "remedy", "explained_share",
                      "nodes": [str]} | null,
       "explained_share": float | null,
       "decision_flips": [{"output", "sample", "position": [int], "fp32_margin", "fp32_noise",
                           "task_changed", "error_share", "fp32_top": [int, int],
-                          "candidate_top", "detail"}],
+                          "candidate_top", "detail",
+                          "reading": "near-tie" | "task-neutral" | "damage"}],
       "decisions": [{"output", "kind", "axis", "positions", "flips", "argmax_agreement",
                      "task_agreement", "task_metric", "suggested_metric", "why",
-                     "rel_l2_without_flips", "flip_error_share"}],
+                     "rel_l2_without_flips", "flip_error_share", "near_ties",
+                     "task_neutral", "damage", "typical_error", "damage_margin",
+                     "destroyed"}],
       "rewritten": {"rewrites": [str], "outputs": [<output>], "verdict"} | null,
       "model": {"path", "opset", "nodes", "sha256"},
       "target": "fp16", "reference": "ort-cpu", "candidate": "emulate-fp16",
@@ -37,8 +41,16 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 2
                   "matched_tensors", "missing": {tensor: reason}, "missing_by_reason",
                   "unmatched", "cross_check": {"emulator", "fp32_nodes", "outputs", "layers",
                   "worse_than_emulated"} | null}   (``layerwise.recording.recording_section``)
-      "transformer": {"layernorms", "attention", "blocks", "statistics", "stress"} | null
+      "transformer": {"layernorms", "attention", "blocks", "statistics", "stress"} | null,
+      "attribution": {"status": "found" | "spread" | "none", "nodes": [str],
+                      "clusters": [[str]], "samples": [int], "evaluations", "seconds",
+                      "small_limit", "kept_size"} | null
     }
+
+Finding kinds: the range events and amplifiers of ``diagnosis.causes.findings`` and the
+mechanisms of ``diagnosis.causes.mechanisms`` (``cancellation``, ``small-divisor``,
+``exponent-amplification``, ``saturation``, ``long-reduction``, ``tf32``,
+``unnamed-mechanism``).
 
 ``transformer``: per-block FP16 headroom of a model with LayerNorms or attention
 (``diagnosis.headroom.records.TransformerReport.to_dict``; ``stress`` from
@@ -47,11 +59,14 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 2
 Non-finite floats are written as the strings "inf", "-inf", "nan" (JSON has no such numbers).
 
 Version 2 (this version) added ``assessment`` (rules in ``diagnosis.assessment``),
-``explained_share``, ``decision_flips`` and ``decisions`` (``diagnosis.decisions``),
+``explained_share``, ``decision_flips`` and ``decisions`` (``diagnosis.decisions.reading``),
 ``rewritten`` (the emulation of the model after the safe rewrites an engine applies anyway),
 each finding's ``group`` and ``layerwise.largest_jump`` (the first divergence by error jump,
 ``layerwise.gain.largest_jump``; ``first_divergence`` stays the first tolerance crossing).
-``from_dict`` reads versions 1 and 2; a version-1 report has no assessment (None).
+Version 3 added the ``unexplained`` assessment, the mechanism finding kinds, ``attribution``
+(``diagnosis.causes.attribution``), each flip's ``reading`` and the decisions' reading counts;
+``rel_l2_without_flips`` is now relative to the whole output's norm.
+``from_dict`` reads versions 1 to 3; a version-1 report has no assessment (None).
 """
 
 from __future__ import annotations
@@ -63,15 +78,15 @@ from precision_doctor import __version__
 from precision_doctor.compare.metrics import OutputMetrics
 from precision_doctor.compare.tolerance import Tolerance
 from precision_doctor.diagnosis.assessment import Assessment
-from precision_doctor.diagnosis.decisions import DecisionFlip, DecisionSummary
-from precision_doctor.diagnosis.hazards import Hazard
+from precision_doctor.diagnosis.causes.findings import Finding
+from precision_doctor.diagnosis.causes.hazards import Hazard
+from precision_doctor.diagnosis.decisions.reading import DecisionFlip, DecisionSummary
 from precision_doctor.diagnosis.noise import NoiseFloor
-from precision_doctor.diagnosis.rootcause import Finding
 from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.layerwise.compare import LayerwiseResult
 
 SCHEMA = "precision-doctor/diagnosis"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -115,7 +130,42 @@ class OutputResult:
 
 @dataclass(frozen=True)
 class DiagnosisReport:
-    """Everything ``diagnose`` found. See the module docstring for the JSON layout."""
+    """Everything ``diagnose`` found. See the module docstring for the JSON layout.
+
+    Attributes:
+        verdict: ``pass`` when every output meets its tolerance, else ``fail``.
+        model: ``{"path", "opset", "nodes", "sha256"}`` of the diagnosed model.
+        target: The precision diagnosed (``fp16``, ``bf16``, ``tf32``, ``fp32``).
+        reference: The reference runner's name (``ort-cpu``: ONNX Runtime CPU in FP32).
+        candidate: The candidate runner's name (``emulate-fp16``, ``ort-cuda`` ...).
+        samples: ``{"name", "shapes": {input: [dims]}}`` per sample, in order.
+        outputs: Verdict, tolerance, metrics and FP32 noise multiple of each output.
+        findings: Root causes with evidence, remedy and measured impact, ranked by impact.
+        hazards: The static scan: parameters out of range, risky ops, decomposed LayerNorms.
+        layerwise: Every intermediate tensor compared (None with ``layerwise=False``).
+        noise: The FP32 noise floor per output (None with ``noise=False``).
+        emulation: What the emulator ran: its plan's FP32 nodes and settings (None for a
+            real engine).
+        timings_s: Wall time per stage, seconds.
+        warnings: What the user should know (assumptions, fallbacks, skipped probes).
+        tool_version: The precision-doctor version that wrote the report.
+        assessment: Which kind of result this is, with its evidence and remedy
+            (``diagnosis.assessment``; None in a version-1 report).
+        explained_share: Share of the output error that disappears when every finding's
+            remedy is applied at once (None when not measured).
+        decision_flips: Decisions (argmax, thresholded maps, decoded text) the candidate
+            flipped, with their FP32 margins.
+        decisions: Per decision output: agreement, flips and the ``--metric`` that ``fix``
+            should target.
+        rewritten: The emulation of the model after the safe rewrites an engine applies
+            anyway (``{"rewrites", "outputs", "verdict"}``), or None.
+        largest_jump: The tensor whose local error gain is largest (the first divergence by
+            error jump), or None.
+        recording: With a recorded candidate (``candidate_results``): who recorded it, what
+            is missing, and the emulated vs recorded cross-check; else None.
+        transformer: Per-block FP16 headroom of LayerNorms and attention
+            (``diagnosis.headroom.records.TransformerReport.to_dict``), or None.
+    """
 
     verdict: str
     model: dict
@@ -140,12 +190,15 @@ class DiagnosisReport:
     largest_jump: str | None = None
     recording: dict | None = None  # recorded candidate: runner, version, cross-check
     transformer: dict | None = None  # diagnosis.headroom.records.TransformerReport.to_dict()
+    attribution: dict | None = None  # diagnosis.causes.attribution.Attribution.to_dict()
 
     @property
     def passed(self) -> bool:
+        """Whether every output meets its tolerance (``verdict == "pass"``)."""
         return self.verdict == "pass"
 
     def to_dict(self) -> dict:
+        """The JSON report (``schema`` = ``precision-doctor/diagnosis``; module docstring)."""
         return {
             "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tool_version": self.tool_version,
             "verdict": self.verdict, "model": dict(self.model), "target": self.target,
@@ -166,6 +219,7 @@ class DiagnosisReport:
             "rewritten": self.rewritten,
             "recording": self.recording,
             "transformer": self.transformer,
+            "attribution": self.attribution,
         }
 
     @classmethod
@@ -194,4 +248,5 @@ class DiagnosisReport:
             tuple(DecisionFlip.from_dict(f) for f in d.get("decision_flips", ())),
             tuple(DecisionSummary.from_dict(x) for x in d.get("decisions", ())),
             d.get("rewritten"), (d.get("layerwise") or {}).get("largest_jump"),
-            recording=d.get("recording"), transformer=d.get("transformer"))
+            recording=d.get("recording"), transformer=d.get("transformer"),
+            attribution=d.get("attribution"))

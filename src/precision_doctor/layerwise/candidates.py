@@ -23,11 +23,12 @@ from precision_doctor.layerwise.engines import SegmentFallback
 from precision_doctor.precision.emulate import EmulationInfo, emulate
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.base import Runner
-from precision_doctor.runners.emulator import EmulatorRunner
+from precision_doctor.runners.emulator import EmulatorRunner, WrittenEmulatorRunner
 from precision_doctor.runners.ort import OrtRunner, resolve_provider
 from precision_doctor.runners.ort_options import ort_providers
 from precision_doctor.runners.recorded import RecordedRunner
 from precision_doctor.runners.tensorrt import TensorRTRunner
+from precision_doctor.runners.verify import VerifiedBy, verified_again
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,31 @@ def onnxruntime(providers: Sequence[str], provider_options: Sequence[Mapping[str
     return Candidate(label, factory, tf32=tf32, segments=model is None)
 
 
+def written_emulation(model: onnx.ModelProto, name: str = "emulate-written") -> Candidate:
+    """The exact CPU emulation of a strongly typed ``model`` (e.g. a BF16 model written by
+    ``fix``, which ONNX Runtime CPU has no kernels for): its Casts, every BF16/FP16 tensor
+    rounded to its format (``precision.emulate_written``). Tensors marked on the diagnosed model
+    are marked on ``model`` by name."""
+    def factory(marked: onnx.ModelProto) -> WrittenEmulatorRunner:
+        _refuse_segments(marked, name)
+        return WrittenEmulatorRunner(mark_outputs(model, [o.name for o in marked.graph.output]),
+                                     name=name)
+
+    return Candidate(name, factory)
+
+
+def verified(verified_by: VerifiedBy, model: onnx.ModelProto) -> Candidate:
+    """The runner that verified the written ``model`` (``runners.verify``) as a candidate."""
+    name = verified_by.runner
+
+    def factory(marked: onnx.ModelProto) -> Runner:
+        _refuse_segments(marked, name)
+        return verified_again(verified_by,
+                              mark_outputs(model, [o.name for o in marked.graph.output]))
+
+    return Candidate(name, factory)
+
+
 def _refuse_segments(model: onnx.ModelProto, name: str) -> None:
     """A candidate running a model of its own cannot run a segment of the diagnosed one."""
     if is_segment(model):
@@ -189,18 +215,25 @@ def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,
 
     Args:
         spec: ``emulate``, ``emulate-fused`` (the model after BatchNorm folding and LayerNorm
-            fusion, as engines run it) or an ONNX Runtime spec such as ``ort:cuda,tf32=0``
+            fusion, as engines run it), ``emulate-written`` (``candidate_model`` emulated as
+            written: ``written_emulation``) or an ONNX Runtime spec such as ``ort:cuda,tf32=0``
             (see ``precision_doctor.runners.ort_options``), or ``trt[:tf32=1,...]``
             (TensorRT via Polygraphy, ``runners.tensorrt``; untested with real TensorRT).
         plan: The precision plan (used by the emulators).
         model: The diagnosed model.
-        candidate_model: For ``ort``/``trt`` runners, run this model (e.g. the FP16 model written by
-            ``fix``) instead of the diagnosed one.
+        candidate_model: For ``ort``/``trt``/``emulate-written`` runners, run this model (e.g.
+            the FP16 model written by ``fix``) instead of the diagnosed one.
 
     Raises:
         BackendError: Unknown runner or bad ORT options.
     """
     text = spec.strip()
+    if text == "emulate-written":
+        if candidate_model is None:
+            raise BackendError("--runner emulate-written emulates a strongly typed model as "
+                               "written: give it with --candidate-model (e.g. a BF16 model from "
+                               "fix)", runner=spec)
+        return written_emulation(candidate_model)
     if text in ("emulate", "emulate-fused"):
         if candidate_model is not None:
             raise BackendError("--candidate-model is for ort runners; the emulator derives its "
@@ -212,6 +245,7 @@ def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,
     if text == "trt" or text.startswith("trt:"):
         return tensorrt(trt_options(text), candidate_model, name=text.replace(",", " "))
     raise BackendError(f"unknown runner {spec!r}: use 'emulate', 'emulate-fused', "
+                       "'emulate-written' (with --candidate-model), "
                        "'ort:<provider>[,options]' (e.g. ort:cuda,tf32=0) or "
                        "'trt[:tf32=0,fp16=0,strongly_typed=1]'", runner=spec)
 

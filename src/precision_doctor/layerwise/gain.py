@@ -13,9 +13,12 @@ out-of-range value (e.g. a BatchNorm variance that becomes inf in FP16).
 
 A tensor whose candidate has NaN/Inf while every compared input of its producer is finite is
 an Inf/NaN *birth* (gain = inf); NaN/Inf inherited from an input has gain 0 (the node did not
-create it). A reference overflow (|x| > format max) is reported as ``overflow``.
+create it), and so has a finite tensor computed from an input with NaN/Inf (the node absorbs
+an Inf born upstream, e.g. 1/sqrt(inf) = 0: its error is the upstream event's, not an
+amplification of rounding). A reference overflow (|x| > format max) is reported as
+``overflow``.
 
-Callers: ``diagnosis.rootcause`` (amplifier findings), the diagnosis' ``largest_jump`` (first
+Callers: ``diagnosis.causes.findings`` (amplifier findings), the diagnosis' ``largest_jump`` (first
 divergence where the error jumps), and the search's sensitivity ranking / layerwise Inf birth.
 """
 
@@ -74,10 +77,11 @@ def local_gains(records: Sequence[LayerRecord], inputs_of: Mapping[str, Sequence
     for r in records:
         ups = [by_name[i] for i in inputs_of.get(r.tensor, ()) if i in by_name]
         upstream = max((u.rel_l2 for u in ups if math.isfinite(u.rel_l2)), default=0.0)
-        born = _nonfinite(r) and not r.ref_nonfinite and not any(_nonfinite(u) for u in ups)
+        inherited = any(_nonfinite(u) for u in ups)
+        born = _nonfinite(r) and not r.ref_nonfinite and not inherited
         if born:
             gain = math.inf
-        elif r.ref_nonfinite or not math.isfinite(r.rel_l2):
+        elif r.ref_nonfinite or not math.isfinite(r.rel_l2) or inherited:
             gain = 0.0
         else:
             gain = r.rel_l2 / max(upstream, unit_roundoff)

@@ -108,9 +108,10 @@ def _result(request: FixRequest, baseline: Baseline, rewritten: Rewritten, searc
     share = fp32_share(source, final_fp32, node_costs(source, shapes))
     warnings = []
     if not verified.score.passed and result.score.passed:
-        warnings.append("the emulated plan meets the target but ONNX Runtime CPU on the written "
-                        f"model scores {verified.score.value:.4g}: its FP16 kernels compute "
-                        "differently from the engine model the emulator assumes. Decision "
+        warnings.append(f"the emulated plan meets the target but {verified.runner} on the "
+                        f"written model scores {verified.score.value:.4g}: its "
+                        f"{request.target.value.upper()} kernels compute differently from the "
+                        "engine model the emulator assumes. Decision "
                         "metrics at exact thresholds (identical strings, boxes) depend on the "
                         "engine's exact rounding: search with the engine you deploy on "
                         "(--runner ort:cpu, ort:cuda)")
@@ -120,10 +121,11 @@ def _result(request: FixRequest, baseline: Baseline, rewritten: Rewritten, searc
                         "not all be needed; raise --max-evals for a smaller set")
     notes = []
     if any(r.rule == "fuse-layernorm" and r.applied for r in rewritten.report.records):
-        notes.append("decomposed LayerNorms were fused into LayerNormalization; its FP16 "
+        low = request.target.value.upper()
+        notes.append(f"decomposed LayerNorms were fused into LayerNormalization; its {low} "
                      "emulation assumes FP32 statistics inside the op (what TensorRT and ONNX "
                      "Runtime CUDA compute). If your engine computes LayerNormalization in "
-                     "FP16, add --keep LayerNormalization.")
+                     f"{low}, add --keep LayerNormalization.")
     rewrites = rewritten.report.to_dict()
     notes.extend(rewrite_engine_notes(rewrites))
     reference = baseline.reference
@@ -135,7 +137,8 @@ def _result(request: FixRequest, baseline: Baseline, rewritten: Rewritten, searc
                      {k: round(v, 3) for k, v in seconds.items()}, tuple(warnings),
                      tuple(notes), baseline.near_ties, objective.score_label(),
                      objective.pass_mark(),
-                     _resources(result, time.perf_counter() - t_start, request.jobs))
+                     _resources(result, time.perf_counter() - t_start, request.jobs),
+                     verified.verified_by.to_dict())
 
 
 def _metrics(ref: Outputs, cand: Outputs) -> dict:

@@ -1,4 +1,38 @@
-"""``FixResult``: what ``fix`` returns, and its JSON report (schema ``precision-doctor/fix``)."""
+"""``FixResult``: what ``fix`` returns, and its JSON report.
+
+JSON schema (``schema`` = ``precision-doctor/fix``, ``schema_version`` = 1), written next to
+the fixed model as ``*.report.json``:
+
+    {
+      "schema": "precision-doctor/fix", "schema_version": 1, "tool_version": "0.1.0",
+      "verdict": "pass" | "fail",          # the fixed model, run by ONNX Runtime CPU
+      "target": "fp16" | "bf16", "objective": str,
+      "plan": {"schema_version", "default",
+               "overrides": {node: {"precision", "reason", "detail"}}},
+      "fp32_share": {"nodes", "flops", "params"},                      # shares in [0, 1]
+      "before": {output: <metrics>},         # the naive all-low model (emulated)
+      "after": {output: <metrics>},          # the fixed model (ONNX Runtime CPU)
+      "after_emulated": {output: <metrics>}, # the emulated final plan
+      "score_before": {"passed", "value", "detail"}, "score_after": {...},
+      "search": {"evaluations", "kept": [node], "ranking_head": [node], "samples_run",
+                 "trials": [{"stage", "fp32_nodes", "passed", "value", "seconds",
+                             "samples"}]},
+      "rewrites": {"schema_version", "rules", "opset_before", "opset_after", "counts",
+                   "records": [{"rule", "applied", "nodes", "new_nodes", "reason",
+                                "details"}]},
+      "writer": {"casts_inserted", "kept_fp32", "nodes_per_precision", "node_precisions",
+                 "opset_before", "opset_after", "io_dtypes", "ort_validated", "warnings",
+                 ...},                          # precision.writer.report.WriterReport
+      "seconds": {stage: seconds}, "warnings": [str], "notes": [str],
+      "near_ties": [{"sample", "index", "margin", "noise"}],
+      "resources": {"evaluations", "samples_run", "wall_s", "cpu_s", "peak_rss_mb",
+                    "peak_rss_workers_mb", "jobs"}
+    }
+
+``<metrics>`` is ``compare.metrics.OutputMetrics.to_dict`` (max/mean/median/p99 absolute
+error, relative L2, cosine, SNR, NaN/Inf counts, argmax agreement). Non-finite floats are
+written as the strings "inf", "-inf", "nan".
+"""
 
 from __future__ import annotations
 
@@ -23,10 +57,11 @@ class FixResult:
         plan: The final precision plan (every override with its reason).
         search: The search result (evaluations, trials).
         before: Output metrics (dicts) of the naive all-low model (emulated).
-        after: Output metrics of the fixed model run by ONNX Runtime CPU.
+        after: Output metrics of the fixed model run by the runner that verified it
+            (``verification``).
         after_emulated: Output metrics of the emulated final plan.
         score_before: Objective score of the naive all-low model (emulated).
-        score_after: Objective score of the fixed model run by ONNX Runtime CPU.
+        score_after: Objective score of the fixed model run by the runner that verified it.
         share: FP32 share by nodes / FLOPs / params.
         rewrites: Report of the rewrites (dict).
         writer: Report of the writer (dict).
@@ -43,6 +78,10 @@ class FixResult:
             search), ``wall_s`` (whole ``fix``), ``peak_rss_mb`` (this process, MiB, from
             ``resource.getrusage`` ``ru_maxrss``), ``peak_rss_workers_mb`` (largest worker of
             ``--jobs``, 0 without), ``jobs``.
+        verification: Which runner verified the written model and why
+            (``runners.verify.VerifiedBy.to_dict()``: ``runner``, ``spec``, ``reason``,
+            ``skipped``): ONNX Runtime CPU, ONNX Runtime CUDA, the search's ``--runner``, or
+            for a BF16 model ONNX Runtime CPU cannot run, its exact emulation.
         accuracy: With labels: the task accuracy of the FP32 reference, the naive low
             precision model and the fixed model (``compare.tasks.accuracy.task_accuracy``).
     """
@@ -68,11 +107,12 @@ class FixResult:
     score_label: str = "score"
     pass_mark: tuple[float, bool] = (1.0, False)
     resources: dict = field(default_factory=dict)
+    verification: dict = field(default_factory=dict)
     accuracy: dict = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
-        """Whether the fixed model, run by ONNX Runtime CPU, meets the objective."""
+        """Whether the fixed model, run by the runner that verified it, meets the objective."""
         return self.score_after.passed
 
     def to_dict(self) -> dict:
@@ -92,7 +132,8 @@ class FixResult:
             "rewrites": self.rewrites, "writer": self.writer, "seconds": self.seconds,
             "warnings": list(self.warnings), "notes": list(self.notes),
             "near_ties": [t.to_dict() for t in self.near_ties],
-            "resources": self.resources, "accuracy": self.accuracy,
+            "resources": self.resources, "verification": self.verification,
+            "accuracy": self.accuracy,
         }
 
 

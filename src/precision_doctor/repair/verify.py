@@ -2,7 +2,13 @@
 against the FP32 reference.
 
     Searched -> write  -> Written       (the mixed-precision model, validated)
-    Written  -> verify -> Verification  (the written model's outputs, what ran it, its score)
+    Written  -> verify -> Verification  (the written model's outputs, what ran it and why, its
+                                         score)
+
+The runner that verifies is chosen by ``runners.verify``: the search's ``--runner``; for a BF16
+model ONNX Runtime CUDA when present, ONNX Runtime CPU when it has the BF16 kernels, else the
+exact emulation of the written model (ONNX Runtime CPU has no BF16 Conv/MatMul kernels); for
+any other model ONNX Runtime CPU.
 """
 
 from __future__ import annotations
@@ -17,12 +23,13 @@ from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.precision.writer import write_mixed_precision
 from precision_doctor.precision.writer.report import WriterReport
 from precision_doctor.repair.stages import Baseline, FixRequest, Rewritten, Searched
-from precision_doctor.runners.base import Runner
 from precision_doctor.runners.emulator import EmulatorRunner
-from precision_doctor.runners.ort import OrtRunner
+from precision_doctor.runners.verify import (
+    VerifiedBy,
+    requested_verification,
+    verifying_runner,
+)
 from precision_doctor.search.objective import Outputs, Score
-
-VERIFY_RUNNER = "ort-cpu-fixed"  # ONNX Runtime CPU, default options, on the written model
 
 
 @dataclass(frozen=True)
@@ -65,10 +72,12 @@ class Verification:
     """What verified the written model, and what it measured.
 
     Attributes:
-        runner: The runner whose outputs are ``outputs``: ``ort-cpu-fixed`` (ONNX Runtime CPU,
-            default options, on the written model).
+        runner: The runner whose outputs are ``outputs`` (``verified_by.runner``):
+            ``ort-cpu-fixed``, ``ort-cuda-fixed``, ``emulate-written-bf16`` or the search's
+            ``--runner``.
+        verified_by: That runner, why it was chosen and why the others were not.
         reused_search: True when ``outputs`` are the search's final evaluation, which ran this
-            very model with that runner (``fix --runner ort:cpu``), so it was not run again.
+            very model with the search's ``--runner``, so it was not run again.
         outputs: The written model's outputs, per output a list over samples (float32).
         emulated: Outputs of the CPU emulation of the effective plan on the rewritten model
             (the gap to ``outputs`` is the engine's rounding against the emulator's).
@@ -77,6 +86,7 @@ class Verification:
     """
 
     runner: str
+    verified_by: VerifiedBy
     reused_search: bool
     outputs: Outputs
     emulated: Outputs
@@ -86,24 +96,28 @@ class Verification:
 
 def verify(written: Written, request: FixRequest, baseline: Baseline,
            searched: Searched) -> Verification:
-    """Run the written model with ONNX Runtime CPU on every sample and score it against the
-    FP32 reference (``baseline``); emulate the effective plan beside it.
+    """Run the written model on every sample and score it against the FP32 reference
+    (``baseline``); emulate the effective plan beside it.
 
     Outputs the search already has are reused: its final evaluation, when the search ran the
-    written model with plain ONNX Runtime CPU, or the emulated plan, when it equals the
-    effective plan.
+    written model with the ``--runner`` that verifies it, or the emulated plan, when it equals
+    the effective plan.
 
     Raises:
-        BackendError: ONNX Runtime fails on the written model.
+        BackendError: The verifying runner fails on the written model.
+        UnsupportedModelError: Shape inference cannot type the written model.
     """
     t0 = time.perf_counter()
     samples, names, final = request.samples, request.output_names, searched.result.final_outputs
-    if (request.runner is not None and final is not None
-            and _is_plain_ort_cpu(request.runner(written.model))):
+    requested = request.runner(written.model) if request.runner is not None else None
+    runner = verifying_runner(written.model, requested)
+    if requested is not None and final is not None:
         outputs, reused = final, True  # the search's final evaluation ran this very model
+        verified_by = requested_verification(requested, reused=True)
     else:
-        outputs = run_samples(OrtRunner(written.model, name=VERIFY_RUNNER), samples, names)
-        reused = False
+        outputs, reused = run_samples(runner, samples, names), False
+        assert runner.verified_by is not None
+        verified_by = runner.verified_by
     effective = written.report.effective_plan()
     if (request.runner is None and final is not None
             and effective.fp32_nodes() == written.plan.fp32_nodes()):
@@ -111,12 +125,5 @@ def verify(written: Written, request: FixRequest, baseline: Baseline,
     else:
         emulated = run_samples(EmulatorRunner(written.source, effective), samples, names)
     score = baseline.objective.score(baseline.reference, outputs)
-    return Verification(VERIFY_RUNNER, reused, outputs, emulated, score,
+    return Verification(verified_by.runner, verified_by, reused, outputs, emulated, score,
                         time.perf_counter() - t0)
-
-
-def _is_plain_ort_cpu(runner: Runner) -> bool:
-    """Whether ``runner`` (not entered) is ONNX Runtime CPU with default options, i.e. what
-    ``fix`` verifies the written model with."""
-    return (isinstance(runner, OrtRunner) and runner.providers == ["CPUExecutionProvider"]
-            and runner.provider_options == [{}] and runner.graph_optimization == "all")

@@ -10,6 +10,7 @@ from typing import Any
 from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.numbers import fmt_vs
 from precision_doctor.report.templating import COLLAPSE_ROWS, Section, model_name, render
+from precision_doctor.runners.verify import VerifiedBy
 
 FIX_METRICS = ("rel_l2", "max_abs", "p99_abs", "mean_abs", "cosine", "snr_db", "nan", "inf",
                "argmax_agreement")  # shown per output in the fix's before/after table
@@ -28,7 +29,9 @@ def render_fix_section(fix_summary: Mapping[str, Any]) -> Section:
             "higher_is_better", "before": {"value", "passed"}, "after": {...}, "accuracy"}``
             (``accuracy``: the FP32 / low precision / fixed accuracy line; with it, the
             page is headlined by ``fix_verdict_section``); ``resolved``: list of
-            ``ResolvedCause.to_dict()`` (causes the fix removed).
+            ``ResolvedCause.to_dict()`` (causes the fix removed); ``verification``:
+            ``FixResult.verification`` (the runner that verified the written model, why, and
+            why not the others).
 
     Returns:
         The section (id ``fix``).
@@ -44,7 +47,7 @@ def render_fix_section(fix_summary: Mapping[str, Any]) -> Section:
         share_nodes=fix_summary.get("fp32_share_nodes"),
         share_flops=fix_summary.get("fp32_share_flops"),
         recipes=dict(fix_summary.get("recipes") or {}), verdict=fix_summary.get("verdict"),
-        model=fix_summary.get("model")))
+        model=fix_summary.get("model"), verification=fix_summary.get("verification") or {}))
 
 
 def fix_verdict_section(report: DiagnosisReport, fix_summary: Mapping[str, Any]) -> Section:
@@ -65,10 +68,17 @@ def fix_verdict_section(report: DiagnosisReport, fix_summary: Mapping[str, Any])
           "threshold": "–" if threshold is None else f"{float(threshold):g}",
           "op": "≥" if higher else "≤", "accuracy": o.get("accuracy", ""),
           "before_text": fmt_vs(_number(before.get("value")), threshold, higher),
-          "after_text": fmt_vs(_number(after.get("value")), threshold, higher)}
+          "after_text": fmt_vs(_number(after.get("value")), threshold, higher),
+          "runner": _verifier_title(fix_summary.get("verification"))}
     return Section("verdict", "Verdict", render(
         "fix_verdict.j2", fx=fx, model_name=model_name(report),
         resolved=[dict(c) for c in fix_summary.get("resolved") or ()]))
+
+
+def _verifier_title(verification: Mapping[str, Any] | None) -> str:
+    """The runner that verified the fixed model, in words (ONNX Runtime CPU before it was
+    recorded)."""
+    return VerifiedBy.from_dict(verification).title if verification else "ONNX Runtime CPU"
 
 
 def _number(x: Any) -> float | None:

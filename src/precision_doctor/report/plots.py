@@ -39,7 +39,7 @@ RC: dict[str, Any] = {"svg.fonttype": "none", "svg.hashsalt": "precision-doctor"
 BLUE, RED, ORANGE, GREEN, GREY, PURPLE = ("#2563eb", "#dc2626", "#ea580c", "#16a34a",
                                           "#6b7280", "#7c3aed")
 FIGSIZE = (10.0, 3.8)  # inches; the page scales the SVG to its column width
-LOW_HEADROOM_BITS = 2.0  # same threshold as diagnosis.rootcause (a 4x larger input overflows)
+LOW_HEADROOM_BITS = 2.0  # same threshold as diagnosis.causes.findings (a 4x larger input overflows)
 RASTER_POINTS = 2000  # larger scatters are embedded as a PNG inside the SVG (keeps it small)
 
 

@@ -228,8 +228,12 @@ def build_recipes(fixed_model: str | os.PathLike, original_model: str | os.PathL
     poly_tf32 = [["--tf32"] if tf32 else []]
     tol = [["--atol", f"{atol:g}", "--rtol", f"{rtol:g}"]]
     typed = [["--trt", "--strongly-typed"], *poly_tf32, *poly_shapes]
-    polygraphy_run = shell([["polygraphy", "run", fixed], ["--onnxrt"], *typed, *real_in, *tol],
-                           ["# The engine against ONNX Runtime CPU running the same typed model."])
+    # ONNX Runtime CPU has no BF16 Conv/MatMul/... kernels: the BF16 model's ORT side is CUDA
+    ort_side, where = ((["--onnxrt", "--providers", "cuda"], "CUDA") if target is Precision.BF16
+                       else (["--onnxrt"], "CPU"))
+    polygraphy_run = shell([["polygraphy", "run", fixed], ort_side, *typed, *real_in, *tol],
+                           [f"# The engine against ONNX Runtime {where} running the same typed "
+                            "model."])
     polygraphy_reference = "\n".join([
         "# The engine against the FP32 original: save reference outputs, then compare.",
         shell([["polygraphy", "run", orig, "--onnxrt"], *real_in,
@@ -305,6 +309,12 @@ def _notes(target: Precision, tf32: bool, nodes: Sequence[str], layers: Sequence
     if no_shapes:
         notes.append("The model has dynamic inputs but no shapes were given: add --minShapes/"
                      "--optShapes/--maxShapes, or trtexec will set every dynamic dim to 1.")
+    if target is Precision.BF16:
+        notes.append("BF16 needs a GPU with BF16 units (compute capability >= 8.0: Ampere, "
+                     "Hopper). The model's Casts set BF16: trtexec --stronglyTyped and the CUDA "
+                     "EP need no BF16 flag. ONNX Runtime CPU has no BF16 Conv/MatMul kernels: "
+                     "compare on CUDA, or with `precision-doctor diagnose --runner "
+                     "emulate-written --candidate-model` on the CPU.")
     if target is Precision.TF32:
         notes.append("TF32 is not a layer precision: TensorRT cannot keep single layers out of "
                      "it, so there is no weakly typed route"

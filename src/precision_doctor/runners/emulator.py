@@ -1,6 +1,9 @@
-"""The ``emulate`` runner: reduced precision emulated on the CPU with ONNX Runtime.
+"""The ``emulate`` runners: reduced precision emulated on the CPU with ONNX Runtime.
 
-See ``precision_doctor.precision.emulate`` for exactly what is rounded where.
+``EmulatorRunner`` emulates an FP32 model under a ``PrecisionPlan``
+(``precision_doctor.precision.emulate`` says exactly what is rounded where);
+``WrittenEmulatorRunner`` emulates a strongly typed model as written
+(``precision_doctor.precision.emulate_written``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import onnx
 
 from precision_doctor.graph.segments import is_segment
 from precision_doctor.precision.emulate import EmulationInfo, emulate
+from precision_doctor.precision.emulate_written import WrittenEmulationInfo, emulate_written
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.base import Feeds, TensorMeta
 from precision_doctor.runners.ort import OrtRunner
@@ -58,6 +62,61 @@ class EmulatorRunner:
         self._ort = OrtRunner(emulated, ("cpu",), name=self.name,
                               intra_op_threads=self.intra_op_threads,
                               cpu_mem_arena=self.cpu_mem_arena).__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ort is not None:
+            self._ort.__exit__(*exc)
+            self._ort = None
+
+    def input_metadata(self) -> list[TensorMeta]:
+        assert self._ort is not None, "use the runner inside a `with` block"
+        return self._ort.input_metadata()
+
+    def output_names(self) -> list[str]:
+        assert self._ort is not None, "use the runner inside a `with` block"
+        return self._ort.output_names()
+
+    def run(self, feeds: Feeds, output_names: Sequence[str] | None = None
+            ) -> dict[str, np.ndarray]:
+        assert self._ort is not None, "use the runner inside a `with` block"
+        return self._ort.run(feeds, output_names)
+
+
+class WrittenEmulatorRunner:
+    """Runs a strongly typed model as written, BF16/FP16 tensors emulated, on ONNX Runtime CPU.
+
+    ``precision.emulate_written``: every tensor the model types BF16 (FP16) holds the BF16
+    (FP16) value an engine stores, the model's own Casts decide where, arithmetic inside a
+    node is FP32. For models ONNX Runtime CPU has no kernels for (BF16 Conv, MatMul, ...).
+
+    Args:
+        model: The strongly typed model (e.g. written by ``fix``); graph inputs and outputs
+            are float32 in the emulation whatever their declared low-precision type.
+        name: Label for reports (default ``emulate-written-<formats>``, e.g.
+            ``emulate-written-bf16``).
+        intra_op_threads: ONNX Runtime threads (0 = default).
+
+    Raises:
+        UnsupportedModelError: (on ``__enter__``) shape inference cannot type the model.
+        BackendError: (on ``__enter__``) ONNX Runtime rejects the emulation model.
+    """
+
+    def __init__(self, model: onnx.ModelProto, name: str | None = None,
+                 intra_op_threads: int = 0) -> None:
+        self.model = model
+        self.name = name or "emulate-written"
+        self._named = name is not None
+        self.intra_op_threads = intra_op_threads
+        self.info: WrittenEmulationInfo | None = None
+        self._ort: OrtRunner | None = None
+
+    def __enter__(self) -> WrittenEmulatorRunner:
+        emulated, self.info = emulate_written(self.model)
+        if not self._named and self.info.formats:
+            self.name = "emulate-written-" + "+".join(self.info.formats)
+        self._ort = OrtRunner(emulated, ("cpu",), name=self.name,
+                              intra_op_threads=self.intra_op_threads).__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -92,6 +92,7 @@ class _Evaluator:
         self.objective, self.base, self.max_evals, self.progress = (objective, base, max_evals,
                                                                     progress)
         self.trials: list[Trial] = []
+        self.deadline: float | None = None  # time.perf_counter() after which no new evaluation
         self.cache: dict[frozenset[str], tuple[Score, bool]] = {}  # score, valid for all
         self.active: set[int] | None = None  # samples grow/shrink run (None: all)
         self.last_complete: Outputs | None = None
@@ -173,7 +174,8 @@ class _Evaluator:
 
     @property
     def budget_left(self) -> bool:
-        return len(self.trials) < self.max_evals
+        return len(self.trials) < self.max_evals and (
+            self.deadline is None or time.perf_counter() < self.deadline)
 
 
 def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
@@ -182,7 +184,7 @@ def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
                     max_evals: int = 60,
                     progress: Callable[[str, int, int], None] | None = None,
                     jobs: int = 1, screen: Screen | None = None,
-                    prefetch: bool = False) -> SearchResult:
+                    prefetch: bool = False, seconds: float | None = None) -> SearchResult:
     """Find a small set of ``ranking`` nodes to keep in FP32 so ``objective`` passes.
 
     Args:
@@ -207,6 +209,8 @@ def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
             sample fails there, the search continues on every sample from the set found.
         prefetch: Open the runner of the plan most likely evaluated next while one runs
             (``SampleRunner``; two runners alive at once).
+        seconds: Wall-time budget: no evaluation starts after it (None: evaluations only).
+            Like ``max_evals``, an exhausted budget returns the best passing set so far.
 
     Returns:
         ``SearchResult``.
@@ -216,6 +220,8 @@ def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
     """
     with SampleRunner(open_plan, samples, list(reference), jobs, prefetch) as runner:
         ev = _Evaluator(runner, samples, reference, objective, base, max_evals, progress)
+        if seconds is not None:
+            ev.deadline = time.perf_counter() + seconds
         return _search(ev, objective, base, ranking, screen)
 
 

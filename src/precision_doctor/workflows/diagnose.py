@@ -30,7 +30,9 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
     Raises:
         PrecisionDoctorError: Any user-facing problem (bad model, data, plan, runner, file).
     """
-    check_writable([json_path, html_path], force, inputs=[model_path, candidate_model, plan_path])
+    recorded = candidate_results.split(":")[0] if candidate_results else None  # FILE[:RUNNER]
+    check_writable([json_path, html_path], force, inputs=[
+        model_path, candidate_model, plan_path, data, candidate_log, recorded])
     if data is None:
         raise InputError("--data is required: an image folder (with --preprocess), .npy/.npz, "
                          "Polygraphy inputs JSON, or random:... for seeded random inputs")

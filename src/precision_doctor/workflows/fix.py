@@ -32,7 +32,7 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
         InputError: ``jobs`` is neither a positive integer nor ``auto``.
     """
     side = sidecar_paths(output)
-    check_writable([output, *side.values(), html_path], force, inputs=[model_path])
+    check_writable([output, *side.values(), html_path], force, inputs=[model_path, data])
     with progress_bar(console, enabled=not quiet and console.is_terminal) as progress:
         fixed = fix(model_path, data, target=target, preprocess=preprocess,
                     tolerance=list(tolerances), metric=metric, threshold=threshold, keep=keep,

@@ -5,7 +5,7 @@ Runtime CPU session.
 ONNX Runtime CPU has FP16 kernels for many ops; for the others its graph transformer inserts its
 own casts to FP32, so an FP16 model still loads. It has almost no BF16 kernels ("Could not find an
 implementation for Conv(22)"): a BF16 model that fails only that way is reported, not rejected
-(run it with the CUDA execution provider or TensorRT).
+(run it with the CUDA execution provider or TensorRT, or emulate it: ``precision.emulate_written``).
 """
 
 from __future__ import annotations
@@ -163,9 +163,10 @@ def _check(written: onnx.ModelProto, source: onnx.ModelProto | Path,
         return True, warnings
     if has_bf16 and "NOT_IMPLEMENTED" in error:
         warnings.append("ONNX Runtime CPU has no BF16 kernel for some op "
-                        f"({error.splitlines()[0].split('NOT_IMPLEMENTED : ')[-1]}); the model "
-                        "passed onnx.checker but was not run here: run it with the CUDA "
-                        "execution provider or TensorRT")
+                        f"({error.splitlines()[0].split('NOT_IMPLEMENTED : ')[-1]}): it passed "
+                        "onnx.checker but cannot run on ONNX Runtime CPU. Run it with the CUDA "
+                        "execution provider or TensorRT; on the CPU, precision-doctor emulates "
+                        "it exactly as written (fix's verification, --runner emulate-written)")
         return False, warnings
     raise BackendError(f"ONNX Runtime CPU cannot load the written model: ort-cpu: ONNX Runtime "
                        f"cannot create a session: {error}", runner="ort-cpu")

@@ -13,12 +13,12 @@ from collections import Counter
 from rich.console import Console
 from rich.markup import escape
 
+from precision_doctor.diagnosis.causes.findings import MINOR_IMPACT
 from precision_doctor.diagnosis.report import DiagnosisReport
-from precision_doctor.diagnosis.rootcause import MINOR_IMPACT
 from precision_doctor.numbers import fmt3, fmt_share
 
 COLORS = {"within-tolerance": "green", "rounding": "yellow", "decision-flips": "yellow",
-          "defect": "red"}
+          "defect": "red", "unexplained": "red"}
 SHOWN_FLIPS = 10  # when the assessment is decision-flips
 SHOWN_FLIPS_OTHERWISE = 3  # e.g. a broken map flips thousands of pixels: a sample is enough
 
@@ -39,6 +39,17 @@ def render_assessment(report: DiagnosisReport, console: Console) -> None:
     if a.nodes:
         console.print(f"  Nodes: {escape(', '.join(a.nodes[:8]))}"
                       + (f" and {len(a.nodes) - 8} more" if len(a.nodes) > 8 else ""))
+    at = report.attribution
+    if at:
+        what = {"found": f"{len(at['nodes'])} node(s) in {len(at['clusters'])} group(s) whose "
+                         "FP32 fallback removes 90% of the error",
+                "spread": f"no set of at most {at['small_limit']} nodes suffices "
+                          f"({at['kept_size']} needed): the error is spread",
+                "budget": f"the budget ran out at {at['kept_size']} nodes before the set was "
+                          "narrowed down"}.get(
+            at["status"], "not even every compute node in FP32 removes 90%")
+        console.print(f"  Attribution by measured cure: {what} ({at['evaluations']} "
+                      f"evaluations, {fmt3(at['seconds'])} s).")
     _render_rewritten(report, console)
     _render_decisions(report, console)
     if report.largest_jump is not None and report.layerwise is not None:
@@ -71,10 +82,18 @@ def _render_decisions(report: DiagnosisReport, console: Console) -> None:
         task = (f", {d.task_metric} agreement {fmt_share(d.task_agreement, 1)}"
                 if d.task_agreement is not None else "")
         axis = "" if d.kind == "sigmoid-map" else f", axis {d.axis}"
+        reading = ", ".join(f"{n} {label}" for n, label in (
+            (d.near_ties, "near-tie"), (d.task_neutral, "task-neutral"), (d.damage, "damage"))
+            if n)
+        margin = (f" at FP32 margins ~{fmt3(d.damage_margin)}" if d.damage_margin is not None
+                  else "")
         console.print(f"Decisions of {escape(d.output)} ({d.kind}{axis}): "
-                      f"{d.flips} of {d.positions} flipped{task}; flips carry "
-                      f"{fmt_share(d.flip_error_share, 1)} of the squared error; rel L2 without "
-                      f"them {fmt3(d.rel_l2_without_flips)}")
+                      f"{d.flips} of {d.positions} flipped{task}"
+                      + (f" ({reading}{margin})" if reading else "")
+                      + ("; the output is destroyed (flips not listed)" if d.destroyed else "")
+                      + f"; flips carry {fmt_share(d.flip_error_share, 1)} of the squared "
+                      f"error; rel L2 without them {fmt3(d.rel_l2_without_flips)} (relative "
+                      "to the whole output)")
         if d.suggested_metric:
             console.print(f"  suggested task metric: --metric {escape(d.suggested_metric)}")
     flips = report.decision_flips
@@ -88,7 +107,8 @@ def _render_decisions(report: DiagnosisReport, console: Console) -> None:
         changed = {True: "changed", False: "unchanged", None: "unknown"}[f.task_changed]
         console.print(f"  flip {i}: {escape(f.sample)} {escape(f.output)} at {list(f.position)}: "
                       f"margin {fmt3(f.fp32_margin)}, FP32 noise {fmt3(f.fp32_noise)}, "
-                      f"error share {fmt_share(f.error_share, 1)}, task result {changed}")
+                      f"error share {fmt_share(f.error_share, 1)}, task result {changed}"
+                      + (f", {f.reading}" if f.reading else ""))
     if len(flips) > shown:
         console.print(f"  ({len(flips) - shown} more listed flips in the JSON and HTML reports)")
 

@@ -15,8 +15,8 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
+from precision_doctor.diagnosis.causes.findings import Finding
 from precision_doctor.diagnosis.report import DiagnosisReport, OutputResult
-from precision_doctor.diagnosis.rootcause import Finding
 from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult
 from precision_doctor.numbers import fmt3, fmt_count, fmt_share
 from precision_doctor.report.terminal.assessment import render_assessment, render_minor

@@ -15,11 +15,12 @@ from precision_doctor.numbers import fmt3, fmt_vs
 from precision_doctor.repair.result import FixResult
 from precision_doctor.report.terminal.diagnosis import verdict_tag
 from precision_doctor.report.terminal.tables import Col, MetricTable, metric_table
+from precision_doctor.runners.verify import VerifiedBy
 
 BEFORE_AFTER_COLUMNS = (Col("output", "key"), Col("before"), Col("after"),
                         Col("after emu", label="after (emulated)"))
 BEFORE_AFTER_CAPTION = ("before = original model, naive {target} (emulated); after = the written "
-                        "model run by ONNX Runtime CPU; after emu = its plan, emulated")
+                        "model run by {runner}; after emu = its plan, emulated")
 
 
 def objective_line(result: FixResult) -> Text:
@@ -36,12 +37,14 @@ def objective_line(result: FixResult) -> Text:
 
 
 def before_after_table(result: FixResult) -> MetricTable:
-    """Relative L2 error per output: naive low precision, fixed (ORT CPU), fixed (emulated)."""
+    """Relative L2 error per output: naive low precision, fixed (the runner that verified it),
+    fixed (emulated)."""
     rows = [[name, fmt3(result.before[name].get("rel_l2")),
              fmt3(result.after.get(name, {}).get("rel_l2")),
              fmt3(result.after_emulated.get(name, {}).get("rel_l2"))] for name in result.before]
     return metric_table("Before / after (rel L2 vs the FP32 reference)", BEFORE_AFTER_COLUMNS,
-                        rows, caption=BEFORE_AFTER_CAPTION.format(target=result.target.upper()))
+                        rows, caption=BEFORE_AFTER_CAPTION.format(
+                            target=result.target.upper(), runner=verifier_name(result)))
 
 
 def render_fix(result: FixResult, console: Console) -> None:
@@ -54,6 +57,9 @@ def render_fix(result: FixResult, console: Console) -> None:
     if result.accuracy:
         console.print(Text(f"Accuracy against labels: {accuracy_line(result.accuracy)}"))
     console.print(before_after_table(result))
+    line = verification_line(result)
+    if line:
+        console.print(Text(line))
     s = result.share
     console.print(f"FP32: {s['fp32_nodes']} of {s['compute_nodes']} compute nodes "
                   f"({s['nodes']:.1%}), {s['flops']:.1%} of FLOPs, {s['params']:.1%} of "
@@ -71,6 +77,18 @@ def render_fix(result: FixResult, console: Console) -> None:
         console.print(Text(f"note: {note}"))
     for w in result.warnings:
         console.print(Text.assemble(("warning:", "yellow"), f" {w}"))
+
+
+def verifier_name(result: FixResult) -> str:
+    """The runner that verified the written model, in words (``FixResult.verification``)."""
+    v = result.verification
+    return VerifiedBy.from_dict(v).title if v else "ONNX Runtime CPU"
+
+
+def verification_line(result: FixResult) -> str:
+    """``verified with <runner>: <why>; not <other>: <why not>``, or "" when not recorded."""
+    v = result.verification
+    return f"verified with {VerifiedBy.from_dict(v).describe()}" if v else ""
 
 
 def applied_rewrites(result: FixResult) -> dict[str, int]:

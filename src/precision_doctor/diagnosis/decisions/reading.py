@@ -1,21 +1,6 @@
 """Decisions as the task reads them: find the outputs that carry decisions and the flips.
 
-Detection (per float output, from the graph and the reference values; no ``--metric`` needed):
-
-* ``class-probabilities``: produced by Softmax (through Identity nodes) along its axis, or any
-  output whose values along the last axis (rank >= 2) or axis 1 (rank 4) lie in [0, 1] and sum
-  to 1 within 1e-3 (FP32 sums of up to 1e5 probabilities are exact to ~1e-5).
-* ``class-logits``: produced by LogSoftmax along its axis; or produced by a linear head
-  (MatMul/Gemm, or an Add of a constant bias to one) as a rank-2 ``[N, C]`` output with
-  ``C >= 2`` (a classifier), or rank-3 ``[N, T, C]`` with ``C >= 10`` (token classification,
-  LM heads; box regressions have 4 values per position). Rank-2 outputs of Flatten/Reshape/
-  Squeeze (a head after global pooling) count too. Hidden states (a LayerNorm's final Add,
-  pooled embeddings) are not decisions.
-* ``ctc``: class scores ``[N, T, C]`` of a model whose metadata ``character`` (PP-OCR's CTC
-  dictionary) fits ``C``; decoded with best-path CTC (``compare.tasks.ocr``).
-* ``sigmoid-map``: produced by Sigmoid: every element is a binary decision at
-  ``SIGMOID_THRESHOLD`` = 0.5 (logit 0, the Bayes boundary of a calibrated sigmoid). Task
-  post-processing may binarize elsewhere (PP-OCR's DB text detector uses 0.3).
+Which outputs carry decisions: ``diagnosis.decisions.outputs``.
 
 A *flip* is a position (all axes but the class axis, batch included) whose decision differs:
 argmax over the class axis, or the thresholded value. For each flip: the FP32 margin (top-1
@@ -24,7 +9,26 @@ threshold), the FP32 noise there (the largest change of the position's scores un
 floor probes: ONNX Runtime without graph optimizations, float64), whether the task result
 changed (CTC: the decoded text of that item; a classifier's class: always; maps: unknown), and
 its *error share*: the squared error at the position over the output's total squared error
-(all samples). ``rel_l2_without_flips`` is the relative L2 error over all other positions.
+(all samples). ``rel_l2_without_flips`` is the L2 error of all other positions relative to the
+L2 norm of the whole reference output (so it compares directly with the output's rel L2).
+
+How a flip reads (``DecisionFlip.reading``):
+
+* ``task-neutral``: the task result did not change (CTC: the decoded text is equal; an
+  alignment shift moves a character one time step without changing the text);
+* ``near-tie``: the FP32 margin is within the perturbation ordinary rounding can give that
+  position: ``NEAR_TIE`` (3) times the output's *typical error* (the RMS, over the positions
+  that did not flip, of the per-position L2 error across classes), or ``sqrt(u)`` times the
+  L2 norm of the position's FP32 scores, whichever is larger. ``sqrt(u)`` (2.2e-2 for FP16) is
+  what a relative rounding error ``u`` becomes through the largest gain that is not
+  catastrophic (``1/sqrt(u)``, ``diagnosis.assessment``): a margin below it can flip without
+  any defect;
+* ``damage``: otherwise. A flip at a margin far above both the FP32 noise and the error
+  elsewhere is not a near-tie: something changed that decision on its own (e.g. 16 of 16
+  classifications flipping at FP32 margins of 1.0).
+
+An output is *destroyed* when more than ``DESTROYED_SHARE`` (5%) of its decisions flip, and
+more than one: the disagreement is systematic and the flips are counted, not listed one by one.
 """
 
 from __future__ import annotations
@@ -35,16 +39,18 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from precision_doctor.errors import PrecisionDoctorError
+from precision_doctor.diagnosis.decisions.outputs import (
+    SIGMOID_THRESHOLD,
+    ctc_charset,
+    detect_decision,
+)
 from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.numbers import fmt3
 
-SIGMOID_THRESHOLD = 0.5
-SUM_TOLERANCE = 1e-3
 MAX_LISTED_FLIPS = 20  # per output, largest error share first; counts always cover all
-MAX_CLASSES = 100_000
-LINEAR = ("Gemm", "MatMul")
-RESHAPES = ("Flatten", "Reshape", "Squeeze")
+NEAR_TIE = 3.0
+DESTROYED_SHARE = 0.05
+READINGS = ("task-neutral", "near-tie", "damage")
 Arrays = Mapping[str, Sequence[np.ndarray]]
 
 
@@ -63,6 +69,7 @@ class DecisionFlip:
         fp32_top: Reference top-1 and top-2 class (sigmoid maps: [decision, other]).
         candidate_top: Candidate top-1 class (-1 when its scores are NaN).
         detail: One sentence for reports.
+        reading: ``task-neutral``, ``near-tie`` or ``damage`` (module docstring).
     """
 
     output: str
@@ -75,6 +82,7 @@ class DecisionFlip:
     fp32_top: tuple[int, int]
     candidate_top: int
     detail: str = ""
+    reading: str = ""
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -88,7 +96,7 @@ class DecisionFlip:
                    from_json_float(d["fp32_margin"]),
                    from_json_float(noise) if noise is not None else None, d.get("task_changed"),
                    from_json_float(d["error_share"]), tuple(d.get("fp32_top", (0, 0))),
-                   int(d.get("candidate_top", -1)), d.get("detail", ""))
+                   int(d.get("candidate_top", -1)), d.get("detail", ""), d.get("reading", ""))
 
 
 @dataclass(frozen=True)
@@ -104,8 +112,14 @@ class DecisionSummary:
         task_metric: The metric behind ``task_agreement`` (``ctc-string``, ``top1``) or None.
         suggested_metric: The ``--metric`` spec that ``fix`` should target, or None.
         why: Why (one sentence).
-        rel_l2_without_flips: Relative L2 error over the positions that did not flip.
+        rel_l2_without_flips: L2 error of the positions that did not flip over the L2 norm
+            of the whole reference output.
         flip_error_share: Share of the output's squared error carried by the flips.
+        near_ties / task_neutral / damage: Flips by reading (module docstring).
+        typical_error: The RMS per-position error of the positions that did not flip
+            (output units), the scale a near-tie margin is compared with; None if all flipped.
+        damage_margin: Median FP32 margin of the damage flips, or None.
+        destroyed: More than ``DESTROYED_SHARE`` of the decisions flipped.
     """
 
     output: str
@@ -120,6 +134,17 @@ class DecisionSummary:
     why: str
     rel_l2_without_flips: float | None
     flip_error_share: float = 0.0
+    near_ties: int = 0
+    task_neutral: int = 0
+    damage: int = 0
+    typical_error: float | None = None
+    damage_margin: float | None = None
+    destroyed: bool = False
+
+    @property
+    def benign(self) -> bool:
+        """Every flip is a near-tie or task-neutral, and the output is not destroyed."""
+        return not self.damage and not self.destroyed
 
     def to_dict(self) -> dict:
         return {k: json_float(v) for k, v in asdict(self).items()}
@@ -127,100 +152,10 @@ class DecisionSummary:
     @classmethod
     def from_dict(cls, d: Mapping) -> DecisionSummary:
         f = {k: (from_json_float(v) if k in ("argmax_agreement", "task_agreement",
-                                              "rel_l2_without_flips", "flip_error_share")
+                                              "rel_l2_without_flips", "flip_error_share",
+                                              "typical_error", "damage_margin")
                  and v is not None else v) for k, v in d.items()}
         return cls(**f)
-
-
-def _producer(model: onnx.ModelProto, name: str) -> onnx.NodeProto | None:
-    by_out = {o: n for n in model.graph.node for o in n.output}
-    node = by_out.get(name)
-    while node is not None and node.op_type == "Identity" and node.input:
-        node = by_out.get(node.input[0])
-    return node
-
-
-def _linear_head(model: onnx.ModelProto, node: onnx.NodeProto | None) -> bool:
-    """MatMul/Gemm, or Add(MatMul/Gemm output, constant bias)."""
-    if node is None:
-        return False
-    if node.op_type in LINEAR:
-        return True
-    if node.op_type != "Add" or len(node.input) != 2:
-        return False
-    consts = {t.name for t in model.graph.initializer} | {
-        o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
-    by_out = {o: n for n in model.graph.node for o in n.output}
-    kinds = [("const" if i in consts else by_out[i].op_type if i in by_out else "")
-             for i in node.input]
-    return "const" in kinds and any(k in LINEAR for k in kinds)
-
-
-def _is_probabilities(arrays: Sequence[np.ndarray], axis: int) -> bool:
-    for a in arrays:
-        if a.ndim < 2 or not (2 <= a.shape[axis] <= MAX_CLASSES) or a.size == 0:
-            return False
-        if float(a.min()) < -1e-6 or float(a.max()) > 1 + 1e-6:
-            return False
-        if float(np.abs(a.sum(axis=axis, dtype=np.float64) - 1).max()) > SUM_TOLERANCE:
-            return False
-    return True
-
-
-def _charset(model: onnx.ModelProto, classes: int) -> list[str] | None:
-    from precision_doctor.compare.tasks.ocr import ctc_charset_from_model
-
-    if not any(p.key == "character" for p in model.metadata_props):
-        return None
-    try:
-        charset = ctc_charset_from_model(model)
-    except PrecisionDoctorError:
-        return None
-    return charset if len(charset) == classes else None
-
-
-def detect_decision(model: onnx.ModelProto, name: str, arrays: Sequence[np.ndarray]
-                    ) -> tuple[str, int] | None:
-    """The decision kind and class axis of output ``name``, or None (rules: module docstring).
-
-    Args:
-        model: The FP32 model (producers, opset, metadata).
-        name: A graph output.
-        arrays: Its reference values, one array per sample.
-
-    Returns:
-        ``(kind, axis)`` with a non-negative axis, or None.
-    """
-    if not arrays or arrays[0].dtype.kind != "f" or arrays[0].ndim < 2:
-        return None
-    rank = arrays[0].ndim
-    node = _producer(model, name)
-    op = node.op_type if node is not None else ""
-    axis = None
-    if node is not None and op in ("Softmax", "LogSoftmax"):
-        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-        attr = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
-        axis = attr % rank
-        if op == "LogSoftmax":
-            return "class-logits", axis
-        if not _is_probabilities(arrays, axis):
-            axis = None
-    if op == "Sigmoid":
-        return "sigmoid-map", 0
-    if axis is None:
-        axis = next((a for a in ((rank - 1, 1) if rank == 4 else (rank - 1,))
-                     if _is_probabilities(arrays, a)), None)
-    if axis is not None:
-        if rank == 3 and axis == 2 and _charset(model, arrays[0].shape[2]) is not None:
-            return "ctc", 2
-        return "class-probabilities", axis
-    classes = arrays[0].shape[-1]
-    linear = _linear_head(model, node)
-    if rank == 2 and 2 <= classes <= MAX_CLASSES and (linear or op in RESHAPES):
-        return "class-logits", 1
-    if rank == 3 and 10 <= classes <= MAX_CLASSES and linear:
-        return "class-logits", 2
-    return None
 
 
 @dataclass
@@ -230,7 +165,19 @@ class _Acc:
     err2: float = 0.0
     ref2: float = 0.0
     flip_err2: float = 0.0
-    flip_ref2: float = 0.0
+
+
+@dataclass
+class _Flipped:
+    """The flips of one sample: positions, FP32 margins, squared errors, reference and
+    candidate scores at those positions."""
+
+    sample: int
+    positions: np.ndarray
+    margins: np.ndarray
+    err2: np.ndarray
+    p: np.ndarray
+    q: np.ndarray
 
 
 def _scores(kind: str, a: np.ndarray, axis: int) -> np.ndarray:
@@ -246,9 +193,20 @@ def _decide(kind: str, s: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(s).any(axis=-1), -1, top)
 
 
+def _margins(kind: str, p: np.ndarray) -> np.ndarray:
+    """FP32 margin of each row of scores ``p`` (positions x classes)."""
+    if kind == "sigmoid-map":
+        return np.abs(p[:, 0] - SIGMOID_THRESHOLD)
+    if p.shape[-1] < 2:
+        return np.abs(p[:, 0])
+    top2 = np.partition(p, p.shape[-1] - 2, axis=-1)[:, -2:]
+    return top2[:, 1] - top2[:, 0]
+
+
 def read_decisions(model: onnx.ModelProto, reference: Arrays, candidate: Arrays,
                    sample_names: Sequence[str], noise: Mapping[str, Arrays] | None = None,
-                   model_path: str | None = None, max_listed: int = MAX_LISTED_FLIPS
+                   model_path: str | None = None, max_listed: int = MAX_LISTED_FLIPS,
+                   resolution: float = 0.0
                    ) -> tuple[list[DecisionSummary], list[DecisionFlip]]:
     """Detect the decision outputs and compare their decisions.
 
@@ -258,7 +216,11 @@ def read_decisions(model: onnx.ModelProto, reference: Arrays, candidate: Arrays,
         sample_names: One name per sample.
         noise: Probe name -> output name -> arrays (the FP32 noise probes' outputs), or None.
         model_path: Named in the suggested CTC metric (``ctc-string:charset=PATH``).
-        max_listed: Flips listed per output (largest error share first).
+        max_listed: Flips listed per output (largest error share first); none are listed for
+            a destroyed output.
+        resolution: ``sqrt(u)`` of the target format (relative), one of the two scales a
+            near-tie's margin is compared with (module docstring); 0 to use only the typical
+            error.
 
     Returns:
         ``(summaries, flips)``: one summary per decision output (graph output order) and the
@@ -267,7 +229,8 @@ def read_decisions(model: onnx.ModelProto, reference: Arrays, candidate: Arrays,
     from precision_doctor.diagnosis.detections import read_detections
 
     # a detection head is read as boxes (diagnosis.detections), never as argmax decisions
-    summaries, flips, boxes = read_detections(model, reference, candidate, sample_names)
+    summaries, flips, boxes = read_detections(model, reference, candidate, sample_names,
+                                              resolution)
     for name in reference:
         found = detect_decision(model, name, reference[name]) if name not in boxes else None
         if found is None:
@@ -275,19 +238,19 @@ def read_decisions(model: onnx.ModelProto, reference: Arrays, candidate: Arrays,
         kind, axis = found
         s, f = _read_output(model, name, kind, axis, reference[name], candidate[name],
                             sample_names, {p: o[name] for p, o in (noise or {}).items()
-                                           if name in o}, model_path, max_listed)
+                                           if name in o}, model_path, max_listed, resolution)
         summaries.append(s)
         flips.extend(f)
     return summaries, flips
 
 
 def _read_output(model, name, kind, axis, refs, cands, sample_names, probes, model_path,
-                 max_listed):
+                 max_listed, resolution):
     acc = _Acc()
-    listed: list[tuple[float, int, tuple[int, ...], np.ndarray, np.ndarray]] = []
+    flipped: list[_Flipped] = []
     texts_equal, items = 0, 0
     changed_items: dict[tuple[int, int], bool] = {}
-    charset = _charset(model, refs[0].shape[2]) if kind == "ctc" else None
+    charset = ctc_charset(model, refs[0].shape[2]) if kind == "ctc" else None
     for si, (r, c) in enumerate(zip(refs, cands)):
         p, q = _scores(kind, r, axis), _scores(kind, c, axis)
         if p.shape != q.shape:
@@ -301,7 +264,6 @@ def _read_output(model, name, kind, axis, refs, cands, sample_names, probes, mod
         acc.err2 += float(err2.sum())
         acc.ref2 += float(ref2.sum())
         acc.flip_err2 += float(err2[flip].sum())
-        acc.flip_ref2 += float(ref2[flip].sum())
         if charset is not None:
             from precision_doctor.compare.tasks.ocr import ctc_greedy_decode
 
@@ -312,16 +274,31 @@ def _read_output(model, name, kind, axis, refs, cands, sample_names, probes, mod
                 items += 1
         idx = np.argwhere(flip)
         if len(idx):
-            e = err2[flip]
-            for j in np.argsort(-e, kind="stable")[:max_listed]:
-                pos = tuple(int(i) for i in idx[j])
-                listed.append((float(e[j]), si, pos, p[pos], q[pos]))
-    listed.sort(key=lambda t: -t[0])
+            pf, qf = p[flip], q[flip]
+            flipped.append(_Flipped(si, idx, _margins(kind, pf), err2[flip], pf, qf))
+    rest = acc.positions - acc.flips
+    typical = float(np.sqrt(max(acc.err2 - acc.flip_err2, 0.0) / rest)) if rest else None
+    destroyed = acc.flips > max(DESTROYED_SHARE * acc.positions, 1)
+    counts = dict.fromkeys(READINGS, 0)
+    damage_margins: list[float] = []
+    listed: list[tuple[float, int, tuple[int, ...], np.ndarray, np.ndarray, str]] = []
+    for fl in flipped:
+        for j, pos in enumerate(fl.positions):
+            position = tuple(int(i) for i in pos)
+            scale = max(NEAR_TIE * (typical or 0.0),
+                        resolution * float(np.linalg.norm(fl.p[j])))
+            reading = _reading(kind, float(fl.margins[j]), scale, fl.sample, position,
+                               changed_items)
+            counts[reading] += 1
+            if reading == "damage":
+                damage_margins.append(float(fl.margins[j]))
+            listed.append((float(fl.err2[j]), fl.sample, position, fl.p[j], fl.q[j], reading))
+    listed.sort(key=lambda t: (-t[0], t[1], t[2]))
+    shown = [] if destroyed else listed[:max_listed]
     flips = [_flip(name, kind, axis, t, acc.err2, sample_names, probes, refs, changed_items,
-                   charset) for t in listed[:max_listed]]
+                   charset) for t in shown]
     agreement = 1 - acc.flips / acc.positions if acc.positions else 1.0
-    rest_ref2 = acc.ref2 - acc.flip_ref2
-    without = (float(np.sqrt(max(acc.err2 - acc.flip_err2, 0.0) / rest_ref2)) if rest_ref2 > 0
+    without = (float(np.sqrt(max(acc.err2 - acc.flip_err2, 0.0) / acc.ref2)) if acc.ref2 > 0
                else None)
     rank = refs[0].ndim
     task_agreement, task_metric = None, None
@@ -330,14 +307,26 @@ def _read_output(model, name, kind, axis, refs, cands, sample_names, probes, mod
     elif kind in ("class-probabilities", "class-logits") and rank == 2:
         task_agreement, task_metric = agreement, "top1"
     suggested, why = _suggest(kind, axis, rank, model_path, acc.flips, changed_items)
-    return DecisionSummary(name, kind, axis, acc.positions, acc.flips, agreement,
-                           task_agreement, task_metric, suggested, why, without,
-                           acc.flip_err2 / acc.err2 if acc.err2 > 0 else 0.0), flips
+    return DecisionSummary(
+        name, kind, axis, acc.positions, acc.flips, agreement, task_agreement, task_metric,
+        suggested, why, without, acc.flip_err2 / acc.err2 if acc.err2 > 0 else 0.0,
+        counts["near-tie"], counts["task-neutral"], counts["damage"], typical,
+        float(np.median(damage_margins)) if damage_margins else None, destroyed), flips
+
+
+def _reading(kind: str, margin: float, scale: float, sample: int,
+             position: tuple[int, ...], changed_items: Mapping) -> str:
+    """``task-neutral``, ``near-tie`` or ``damage`` (module docstring)."""
+    if kind == "ctc" and changed_items.get((sample, position[0])) is False:
+        return "task-neutral"
+    if margin <= scale:
+        return "near-tie"
+    return "damage"
 
 
 def _flip(name, kind, axis, t, total_err2, sample_names, probes, refs, changed_items,
           charset) -> DecisionFlip:
-    e, si, pos, p, q = t
+    e, si, pos, p, q, reading = t
     if kind == "sigmoid-map":
         top1 = int(p[0] > SIGMOID_THRESHOLD)
         top = (top1, 1 - top1)
@@ -374,7 +363,9 @@ def _flip(name, kind, axis, t, total_err2, sample_names, probes, refs, changed_i
               f"{share:.1%} of the output's squared error")
     if changed is not None and kind == "ctc":
         detail += "; decoded text " + ("changed" if changed else "unchanged")
-    return DecisionFlip(name, sample, pos, margin, noise, changed, share, top, cand, detail)
+    detail += f"; {reading}"
+    return DecisionFlip(name, sample, pos, margin, noise, changed, share, top, cand, detail,
+                        reading)
 
 
 def _suggest(kind: str, axis: int, rank: int, model_path: str | None, flips: int,

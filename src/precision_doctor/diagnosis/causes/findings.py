@@ -29,7 +29,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
-from precision_doctor.diagnosis.hazards import Hazard
+from precision_doctor.diagnosis.causes.hazards import Hazard
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult
@@ -38,6 +38,9 @@ from precision_doctor.layerwise.gain import top_gains
 LOW_HEADROOM_BITS = 2.0  # < 2 bits: a 4x larger input overflows
 MAX_FINDINGS = 12
 MINOR_IMPACT = 0.01  # measured impact below 1% of the output error: the "minor" group
+# Kinds whose cure is the overflow region of the node (``diagnosis.causes.cures``), not the
+# node alone.
+REGION_KINDS = ("activation-overflow", "nan-source")
 KIND_PRIORITY = ("parameter-out-of-range", "nan-source", "activation-overflow", "underflow",
                  "reference-mismatch", "accumulated-rounding", "headroom")
 
@@ -135,6 +138,7 @@ class _Builder:
     target: Precision
     outputs_fail: bool = True
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    regions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     seen: dict[tuple[str, ...], int] = field(default_factory=dict)  # nodes -> findings index
 
@@ -144,7 +148,8 @@ class _Builder:
             node, op_type, tensor = rec_or_node.node, rec_or_node.op_type, rec_or_node.tensor
         else:
             node = rec_or_node
-        nodes = self.groups.get(node, (node,))
+        nodes = self.groups.get(node) or (
+            self.regions.get(node) if kind in REGION_KINDS else None) or (node,)
         if nodes in self.seen:  # one finding per node: keep the strongest cause
             i = self.seen[nodes]
             old = self.findings[i]
@@ -158,11 +163,20 @@ class _Builder:
             i = -1
         if severity == "error" and not self.outputs_fail:
             severity = "warning"  # measured locally, but the outputs still meet the target
-        if len(nodes) > 1:
+        if len(nodes) > 1 and node in self.groups:
             summary += f" (inside a decomposed LayerNorm of {len(nodes)} nodes, {nodes[0]} .. " \
                        f"{nodes[-1]})"
-        finding = Finding(kind, node, op_type, tensor, summary, evidence,
-                          _remedy(kind, node, op_type, len(nodes) > 1), severity, nodes)
+        elif len(nodes) > 1:
+            summary += (f"; its overflow region is {len(nodes)} nodes ({nodes[0]} .. "
+                        f"{nodes[-1]}): those computing and reading the values above the "
+                        "format max")
+        remedy = _remedy(kind, node, op_type, node in self.groups)
+        if len(nodes) > 1 and node not in self.groups:
+            remedy = (f"keep the {len(nodes)} nodes of its overflow region in FP32 ({nodes[0]} "
+                      f".. {nodes[-1]}; one node alone is read back in the low format and "
+                      "overflows again), or rescale its inputs")
+        finding = Finding(kind, node, op_type, tensor, summary, evidence, remedy, severity,
+                          nodes)
         if i >= 0:
             self.findings[i] = finding
         else:
@@ -172,7 +186,8 @@ class _Builder:
 def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
                    target: Precision, outputs_fail: bool,
                    inputs_of: Mapping[str, Sequence[str]] | None = None,
-                   tf32: bool | None = None) -> list[Finding]:
+                   tf32: bool | None = None,
+                   regions: Mapping[str, tuple[str, ...]] | None = None) -> list[Finding]:
     """Findings from the hazard scan and the layerwise table (impact not yet measured).
 
     Args:
@@ -182,6 +197,8 @@ def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
         outputs_fail: Whether any output failed its tolerance.
         inputs_of: Tensor -> input tensors of its producer (for error amplification).
         tf32: Whether the candidate engine may use TF32 (FP32 comparisons only).
+        regions: Node -> its overflow region (``diagnosis.causes.cures.overflow_regions``): the
+            nodes an ``activation-overflow`` / ``nan-source`` finding keeps in FP32.
 
     Returns:
         Findings in detection order.
@@ -189,7 +206,7 @@ def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
     fmt = FORMATS[target]
     layernorms = {n: h.nodes for h in hazards if h.kind == "decomposed-layernorm"
                   for n in h.nodes}
-    b = _Builder(target, outputs_fail, layernorms)
+    b = _Builder(target, outputs_fail, layernorms, regions or {})
     recs = {r.tensor: r for r in layerwise.records} if layerwise else {}
     for h in hazards:
         if h.kind == "parameter-out-of-range":

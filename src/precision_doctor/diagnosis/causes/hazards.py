@@ -2,8 +2,10 @@
 
 Checks (all against the target format's limits, see ``precision_doctor.formats``):
 
-* float parameters (initializers, Constant nodes) above the format max, or non-zero values that
-  flush to zero (below half the smallest subnormal, e.g. LayerNorm epsilon 1e-12 in FP16);
+* float parameters (initializers, Constant nodes) above the format max (finite values only: a
+  constant of +-inf, such as a mask fill or an open clamp bound, is inf in every format and is
+  no hazard), or non-zero values that flush to zero (below half the smallest subnormal, e.g.
+  LayerNorm epsilon 1e-12 in FP16);
 * normalization epsilons (attributes) that flush to zero;
 * decomposed LayerNorm (ReduceMean-Sub-Pow/Mul-ReduceMean-Add-Sqrt-Div/Reciprocal), whose
   squared deviations overflow FP16 when |x - mean| > 256 (= sqrt(65504));
@@ -96,7 +98,11 @@ def _scan_parameters(model, fmt: FloatFormat, consts, consumers) -> list[Hazard]
         if not users:
             continue
         a = np.abs(value.astype(np.float64))
-        vmax = float(np.nanmax(a))
+        # +-inf (a mask fill, an open clamp bound) is inf in every format: not out of range
+        a = a[np.isfinite(a)]
+        if a.size == 0:
+            continue
+        vmax = float(a.max())
         nonzero = a[a > 0]
         flushed = int((nonzero < fmt.min_subnormal / 2).sum())
         for user in users:
@@ -148,7 +154,9 @@ def _scan_attributes(model, fmt: FloatFormat, consts) -> list[Hazard]:
                     hazards.append(Hazard(
                         "clip-bounds", node.name, node.op_type, node.output[0],
                         f"Clip {node.name}: bound {v:g} becomes {r:g} in {fmt.name.upper()}",
-                        "medium" if not np.isfinite(r) else "low", (node.name,),
+                        # a bound that becomes inf lay beyond every finite value of the format:
+                        # it bounds the same finite values either way
+                        "low", (node.name,),
                         {"bound": v, "rounded": r}))
         if node.op_type == "Div" and len(node.input) > 1 and node.input[1] in consts:
             d = np.abs(np.asarray(consts[node.input[1]], np.float64))

