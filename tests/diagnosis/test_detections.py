@@ -39,3 +39,20 @@ def test_heads_with_nms_are_found_by_names_or_structure():
     paddle = {"rows": np.zeros((3, 6), np.float32), "count": np.array([3], np.int32)}
     assert find_head(empty, paddle).kind == "paddle"
     assert find_head(empty, {"y": np.zeros((1, 12, 6), np.float32)}) is None  # could be anything
+
+
+def test_changed_boxes_read_as_near_tie_or_damage():
+    from precision_doctor.diagnosis.detections import read_detections
+
+    model = yolo_head()
+    ref = np.zeros((1, 6, 64), np.float32)
+    ref[0, :4] = [[8], [8], [4], [4]]
+    ref[0, :4, 0], ref[0, 4, 0] = [3, 3, 4, 4], 0.253  # 0.003 above 0.25: a near-tie
+    ref[0, :4, 1], ref[0, 5, 1] = [12, 12, 4, 4], 0.9
+    cand = ref.copy()
+    cand[0, 4, 0] = 0.247  # vanishes within sqrt(u) x score (FP16: 5.6e-3)
+    cand[0, 5, 1] = 0.1  # vanishes by 0.65: damage
+    summaries, flips, covered = read_detections(model, {"y": [ref]}, {"y": [cand]}, ["s"],
+                                                resolution=2 ** -5.5)
+    assert covered == {"y"} and summaries[0].near_ties == 1 and summaries[0].damage == 1
+    assert sorted(f.reading for f in flips) == ["damage", "near-tie"]

@@ -75,7 +75,8 @@ def _render_decisions(report: DiagnosisReport, console: Console) -> None:
     for d in report.decisions:
         if d.kind.startswith("detection-"):
             console.print(f"Detection head {escape(d.output)} ({d.kind[10:]}): {d.flips} boxes "
-                          f"appeared, vanished, moved or changed class; {d.task_metric} F1 "
+                          f"appeared, vanished, moved or changed class ({d.near_ties} "
+                          f"near-ties, {d.damage} damage); {d.task_metric} F1 "
                           f"{fmt_share(d.task_agreement, 1)}\n  read as: {escape(d.why)}")
             console.print(f"  suggested task metric: --metric {escape(d.suggested_metric or '')}")
             continue
@@ -102,7 +103,7 @@ def _render_decisions(report: DiagnosisReport, console: Console) -> None:
     boxes = {d.output for d in report.decisions if d.kind.startswith("detection-")}
     for i, f in enumerate(flips[:shown], 1):
         if f.output in boxes:
-            console.print(f"  box {i}: {escape(f.detail)}")
+            console.print(f"  box {i} ({f.reading}): {escape(f.detail)}")
             continue
         changed = {True: "changed", False: "unchanged", None: "unknown"}[f.task_changed]
         console.print(f"  flip {i}: {escape(f.sample)} {escape(f.output)} at {list(f.position)}: "
