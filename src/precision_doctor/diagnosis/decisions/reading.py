@@ -278,23 +278,33 @@ def _read_output(model, name, kind, axis, refs, cands, sample_names, probes, mod
     typical = float(np.sqrt(max(acc.err2 - acc.flip_err2, 0.0) / rest)) if rest else None
     destroyed = acc.flips > max(DESTROYED_SHARE * acc.positions, 1)
     counts = dict.fromkeys(READINGS, 0)
-    damage_margins: list[float] = []
+    damage_margins: list[np.ndarray] = []
     listed: list[tuple[float, int, tuple[int, ...], np.ndarray, np.ndarray, str]] = []
-    for fl in flipped:
-        for j, pos in enumerate(fl.positions):
-            position = tuple(int(i) for i in pos)
-            scale = max(NEAR_TIE * (typical or 0.0),
-                        resolution * float(np.linalg.norm(fl.p[j])))
-            reading = _reading(kind, float(fl.margins[j]), scale, fl.sample, position,
-                               changed_items)
-            counts[reading] += 1
-            if reading == "damage":
-                damage_margins.append(float(fl.margins[j]))
-            listed.append((float(fl.err2[j]), fl.sample, position, fl.p[j], fl.q[j], reading))
+    for fl in flipped:  # vectorized: a broken map flips millions of pixels
+        scale = np.maximum(NEAR_TIE * (typical or 0.0),
+                           resolution * np.linalg.norm(fl.p, axis=-1))
+        neutral = np.zeros(len(fl.margins), bool)
+        if kind == "ctc":
+            neutral = np.array([changed_items.get((fl.sample, int(pos[0]))) is False
+                                for pos in fl.positions], bool)
+        near = ~neutral & (fl.margins <= scale)
+        damage = ~neutral & ~near
+        counts["task-neutral"] += int(neutral.sum())
+        counts["near-tie"] += int(near.sum())
+        counts["damage"] += int(damage.sum())
+        damage_margins.append(fl.margins[damage])
+        if destroyed:
+            continue
+        top = np.argsort(-fl.err2, kind="stable")[:max_listed]
+        for j in top:
+            reading = ("task-neutral" if neutral[j] else "near-tie" if near[j] else "damage")
+            listed.append((float(fl.err2[j]), fl.sample, tuple(int(i) for i in fl.positions[j]),
+                           fl.p[j], fl.q[j], reading))
     listed.sort(key=lambda t: (-t[0], t[1], t[2]))
-    shown = [] if destroyed else listed[:max_listed]
+    shown = listed[:max_listed]
     flips = [_flip(name, kind, axis, t, acc.err2, sample_names, probes, refs, changed_items,
                    charset) for t in shown]
+    margins_damaged = np.concatenate(damage_margins) if damage_margins else np.zeros(0)
     agreement = 1 - acc.flips / acc.positions if acc.positions else 1.0
     without = (float(np.sqrt(max(acc.err2 - acc.flip_err2, 0.0) / acc.ref2)) if acc.ref2 > 0
                else None)
@@ -309,17 +319,7 @@ def _read_output(model, name, kind, axis, refs, cands, sample_names, probes, mod
         name, kind, axis, acc.positions, acc.flips, agreement, task_agreement, task_metric,
         suggested, why, without, acc.flip_err2 / acc.err2 if acc.err2 > 0 else 0.0,
         counts["near-tie"], counts["task-neutral"], counts["damage"], typical,
-        float(np.median(damage_margins)) if damage_margins else None, destroyed), flips
-
-
-def _reading(kind: str, margin: float, scale: float, sample: int,
-             position: tuple[int, ...], changed_items: Mapping) -> str:
-    """``task-neutral``, ``near-tie`` or ``damage`` (module docstring)."""
-    if kind == "ctc" and changed_items.get((sample, position[0])) is False:
-        return "task-neutral"
-    if margin <= scale:
-        return "near-tie"
-    return "damage"
+        float(np.median(margins_damaged)) if margins_damaged.size else None, destroyed), flips
 
 
 def _flip(name, kind, axis, t, total_err2, sample_names, probes, refs, changed_items,
