@@ -95,3 +95,29 @@ def random_samples(shape, count=2, seed=0, scale=1.0, name="x"):
     rng = np.random.default_rng(seed)
     return [S(f"s{i}", {name: (rng.standard_normal(shape) * scale).astype(np.float32)})
             for i in range(count)]
+
+
+def yolo_head():
+    """A [1, 3, 16, 16] input -> a YOLOv8-shaped raw head [1, 4+2, 64]: boxes around an 8x8
+    grid of anchor points, two sigmoid class scores, joined by a Concat as exported."""
+    rng = np.random.default_rng(7)
+    conv = helper.make_node("Conv", ["x", "conv_w", "conv_b"], ["h"], name="conv")
+    inits = [tensor("conv_w", rng.normal(0, 0.4, (4, 3, 1, 1))),
+             tensor("conv_b", rng.normal(0, 0.1, 4))]
+    gx, gy = np.meshgrid(np.arange(8) * 2 + 1.0, np.arange(8) * 2 + 1.0)
+    grid = np.stack([gx.ravel(), gy.ravel()])[None]  # [1, 2, 64]
+    nodes = [conv, helper.make_node("MaxPool", ["h"], ["m"], name="pool", kernel_shape=[2, 2],
+                                    strides=[2, 2]),
+             helper.make_node("Reshape", ["m", "shape"], ["flat"], name="flat"),
+             helper.make_node("Split", ["flat", "split"], ["wh_raw", "cls_raw"], name="split",
+                              axis=1),
+             helper.make_node("Sigmoid", ["wh_raw"], ["wh_s"], name="wh_sig"),
+             helper.make_node("Mul", ["wh_s", "eight"], ["wh"], name="wh_scale"),
+             helper.make_node("Sigmoid", ["cls_raw"], ["cls"], name="cls_sig"),
+             helper.make_node("Concat", ["grid", "wh", "cls"], ["y"], name="head", axis=1)]
+    inits += [tensor("grid", grid), tensor("eight", 8.0),
+              helper.make_tensor("shape", TensorProto.INT64, [3], [1, 4, 64]),
+              helper.make_tensor("split", TensorProto.INT64, [2], [2, 2])]
+    io = ([helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 64])])
+    return make_model(nodes, *io, inits, metadata={"names": "{0: 'a', 1: 'b'}"})

@@ -49,8 +49,8 @@ def diagnose(
                                        "random:seed=0,low=-1,high=1,count=2,shape=x:1x3x224x224"),
     preprocess: Optional[str] = typer.Option(None, "--preprocess", "-p", help="Image "
                                              "preprocessing: preset (imagenet, ppocr-det, "
-                                             "ppocr-rec, ppocr-cls, none) and/or key=value "
-                                             "overrides"),
+                                             "ppocr-rec, ppocr-cls, ultralytics, none) "
+                                             "and/or key=value overrides"),
     target: str = typer.Option("fp16", "--target", "-t", help="fp16, bf16 or tf32 (fp32 to "
                                "compare two FP32 engines)"),
     runner: str = typer.Option("emulate", "--runner", "-r", help="emulate, emulate-fused (BN "
@@ -92,6 +92,10 @@ def diagnose(
     device: str = typer.Option("auto", "--device", help="Where the reference, the emulation, "
                                "layerwise and search run: cpu, cuda, cuda:N, or auto (CUDA "
                                "when onnxruntime-gpu sees a GPU, else cpu)"),
+    labels: Optional[Path] = typer.Option(None, "--labels", help="Ground truth: COCO JSON "
+                                          "(detection) or file,class CSV (classification); "
+                                          "reports the task accuracy of FP32 and of the "
+                                          "candidate side by side"),
 ) -> None:
     """Diagnose MODEL in reduced precision against its FP32 reference, layer by layer."""
     from precision_doctor.workflows.diagnose import run_diagnose
@@ -104,7 +108,7 @@ def diagnose(
             budget_bytes=budget_mb << 20, json_path=json_path, html_path=html_path,
             force=force, console=console, quiet=quiet, verbose=verbose,
             candidate_results=candidate_results, candidate_log=candidate_log,
-            stress=stress, device=device)
+            stress=stress, device=device, labels=labels)
     except PrecisionDoctorError as exc:
         _fail(exc)
     raise typer.Exit(0 if report.passed else 1)
@@ -123,7 +127,8 @@ def fix_command(
                                         "(as for diagnose)"),
     metric: Optional[str] = typer.Option(None, "--metric", help="Task metric target: top1, "
                                          "top5, mask-iou:threshold=0.3, ctc-string, psnr, "
-                                         "ssim, box-map, or module:function"),
+                                         "ssim, box-map, coco-map-drop (with --labels), or "
+                                         "module:function"),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Pass mark of --metric "
                                               "(on every sample)"),
     keep: List[str] = typer.Option([], "--keep", help="Node name or op type forced to FP32"),
@@ -149,6 +154,10 @@ def fix_command(
     device: str = typer.Option("auto", "--device", help="Where the reference, the emulation, "
                                "layerwise and search run: cpu, cuda, cuda:N, or auto (CUDA "
                                "when onnxruntime-gpu sees a GPU, else cpu)"),
+    labels: Optional[Path] = typer.Option(None, "--labels", help="Ground truth: COCO JSON "
+                                          "(detection) or file,class CSV (classification); "
+                                          "reports the task accuracy of FP32 and of the "
+                                          "candidate side by side"),
 ) -> None:
     """Write a strongly typed mixed-precision model meeting the accuracy target."""
     from precision_doctor.workflows.fix import run_fix
@@ -159,7 +168,7 @@ def fix_command(
                          force_low=force_low, no_rewrites=no_rewrites,
                          keep_io_types=keep_io_types, runner=runner, max_samples=max_samples,
                          max_evals=max_evals, html_path=html_path, force=force,
-                         console=console, quiet=quiet, jobs=jobs, device=device)
+                         console=console, quiet=quiet, jobs=jobs, device=device, labels=labels)
     except TargetNotMetError as exc:
         err_console.print(f"target not met: {exc}", style="red", markup=False)
         raise typer.Exit(1) from None

@@ -129,3 +129,27 @@ def test_size_on_a_preset_switches_to_fixed_resize() -> None:
     assert spec.order == "bgr"
     with pytest.raises(InputError, match="crop does not combine"):
         parse_preprocess("ppocr-rec:crop=48x48")
+
+
+def test_letterbox_matches_ultralytics_and_records_where_the_image_lies():
+    from precision_doctor.inputs.resize import letterbox
+
+    # ultralytics LetterBox(auto=False): r = min(640/300, 640/451); 451x300 -> 640x426,
+    # dh = 214 / 2 = 107: top = round(107 - 0.1) = 107, bottom = 107
+    plan = letterbox(300, 451, (640, 640))
+    assert plan.resized == (426, 640) and plan.offset == (107, 0) and plan.output == (640, 640)
+    assert plan.image_box() == (107, 0, 426, 640)
+    assert letterbox(100, 200, (65, 64)).offset == (16, 0)  # dh = 16.5: 16 above, 17 below
+    spec = parse_preprocess("ultralytics:size=64x64")
+    assert spec.resize == "letterbox" and spec.size == (64, 64)
+    image = Image.new("RGB", (200, 100), (255, 0, 0))
+    x = image_to_tensor(image, spec)
+    assert x.shape == (1, 3, 64, 64)
+    assert np.allclose(x[0, :, :16], 114 / 255) and np.allclose(x[0, 0, 16:48], 1.0)
+    assert plan_resize(100, 200, spec).image_box() == (16, 0, 32, 64)
+    crop = parse_preprocess("imagenet")
+    assert plan_resize(256, 256, crop).image_box() == (-16, -16, 256, 256)
+    with pytest.raises(InputError, match="crop does not combine with resize=letterbox"):
+        PreprocessSpec(resize="letterbox", size=(64, 64), crop=(32, 32))
+    with pytest.raises(InputError, match="resize=letterbox needs size"):
+        PreprocessSpec(resize="letterbox")

@@ -17,6 +17,7 @@ from precision_doctor.api.options import (
     as_samples,
     build_objective,
     build_plan,
+    labelled_objective,
     parse_precision,
     parse_tolerances,
     progress_reporter,
@@ -46,7 +47,8 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
              budget_mb: int = 256, progress: Progress | None = None,
              quiet: bool = False, candidate_results: str | os.PathLike | None = None,
              candidate_log: str | os.PathLike | None = None,
-             stress: bool = False, device: str = "auto") -> Diagnosis:
+             stress: bool = False, device: str = "auto",
+             labels: str | os.PathLike | None = None) -> Diagnosis:
     """Run ``model`` in reduced precision next to its FP32 reference and explain the difference.
 
     The reference is ONNX Runtime in FP32 (on the CPU, or on the GPU with TF32 off, see
@@ -66,7 +68,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
             (float64 -> float32); dynamic dims are taken from the data.
         target: ``"fp16"``, ``"bf16"``, ``"tf32"``, or ``"fp32"`` (compare two FP32 engines).
         preprocess: Image preprocessing: a preset (``imagenet``, ``ppocr-det``, ``ppocr-rec``,
-            ``ppocr-cls``, ``paddleocr-det``, ``none``), ``key=value`` overrides
+            ``ppocr-cls``, ``paddleocr-det``, ``ultralytics``, ``none``), ``key=value`` overrides
             (``"ppocr-det:resize=max-side,side=960"``) or a ``PreprocessSpec``. Images only.
         runner: ``"emulate"``, ``"emulate-fused"`` (BatchNorm folded and LayerNorm fused as
             engines run it), ``"emulate-written"`` (``candidate_model``, a strongly typed model
@@ -110,6 +112,10 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
             CUDA device when ``onnxruntime-gpu`` and a GPU are present, else the CPU). On
             CUDA the reference is FP32 with TF32 off (``Diagnosis.reference`` says so) and
             the noise floor adds a CPU cross-check (``runners.device``).
+        labels: Ground truth (COCO JSON for detection, ``file,class`` CSV for
+            classification, matched to image samples by file name): ``Diagnosis.accuracy``
+            gives the task accuracy of the FP32 reference and of the candidate side by side
+            (COCO mAP by pycocotools, top-1 accuracy); needed by ``metric="coco-map-drop"``.
 
     Returns:
         :class:`Diagnosis`: ``verdict`` (``"pass"``/``"fail"``), ``outputs`` (metrics per
@@ -147,6 +153,9 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
                  if metric or threshold is not None else None)
     proto, path = as_model(model)
     samples = as_samples(data, proto, preprocess, max_samples)
+    labelled, accuracy = labelled_objective(objective or Objective(), proto, samples, labels)
+    if objective is not None:
+        objective = labelled
     emulated_plan = build_plan(proto, precision, plan, keep)
     other = as_model(candidate_model)[0] if candidate_model is not None else None
     if precision is Precision.BF16:
@@ -165,7 +174,13 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
                                 stress=stress, runs=runs)
         task = (task_score(proto, samples, candidate, objective, callback, runs)
                 if objective is not None else None)
-    return convert(Diagnosis, report, task=task)
+        measured = None
+        if accuracy is not None:
+            names = [o.name for o in proto.graph.output]
+            ref = runs.get("reference") or run_all(reference_factory(proto), samples, names)
+            cand = runs.get("candidate") or run_all(candidate.factory(proto), samples, names)
+            measured = accuracy({"fp32": ref, precision.value: cand})
+    return convert(Diagnosis, report, task=task, accuracy=measured)
 
 
 def task_score(model: onnx.ModelProto, samples: Sequence[Sample], candidate: Candidate,

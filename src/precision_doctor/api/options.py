@@ -12,6 +12,7 @@ import os
 import shlex
 import sys
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
 
 import numpy as np
@@ -133,7 +134,9 @@ def as_samples(data: DataLike | None, model: onnx.ModelProto,
                     sample=name)
             feeds = {inputs[0].name: feeds}
         samples.append(check_sample(name, feeds, inputs,
-                                    source_size=getattr(item, "source_size", None)))
+                                    source_size=getattr(item, "source_size", None),
+                                    input_size=getattr(item, "input_size", None),
+                                    input_box=getattr(item, "input_box", None)))
     if not samples:
         raise InputError("data holds no samples: give at least one feed dict or array")
     return samples
@@ -196,6 +199,37 @@ def build_plan(model: onnx.ModelProto, target: Precision, plan: PrecisionPlan | 
         result = result.keep_fp32(names, "user", "--keep")
     result.validate(model)
     return result
+
+
+def labelled_objective(objective: Objective, model: onnx.ModelProto, samples: Sequence[Sample],
+                       labels: str | os.PathLike | None
+                       ) -> tuple[Objective, Callable[[Mapping[str, Any]], dict] | None]:
+    """The objective with each sample's labels in its context, and the accuracy function
+    (``runs -> task_accuracy``) for the side-by-side report; unchanged and None without labels.
+
+    COCO category ids are mapped to the model's classes by name when the model stores class
+    names (ultralytics ``names``).
+
+    Raises:
+        InputError: The labels file is missing or malformed, or matches no sample.
+    """
+    from precision_doctor.compare.tasks.accuracy import task_accuracy
+    from precision_doctor.compare.tasks.labels import load_labels
+    from precision_doctor.compare.tasks.registry import sample_context
+    from precision_doctor.diagnosis.detections import class_names
+
+    if labels is None:
+        return objective, None
+    table = load_labels(labels).with_class_names(class_names(model))
+    truths = table.for_samples([s.name for s in samples])
+    contexts = tuple({**sample_context(s), **({"ground_truth": t} if t is not None else {})}
+                     for s, t in zip(samples, truths))
+    options = dict(objective.metric.params) if objective.metric is not None else {}
+
+    def accuracy(runs: Mapping[str, Any]) -> dict:
+        return {"labels": str(labels), **task_accuracy(runs, contexts, options)}
+
+    return replace(objective, contexts=contexts), accuracy
 
 
 def build_objective(tolerance: ToleranceLike, metric: str | None, threshold: float | None,

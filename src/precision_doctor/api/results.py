@@ -95,15 +95,21 @@ class Diagnosis(DiagnosisReport, _Views):
         task: With ``diagnose(metric=...)``: ``{"metric", "passed", "value", "per_sample"}``,
             the task metric of the candidate's outputs against the FP32 reference's (``value``
             is the worst sample's); None otherwise. ``verdict`` stays the tensor verdict.
+        accuracy: With ``diagnose(labels=...)``: the task accuracy against the labels of the
+            FP32 reference and of the candidate (``compare.tasks.accuracy.task_accuracy``:
+            ``{"labels", "kind", "metric", "samples", "runs": {"fp32": {...}, "fp16": ...}}``).
     """
 
     task: Mapping[str, Any] | None = None
+    accuracy: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict:
         """The JSON report (``DiagnosisReport.to_dict``, with ``task`` when measured)."""
         data = DiagnosisReport.to_dict(self)
         if self.task is not None:
             data["task"] = dict(self.task)
+        if self.accuracy is not None:
+            data["accuracy"] = dict(self.accuracy)
         return data
 
     @classmethod
@@ -113,7 +119,8 @@ class Diagnosis(DiagnosisReport, _Views):
         Raises:
             ValueError: Not a precision-doctor diagnosis, or a newer schema version.
         """
-        return convert(cls, DiagnosisReport.from_dict(d), task=d.get("task"))
+        return convert(cls, DiagnosisReport.from_dict(d), task=d.get("task"),
+                       accuracy=d.get("accuracy"))
 
     def _page(self) -> str:
         from precision_doctor.report.html import render_html

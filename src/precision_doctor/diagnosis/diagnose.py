@@ -35,6 +35,7 @@ from precision_doctor.diagnosis.causes.cures import out_of_range, overflow_regio
 from precision_doctor.diagnosis.causes.explain import explain
 from precision_doctor.diagnosis.causes.hazards import scan_hazards
 from precision_doctor.diagnosis.decisions.reading import read_decisions
+from precision_doctor.diagnosis.detections import read_detections
 from precision_doctor.diagnosis.noise import measure_noise_floor
 from precision_doctor.diagnosis.report import DiagnosisReport, OutputResult
 from precision_doctor.errors import PrecisionDoctorError, ReferenceError_
@@ -165,11 +166,15 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
     depth = rounding_depth(model)
     u = FORMATS[target].unit_roundoff
     expected = math.sqrt(max(depth, 1)) * u
-    summaries, flips = (read_decisions(model, ref, cand, [s.name for s in samples],
-                                       probe_outputs, model_path, resolution=math.sqrt(u))
-                        if decisions else ([], []))
+    # a detection head is read as boxes (diagnosis.detections), never as argmax decisions
+    summaries, flips, boxes = (read_detections(model, ref, cand, [s.name for s in samples],
+                                               math.sqrt(u)) if decisions else ([], [], set()))
+    more, more_flips = (read_decisions(model, ref, cand, [s.name for s in samples],
+                                       probe_outputs, model_path, resolution=math.sqrt(u),
+                                       skip=boxes) if decisions else ([], []))
+    summaries, flips = summaries + more, flips + more_flips
 
-    read = {d.output for d in summaries}  # argmax agreement means something there only
+    read = {d.output for d in more}  # argmax agreement means something there only
     outputs = [o if o.name in read or o.metrics.argmax_agreement is None else
                replace(o, metrics=replace(o.metrics, argmax_agreement=None)) for o in outputs]
     default_tol = _tolerance_for(out_names[0], tolerances, target)
@@ -216,7 +221,7 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
 
     t0 = time.perf_counter()
     warnings: list[str] = []
-    if flips and not probe_outputs:
+    if any(f.output not in boxes for f in flips) and not probe_outputs:  # boxes: no noise
         warnings.append("decision flips have fp32_noise null: no FP32 noise probe ran ("
                         + ("the noise floor was not measured" if floor is None else
                            "; ".join(f"{k}: {v}" for k, v in floor.skipped.items())) + ")")

@@ -35,12 +35,21 @@ class Sample:
         feeds: Input name -> array, in model input order after ``check_feeds``.
         source_size: ``(height, width)`` in pixels of the decoded image before preprocessing,
             for image samples (None otherwise). Task metrics that map outputs back to the
-            source image (``db-boxes``) receive it.
+            source image (``db-boxes``, ``coco-map-drop``) receive it.
+        input_size: ``(height, width)`` of the image in the model input tensor after
+            preprocessing (the padded canvas for ``resize=height`` and ``letterbox``), for
+            image samples.
+        input_box: ``(top, left, height, width)`` of the whole resized source image in the
+            input tensor's pixels (``inputs.resize.ResizePlan.image_box``: a letterbox offset,
+            a crop as a negative offset), for image samples; ``coco-map-drop`` maps boxes back
+            to the source image with it.
     """
 
     name: str
     feeds: dict[str, np.ndarray]
     source_size: tuple[int, int] | None = None
+    input_size: tuple[int, int] | None = None
+    input_box: tuple[int, int, int, int] | None = None
 
     def describe(self) -> dict[str, object]:
         """JSON-ready summary: name and, per input, shape and dtype (no data)."""
@@ -50,6 +59,10 @@ class Sample:
                       for k, v in self.feeds.items()}}
         if self.source_size is not None:
             out["source_size"] = list(self.source_size)
+        if self.input_size is not None:
+            out["input_size"] = list(self.input_size)
+        if self.input_box is not None:
+            out["input_box"] = list(self.input_box)
         return out
 
 
@@ -198,7 +211,9 @@ def check_feeds(feeds: Mapping[str, np.ndarray], inputs: Sequence[TensorMeta]
 
 def check_sample(name: str, feeds: Mapping[str, np.ndarray], inputs: Sequence[TensorMeta],
                  file: str | None = None, hint: str = "",
-                 source_size: tuple[int, int] | None = None) -> Sample:
+                 source_size: tuple[int, int] | None = None,
+                 input_size: tuple[int, int] | None = None,
+                 input_box: tuple[int, int, int, int] | None = None) -> Sample:
     """``check_feeds`` for one named sample; errors are re-raised prefixed with its name.
 
     Args:
@@ -208,6 +223,8 @@ def check_sample(name: str, feeds: Mapping[str, np.ndarray], inputs: Sequence[Te
         file: Source file recorded in the error context.
         hint: Text appended to the error message (e.g. how to fix a preprocessing spec).
         source_size: ``(height, width)`` of the source image, for image samples.
+        input_size: ``(height, width)`` of the image in the input tensor, for image samples.
+        input_box: Where the resized image lies in the input tensor (see ``Sample``).
 
     Returns:
         The validated ``Sample``.
@@ -216,7 +233,7 @@ def check_sample(name: str, feeds: Mapping[str, np.ndarray], inputs: Sequence[Te
         InputError: As ``check_feeds`` (same subclass), message prefixed with ``name``.
     """
     try:
-        return Sample(name, check_feeds(feeds, inputs), source_size)
+        return Sample(name, check_feeds(feeds, inputs), source_size, input_size, input_box)
     except InputError as exc:
         context = {**exc.context, "sample": name, "file": file}
         raise type(exc)(f"{name}: {exc.message}{hint}", **context) from exc

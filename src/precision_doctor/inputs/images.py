@@ -28,7 +28,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from precision_doctor.errors import DataFormatError, InputNameError
 from precision_doctor.inputs.feeds import Sample, check_sample, is_dynamic_dim
 from precision_doctor.inputs.preprocess import PreprocessSpec, parse_preprocess
-from precision_doctor.inputs.resize import ResizePlan, plan_resize
+from precision_doctor.inputs.resize import LETTERBOX_GRAY, ResizePlan, plan_resize
 from precision_doctor.runners.base import TensorMeta
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
@@ -130,12 +130,17 @@ def image_to_tensor(image: Image.Image, spec: PreprocessSpec, name: str = "image
     if plan.crop is not None:
         top, left, ch, cw = plan.crop
         pixels = pixels[top:top + ch, left:left + cw]
+    if spec.resize == "letterbox" and plan.canvas is not None:
+        board = np.full((*plan.canvas, 3), LETTERBOX_GRAY, np.uint8)
+        board[plan.offset[0]:plan.offset[0] + pixels.shape[0],
+              plan.offset[1]:plan.offset[1] + pixels.shape[1]] = pixels
+        pixels = board
     if spec.order == "bgr":
         pixels = pixels[..., ::-1]
     mean = np.asarray(spec.mean, dtype=np.float64)
     std = np.asarray(spec.std, dtype=np.float64)
     values = (pixels.astype(np.float64) * spec.scale - mean) / std
-    if plan.canvas is not None:
+    if plan.canvas is not None and spec.resize == "height":
         canvas = np.full((plan.canvas[0], plan.canvas[1], 3), spec.pad_value, dtype=np.float64)
         canvas[:, :values.shape[1]] = values
         values = canvas
@@ -218,6 +223,10 @@ def load_images(paths: Sequence[str | Path], inputs: Sequence[TensorMeta],
             continue
         tensor = image_to_tensor(image, spec, name=p.name)
         hint = f" (preprocessing: {spec}).{_layout_hint(meta, spec)}"
-        samples.append(check_sample(p.name, {meta.name: tensor}, inputs, str(p), hint,
-                                    source_size=(image.height, image.width)))
+        spatial = tensor.shape[2:4] if spec.layout == "nchw" else tensor.shape[1:3]
+        samples.append(check_sample(
+            p.name, {meta.name: tensor}, inputs, str(p), hint,
+            source_size=(image.height, image.width), input_size=(int(spatial[0]),
+                                                                 int(spatial[1])),
+            input_box=plan_resize(image.height, image.width, spec, p.name).image_box()))
     return samples, skipped

@@ -30,7 +30,7 @@ from typing import Any
 
 from precision_doctor.errors import InputError
 
-RESIZE_MODES = ("none", "fixed", "short-side", "max-side", "min-side", "height")
+RESIZE_MODES = ("none", "fixed", "short-side", "max-side", "min-side", "height", "letterbox")
 # Pillow's Image.resize filters (antialiased when shrinking), plus ``cv2-linear``: bilinear
 # without antialiasing, half-pixel centers, i.e. OpenCV ``cv2.resize`` INTER_LINEAR semantics
 # (done with Pillow's affine transform; measured within 1 LSB of OpenCV 5.0 on up- and downscales).
@@ -58,7 +58,10 @@ class PreprocessSpec:
             nearest multiple of ``multiple``, at least ``multiple``); ``height`` (PaddleOCR
             ``resize_norm_img``: height = ``side``, width = ceil(side * w / h) capped at the
             canvas width, canvas = max(``pad_width``, int(side * w / h)) capped at
-            ``max_width``, rounded up to ``multiple``; padded on the right with ``pad_value``).
+            ``max_width``, rounded up to ``multiple``; padded on the right with ``pad_value``);
+            ``letterbox`` (ultralytics ``LetterBox``, how YOLO/RT-DETR exports are fed: scale
+            by min(H/h, W/w) keeping the aspect ratio, sides ``round(side * r)``, then pad to
+            ``size`` centred with gray 114 pixels, before channel order and normalization).
         size: (H, W) for ``fixed``.
         side: Pixels for the ``short-side``/``max-side``/``min-side``/``height`` modes.
         multiple: Sides (``max-side``/``min-side``) or canvas width (``height``) multiple.
@@ -101,17 +104,19 @@ class PreprocessSpec:
         _check_choice("layout", self.layout, LAYOUTS)
         _check_choice("order", self.order, ORDERS)
         _check_choice("dtype", self.dtype, DTYPES)
-        if self.resize == "fixed" and self.size is None:
-            raise InputError("resize=fixed needs size=HxW (e.g. size=224x224)")
+        if self.resize in ("fixed", "letterbox") and self.size is None:
+            raise InputError(f"resize={self.resize} needs size=HxW (e.g. size=640x640)")
         if self.resize in ("short-side", "max-side", "min-side", "height") and not self.side:
             raise InputError(f"resize={self.resize} needs a side length, e.g. {self.resize}=736")
-        if self.size is not None and self.resize != "fixed":
-            raise InputError(f"size applies to resize=fixed only (resize is {self.resize})")
-        if self.side is not None and self.resize in ("none", "fixed"):
+        if self.size is not None and self.resize not in ("fixed", "letterbox"):
+            raise InputError(f"size applies to resize=fixed or letterbox only (resize is "
+                             f"{self.resize})")
+        if self.side is not None and self.resize in ("none", "fixed", "letterbox"):
             raise InputError(f"side={self.side} needs a resize mode that uses it: "
                              "short-side, max-side, min-side or height")
-        if self.crop is not None and self.resize == "height":
-            raise InputError("crop does not combine with resize=height (it pads instead)")
+        if self.crop is not None and self.resize in ("height", "letterbox"):
+            raise InputError(f"crop does not combine with resize={self.resize} (it pads "
+                             "instead)")
         for name in ("size", "crop"):
             dims = getattr(self, name)
             if dims is not None and (len(dims) != 2 or min(dims) <= 0):
@@ -200,6 +205,10 @@ PRESETS: dict[str, PreprocessSpec] = {
     "ppocr-cls": PreprocessSpec(resize="height", side=48, pad_width=192, max_width=192,
                                 interpolation="cv2-linear", order="bgr", scale=_BY_255,
                                 mean=_HALF, std=_HALF),
+    # ultralytics YOLO / RT-DETR predict: LetterBox to imgsz 640 (cv2.resize INTER_LINEAR,
+    # gray 114 padding), RGB, /255 (ultralytics/engine/predictor.py preprocess).
+    "ultralytics": PreprocessSpec(resize="letterbox", size=(640, 640),
+                                  interpolation="cv2-linear", scale=_BY_255),
 }
 
 _ALIASES = {"interp": "interpolation", "limit-side": "max-side", "channels": "order",
@@ -253,14 +262,16 @@ def _apply_override(values: dict[str, Any], key: str, text: str) -> None:
         values["resize"], values["side"] = key, _parse_int(key, text)
     elif key == "resize":
         values["resize"] = _ALIASES.get(text.lower(), text.lower())
-        if values["resize"] in ("none", "fixed"):
+        if values["resize"] in ("none", "fixed", "letterbox"):
             values["side"] = None
-        if values["resize"] != "fixed":
+        if values["resize"] not in ("fixed", "letterbox"):
             values["size"] = None
     elif key in ("size", "crop"):
         values[key] = _parse_hw(key, text)
-        if key == "size" and values[key] is not None:
-            values["resize"], values["side"] = "fixed", None
+        if key == "size" and values[key] is not None:  # a size keeps letterbox, else fixed
+            values["side"] = None
+            if values.get("resize") != "letterbox":
+                values["resize"] = "fixed"
     elif key in ("side", "multiple", "max-width", "pad-width"):
         values[key.replace("-", "_")] = None if text.lower() == "none" else _parse_int(key, text)
     elif key in ("scale", "pad-value"):

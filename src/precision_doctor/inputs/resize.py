@@ -21,12 +21,23 @@ class ResizePlan:
     Attributes:
         resized: (H, W) the image is resized to (before crop/pad).
         crop: (top, left, H, W) center crop window, or None.
-        canvas: (H, W) of the output after right padding (``height`` mode), or None.
+        canvas: (H, W) of the output after padding (``height``, ``letterbox``), or None.
+        offset: (top, left) of the resized image on the canvas (``letterbox``).
     """
 
     resized: tuple[int, int]
     crop: tuple[int, int, int, int] | None = None
     canvas: tuple[int, int] | None = None
+    offset: tuple[int, int] = (0, 0)
+
+    def image_box(self) -> tuple[int, int, int, int]:
+        """(top, left, height, width) of the whole resized image in the tensor's pixels
+        (negative top/left when a crop cut it): a point ``(y, x)`` of the tensor is
+        ``((y - top) * h / height, (x - left) * w / width)`` in the source image."""
+        top, left = self.offset
+        if self.crop is not None:
+            top, left = top - self.crop[0], left - self.crop[1]
+        return top, left, self.resized[0], self.resized[1]
 
     @property
     def output(self) -> tuple[int, int]:
@@ -94,6 +105,24 @@ def height_canvas(h: int, w: int, spec: PreprocessSpec) -> tuple[int, int]:
     return max(resized_w, 1), canvas
 
 
+LETTERBOX_GRAY = 114  # ultralytics LetterBox padding value (0-255 pixels)
+
+
+def letterbox(h: int, w: int, size: tuple[int, int]) -> ResizePlan:
+    """``letterbox`` mode: ultralytics ``LetterBox(auto=False, scaleup=True, center=True)``.
+
+    ``r = min(H / h, W / w)``; the image is resized to ``(round(h r), round(w r))`` and placed
+    at ``top = round((H - nh) / 2 - 0.1)``, ``left = round((W - nw) / 2 - 0.1)`` (ultralytics'
+    split of an odd padding) on an ``H x W`` canvas of gray ``LETTERBOX_GRAY``.
+    """
+    height, width = size
+    r = min(height / h, width / w)
+    nh, nw = int(round(h * r)), int(round(w * r))
+    top = int(round((height - nh) / 2 - 0.1))
+    left = int(round((width - nw) / 2 - 0.1))
+    return ResizePlan(resized=(nh, nw), canvas=(height, width), offset=(top, left))
+
+
 def plan_resize(h: int, w: int, spec: PreprocessSpec, name: str = "image") -> ResizePlan:
     """Compute where an h x w image goes under ``spec``.
 
@@ -115,6 +144,9 @@ def plan_resize(h: int, w: int, spec: PreprocessSpec, name: str = "image") -> Re
         resized = short_side_size(h, w, int(spec.side or 0))
     elif spec.resize in ("max-side", "min-side"):
         resized = limit_side_size(h, w, int(spec.side or 0), spec.resize[:3], spec.multiple)
+    elif spec.resize == "letterbox":
+        assert spec.size is not None
+        return letterbox(h, w, spec.size)
     elif spec.resize == "height":
         resized_w, canvas_w = height_canvas(h, w, spec)
         resized = (int(spec.side or 0), resized_w)

@@ -10,6 +10,7 @@ dataclasses to a frozen dataclass:
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -44,7 +45,8 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         keep: Sequence[str] = (), force_low: Sequence[str] = (), rewrites: Sequence[str] | None
         = None, keep_io_types: bool = True, runner: Callable[..., Runner] | None = None,
         max_evals: int = 150, progress: Progress | None = None,
-        jobs: int = 1) -> FixResult:
+        jobs: int = 1, accuracy: Callable[[dict[str, Outputs]], dict] | None = None
+        ) -> FixResult:
     """Find and write a mixed-precision model meeting ``objective``.
 
     Args:
@@ -63,6 +65,8 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         jobs: Worker processes for the search's sample runs (``search.evalpool``); the
             result is the same for any value. A ``runner`` factory is then called as
             ``runner(model, intra_op_threads=t)``.
+        accuracy: Called once with ``{"fp32": reference, "<target>": naive, "fixed": after}``
+            outputs; its dict (task accuracy against labels) goes into the result.
 
     Returns:
         ``FixResult``.
@@ -80,7 +84,12 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     searched = search(request, baseline, rewritten, plan_start(request, rewritten))
     written = write(request, rewritten, searched)
     verified = verify(written, request, baseline, searched)
-    return _result(request, baseline, rewritten, searched, written, verified, t_start)
+    result = _result(request, baseline, rewritten, searched, written, verified, t_start)
+    if accuracy is None:
+        return result
+    return replace(result, accuracy=accuracy({"fp32": baseline.reference,
+                                              target.value: baseline.naive,
+                                              "fixed": verified.outputs}))
 
 
 def _result(request: FixRequest, baseline: Baseline, rewritten: Rewritten, searched: Searched,

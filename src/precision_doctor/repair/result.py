@@ -82,6 +82,8 @@ class FixResult:
             (``runners.verify.VerifiedBy.to_dict()``: ``runner``, ``spec``, ``reason``,
             ``skipped``): ONNX Runtime CPU, ONNX Runtime CUDA, the search's ``--runner``, or
             for a BF16 model ONNX Runtime CPU cannot run, its exact emulation.
+        accuracy: With labels: the task accuracy of the FP32 reference, the naive low
+            precision model and the fixed model (``compare.tasks.accuracy.task_accuracy``).
     """
 
     model: onnx.ModelProto
@@ -106,6 +108,7 @@ class FixResult:
     pass_mark: tuple[float, bool] = (1.0, False)
     resources: dict = field(default_factory=dict)
     verification: dict = field(default_factory=dict)
+    accuracy: dict = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -130,6 +133,7 @@ class FixResult:
             "warnings": list(self.warnings), "notes": list(self.notes),
             "near_ties": [t.to_dict() for t in self.near_ties],
             "resources": self.resources, "verification": self.verification,
+            "accuracy": self.accuracy,
         }
 
 

@@ -75,10 +75,15 @@ def verdict_section(report: DiagnosisReport, secondary: bool = False) -> Section
 
 
 def assessment_section(report: DiagnosisReport) -> Section | None:
-    """Assessment, decisions, flips and the rewritten run (None without an assessment)."""
+    """Assessment, accuracy against labels (``api.Diagnosis.accuracy``), decisions, flips and
+    the rewritten run (None without an assessment)."""
+    from precision_doctor.compare.tasks.accuracy import accuracy_line
+
     if report.assessment is None:
         return None
-    return Section("assessment", "Assessment", render("assessment.j2", r=report))
+    accuracy = accuracy_line(getattr(report, "accuracy", None) or {})
+    return Section("assessment", "Assessment", render("assessment.j2", r=report,
+                                                       accuracy=accuracy))
 
 
 def outputs_section(report: DiagnosisReport) -> Section:

@@ -26,7 +26,8 @@ def render_fix_section(fix_summary: Mapping[str, Any]) -> Section:
             ``fp32_share_flops``: shares in [0, 1]; ``recipes``: ``{name: command}``;
             ``verdict``: ``pass``/``fail`` of the fixed model; ``model``: written model path;
             ``objective``: ``{"text", "target", "score_label", "threshold",
-            "higher_is_better", "before": {"value", "passed"}, "after": {...}}`` (with it, the
+            "higher_is_better", "before": {"value", "passed"}, "after": {...}, "accuracy"}``
+            (``accuracy``: the FP32 / low precision / fixed accuracy line; with it, the
             page is headlined by ``fix_verdict_section``); ``resolved``: list of
             ``ResolvedCause.to_dict()`` (causes the fix removed); ``verification``:
             ``FixResult.verification`` (the runner that verified the written model, why, and
@@ -65,7 +66,7 @@ def fix_verdict_section(report: DiagnosisReport, fix_summary: Mapping[str, Any])
           "target": o.get("target") or report.target, "objective": o.get("text", ""),
           "score_label": o.get("score_label", "score"),
           "threshold": "–" if threshold is None else f"{float(threshold):g}",
-          "op": "≥" if higher else "≤",
+          "op": "≥" if higher else "≤", "accuracy": o.get("accuracy", ""),
           "before_text": fmt_vs(_number(before.get("value")), threshold, higher),
           "after_text": fmt_vs(_number(after.get("value")), threshold, higher),
           "runner": _verifier_title(fix_summary.get("verification"))}

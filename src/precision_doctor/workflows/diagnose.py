@@ -9,7 +9,8 @@ from rich.console import Console
 
 from precision_doctor.api.diagnosing import diagnose
 from precision_doctor.api.options import invocation
-from precision_doctor.diagnosis.report import DiagnosisReport
+from precision_doctor.api.results import Diagnosis
+from precision_doctor.compare.tasks.accuracy import accuracy_line
 from precision_doctor.errors import InputError
 from precision_doctor.report.files import check_writable, write_json, write_text_atomic
 from precision_doctor.report.terminal.diagnosis import render_diagnosis
@@ -23,7 +24,8 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
                  html_path: Path | None, force: bool, console: Console, quiet: bool = False,
                  verbose: bool = False, candidate_results: str | None = None,
                  candidate_log: Path | None = None,
-                 stress: bool = False, device: str = "auto") -> DiagnosisReport:
+                 stress: bool = False, device: str = "auto",
+                 labels: Path | None = None) -> Diagnosis:
     """Load everything, diagnose, render, and write the requested reports.
 
     Raises:
@@ -47,12 +49,16 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
                           max_samples=max_samples, budget_mb=budget_bytes >> 20,
                           progress=progress, quiet=progress is None,
                           candidate_results=candidate_results,
-                          candidate_log=candidate_log, stress=stress, device=device)
+                          candidate_log=candidate_log, stress=stress, device=device,
+                          labels=labels)
     if quiet:
         console.print(f"{report.verdict.upper()}: {model_path} in {report.target.upper()}",
                       markup=False)
     else:
         render_diagnosis(report, console, layers=30 if verbose else 12)
+        if report.accuracy:
+            console.print(f"Accuracy against labels: {accuracy_line(report.accuracy)}",
+                          markup=False)
     if json_path:
         write_json(json_path, report.to_dict(), force)
         if not quiet:

@@ -15,12 +15,11 @@ reference box of the same label with the highest IoU, if that IoU >= the thresho
 ``COCOeval.evaluateImg`` in pycocotools, without crowd/area handling). Boxes are continuous
 coordinates: area is ``(x2 - x1) * (y2 - y1)`` with no "+1" pixel convention.
 
-Supported output layouts (``N`` images, ``K`` detections, ``[K, ...]`` alone is one image):
-
-* separate outputs ``boxes=[N,K,4]``, ``scores=[N,K]``, optional ``labels=[N,K]`` and
-  ``count=[N]`` or ``[N,1]`` (valid detections per image, as TensorRT's EfficientNMS
-  ``num_detections``);
-* one output ``[N,K,5]`` (``x1 y1 x2 y2 score``) or ``[N,K,>=6]`` (``... score label``).
+Detections are read from the head as exported (``compare.tasks.heads``: raw YOLOv5/v8/v11
+heads with NMS, DETR-family query heads, SSD-style boxes + scores, outputs after NMS such as
+``[N,K,6]`` ``x1 y1 x2 y2 score label`` or TensorRT EfficientNMS, PaddleDetection ``[K,6]``),
+chosen from the output shapes and names or by the ``head=`` option. Both runs are read with
+the same options, so NMS and thresholds are those of the deployed pipeline.
 """
 
 from __future__ import annotations
@@ -31,20 +30,18 @@ from typing import Any
 
 import numpy as np
 
-from precision_doctor.compare.tasks.io import select_output
+from precision_doctor.compare.tasks.heads import (
+    ACTIVATIONS,
+    BOX_FORMATS,
+    HEADS,
+    MAX_DET,
+    NMS_IOU,
+    HeadSpec,
+    ImageDetections,
+    decode,
+    infer_head,
+)
 from precision_doctor.errors import MetricError
-
-BOX_FORMATS = ("xyxy", "xywh", "cxcywh")
-
-
-@dataclass(frozen=True)
-class ImageDetections:
-    """Detections of one image after the score threshold: ``boxes [K,4]`` xyxy float64,
-    ``scores [K]`` float64, ``labels [K]`` int64."""
-
-    boxes: np.ndarray
-    scores: np.ndarray
-    labels: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -113,70 +110,45 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
 
 
-def _to_xyxy(boxes: np.ndarray, box_format: str) -> np.ndarray:
-    if box_format == "xyxy":
-        return boxes
-    x, y, w, h = boxes[..., 0], boxes[..., 1], boxes[..., 2], boxes[..., 3]
-    if box_format == "xywh":
-        return np.stack([x, y, x + w, y + h], axis=-1)
-    return np.stack([x - w / 2, y - h / 2, x + w / 2, y + h / 2], axis=-1)
-
-
-def extract_detections(outputs: Mapping[str, np.ndarray], *, boxes: str | None = None,
-                       scores: str | None = None, labels: str | None = None,
-                       count: str | None = None, score_threshold: float = 0.0,
-                       box_format: str = "xyxy") -> list[ImageDetections]:
-    """Read per-image detections from model outputs (layouts: see the module docstring).
-
-    Detections are kept where ``score > score_threshold`` (strict, so zero-padded slots drop at
-    the default 0.0). Without a score column or output every box has score 1.0; without labels
-    every box has label 0.
+def extract_detections(outputs: Mapping[str, np.ndarray], *, head: str = "auto",
+                       boxes: str | None = None, scores: str | None = None,
+                       labels: str | None = None, count: str | None = None,
+                       score_threshold: float | None = None, box_format: str = "xyxy",
+                       nms_iou: float = NMS_IOU, max_det: int = MAX_DET,
+                       activation: str = "auto", background: int | None = None
+                       ) -> list[ImageDetections]:
+    """Read per-image detections from model outputs, whatever the head (``compare.tasks.heads``).
 
     Args:
         outputs: Output name -> array.
-        boxes: Output with the boxes (default: first output).
+        head: ``auto`` (from the outputs' shapes and names) or one of ``heads.HEADS``.
+        boxes: Output with the boxes or the raw head (default: first output).
         scores: Output with the scores (default: column 4 of the boxes output if present).
         labels: Output with class ids (default: column 5 of the boxes output if present).
         count: Output with the number of valid detections per image (default: all).
-        score_threshold: Keep detections scoring strictly above this.
-        box_format: ``xyxy`` (default), ``xywh`` or ``cxcywh``.
+        score_threshold: Keep detections scoring strictly above this (default: 0.25 for raw
+            heads, 0 after NMS).
+        box_format: ``xyxy`` (default), ``xywh`` or ``cxcywh`` (``nms`` and ``ssd`` heads).
+        nms_iou / max_det / activation / background: As ``heads.decode``.
 
     Returns:
         One :class:`ImageDetections` per image.
 
     Raises:
-        MetricError: A missing output, an unknown box format, or shapes that do not line up.
+        MetricError: A missing output, an unknown head or box format, or shapes that do not
+            line up.
     """
     if box_format not in BOX_FORMATS:
         raise MetricError(f"box_format={box_format!r} is not one of {', '.join(BOX_FORMATS)}")
-    b = np.asarray(select_output(outputs, boxes, role="boxes"), dtype=np.float64)
-    if b.ndim == 2:
-        b = b[None]
-    if b.ndim != 3 or b.shape[-1] < 4:
-        raise MetricError(f"detection boxes must be [K, >=4] or [N, K, >=4], got {b.shape}; "
-                          "name the boxes output with boxes=NAME", output=boxes)
-
-    def per_box(name: str | None, column: int, default: float, role: str) -> np.ndarray:
-        if name is not None:
-            arr = np.asarray(select_output(outputs, name, role=role), dtype=np.float64)
-            if arr.size != b.shape[0] * b.shape[1]:
-                raise MetricError(f"{role} output {name!r} has shape {arr.shape}, which does "
-                                  f"not match boxes {b.shape}", output=name)
-            return arr.reshape(b.shape[:2])
-        return b[..., column] if b.shape[-1] > column else np.full(b.shape[:2], default)
-
-    s = per_box(scores, 4, 1.0, "scores")
-    lab = np.rint(np.nan_to_num(per_box(labels, 5, 0.0, "labels"), nan=-1.0)).astype(np.int64)
-    keep = s > score_threshold
-    if count is not None:
-        n = np.asarray(select_output(outputs, count, role="count")).reshape(-1).astype(np.int64)
-        if n.size != b.shape[0]:
-            raise MetricError(f"count output {count!r} has {n.size} values for {b.shape[0]} "
-                              "images", output=count)
-        keep &= np.arange(b.shape[1])[None, :] < n[:, None]
-    xyxy = _to_xyxy(b[..., :4], box_format)
-    return [ImageDetections(xyxy[i][keep[i]], s[i][keep[i]], lab[i][keep[i]])
-            for i in range(b.shape[0])]
+    if head not in HEADS:
+        raise MetricError(f"head={head!r} is not one of {', '.join(HEADS)}")
+    if activation not in ACTIVATIONS:
+        raise MetricError(f"activation={activation!r} is not one of {', '.join(ACTIVATIONS)}")
+    spec = infer_head(outputs, boxes, scores, labels, count, box_format)
+    if head != "auto" and head != spec.kind:
+        spec = HeadSpec(head, boxes, scores, labels, count, box_format)
+    return decode(outputs, spec, score_threshold=score_threshold, nms_iou=nms_iou,
+                  max_det=max_det, activation=activation, background=background)
 
 
 def match_image(reference: ImageDetections, candidate: ImageDetections,
@@ -243,6 +215,9 @@ def average_precision(scores: np.ndarray, true_positive: np.ndarray, n_positive:
 
 def _both(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray],
           options: dict[str, Any]) -> tuple[list[ImageDetections], list[ImageDetections]]:
+    output = options.pop("output", None)
+    if output is not None and options.get("boxes") is None:
+        options["boxes"] = output
     ref = extract_detections(reference, **options)
     cand = extract_detections(candidate, **options)
     if len(ref) != len(cand):
@@ -252,7 +227,8 @@ def _both(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarra
 
 def box_match_details(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray],
                       *, iou: float = 0.5, **options: Any) -> list[DetectionMatch]:
-    """Per-image matching (see :func:`match_image`); ``options`` as :func:`extract_detections`.
+    """Per-image matching (see :func:`match_image`); ``options`` as :func:`extract_detections`
+    (and ``output``, the same as ``boxes``).
 
     Raises:
         MetricError: As :func:`extract_detections`, or batch sizes differ.
@@ -262,15 +238,20 @@ def box_match_details(reference: Mapping[str, np.ndarray], candidate: Mapping[st
 
 
 def box_match(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray], *,
-              iou: float = 0.5, **options: Any) -> float:
+              iou: float = 0.5, head: str = "auto", output: str | None = None,
+              boxes: str | None = None, scores: str | None = None, labels: str | None = None,
+              count: str | None = None, score_threshold: float | None = None,
+              box_format: str = "xyxy", nms_iou: float = NMS_IOU, max_det: int = MAX_DET,
+              activation: str = "auto", background: int | None = None) -> float:
     """F1 of box matching, pooled over images: ``2 * TP / (n_reference + n_candidate)``.
 
     Args:
         reference: Reference outputs (name -> array).
         candidate: Candidate outputs (name -> array).
         iou: Minimum IoU of a match (default 0.5).
-        **options: ``boxes``, ``scores``, ``labels``, ``count``, ``score_threshold``,
-            ``box_format``, as :func:`extract_detections`.
+        head / boxes / scores / labels / count / score_threshold / box_format / nms_iou /
+            max_det / activation / background: How to read the head, as
+            :func:`extract_detections`; ``output`` is the same as ``boxes``.
 
     Returns:
         F1 in [0, 1]; 1.0 when both have no detections.
@@ -278,13 +259,20 @@ def box_match(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.nd
     Raises:
         MetricError: As :func:`extract_detections`.
     """
-    details = box_match_details(reference, candidate, iou=iou, **options)
+    details = box_match_details(
+        reference, candidate, iou=iou, head=head, output=output, boxes=boxes, scores=scores,
+        labels=labels, count=count, score_threshold=score_threshold, box_format=box_format,
+        nms_iou=nms_iou, max_det=max_det, activation=activation, background=background)
     total = sum(d.n_reference + d.n_candidate for d in details)
     return 1.0 if total == 0 else 2.0 * sum(len(d.matches) for d in details) / total
 
 
 def box_map(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray], *,
-            iou: float = 0.5, **options: Any) -> float:
+            iou: float = 0.5, head: str = "auto", output: str | None = None,
+            boxes: str | None = None, scores: str | None = None, labels: str | None = None,
+            count: str | None = None, score_threshold: float | None = None,
+            box_format: str = "xyxy", nms_iou: float = NMS_IOU, max_det: int = MAX_DET,
+            activation: str = "auto", background: int | None = None) -> float:
     """mAP of the candidate's detections against the reference's, at IoU >= ``iou``.
 
     AP (:func:`average_precision`) is computed per label over all images pooled, then averaged
@@ -295,7 +283,7 @@ def box_map(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndar
         reference: Reference outputs (name -> array).
         candidate: Candidate outputs (name -> array).
         iou: Minimum IoU of a match (default 0.5, "mAP@0.5").
-        **options: As :func:`box_match`.
+        head ... background: As :func:`box_match`.
 
     Returns:
         mAP in [0, 1].
@@ -303,20 +291,25 @@ def box_map(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndar
     Raises:
         MetricError: As :func:`extract_detections`.
     """
-    ref, cand = _both(reference, candidate, options)
+    ref, cand = _both(reference, candidate, dict(
+        head=head, output=output, boxes=boxes, scores=scores, labels=labels, count=count,
+        score_threshold=score_threshold, box_format=box_format, nms_iou=nms_iou,
+        max_det=max_det, activation=activation, background=background))
     details = [match_image(r, c, iou, i) for i, (r, c) in enumerate(zip(ref, cand, strict=True))]
-    labels = sorted(set(np.concatenate([d.labels for d in ref + cand]).tolist()))
-    if not labels:
+    classes = sorted(set(np.concatenate([d.labels for d in ref + cand]).tolist()))
+    if not classes:
         return 1.0
     aps = []
-    for label in labels:
-        scores, hits, n_pos = [], [], 0
+    for label in classes:
+        found: list[np.ndarray] = []
+        hits: list[np.ndarray] = []
+        n_pos = 0
         for r, c, d in zip(ref, cand, details, strict=True):
             n_pos += int(np.count_nonzero(r.labels == label))
             tp = np.zeros(len(c.scores), dtype=bool)
             tp[[m[0] for m in d.matches]] = True
             mine = c.labels == label
-            scores.append(c.scores[mine])
+            found.append(c.scores[mine])
             hits.append(tp[mine])
-        aps.append(average_precision(np.concatenate(scores), np.concatenate(hits), n_pos))
+        aps.append(average_precision(np.concatenate(found), np.concatenate(hits), n_pos))
     return float(np.mean(aps))

@@ -17,8 +17,12 @@ Option values cannot contain ``,``; ``true``/``false``/``none`` and numbers are 
 Every built-in takes ``output=NAME`` (default: the first output).
 
 Per-sample context: a metric function with a keyword parameter named in :data:`CONTEXT_KEYS`
-also receives that fact about the sample, when known (``source_size``: the source image's
-``(height, width)``, for image inputs); such parameters are not spec options.
+also receives that fact about the sample, when known: for image inputs ``source_size`` (the
+source image's ``(height, width)``), ``input_size`` (its ``(height, width)`` in the model
+input) and ``input_box`` (where the resized image lies in it); ``ground_truth`` (the sample's
+labels from ``--labels``). Such parameters are not spec options. Only a function that names
+the parameter receives it: a ``**options`` catch-all does not (it would forward the fact to
+functions that do not take it).
 """
 
 from __future__ import annotations
@@ -40,9 +44,11 @@ from typing import Any
 import numpy as np
 
 from precision_doctor.compare.tasks import classification as task_classification
+from precision_doctor.compare.tasks import coco as task_coco
 from precision_doctor.compare.tasks import db as task_db
 from precision_doctor.compare.tasks import detection as task_detection
 from precision_doctor.compare.tasks import image as task_image
+from precision_doctor.compare.tasks import labels as task_labels
 from precision_doctor.compare.tasks import mask as task_mask
 from precision_doctor.compare.tasks import ocr as task_ocr
 from precision_doctor.compare.tasks.io import parse_param_value
@@ -53,11 +59,9 @@ Outputs = Mapping[str, np.ndarray]
 
 # Options that name outputs, files or modes: kept as text even when they look like numbers.
 TEXT_OPTIONS = frozenset({"output", "boxes", "scores", "labels", "count", "charset", "layout",
-                          "box_format"})
+                          "box_format", "head", "activation"})
 # Facts about a sample passed to metric functions that declare them (not settable by a spec).
-CONTEXT_KEYS = frozenset({"source_size"})
-_DETECTION_OPTIONS = {"output": None, "boxes": None, "scores": None, "labels": None,
-                      "count": None, "score_threshold": 0.0, "box_format": "xyxy", "iou": 0.5}
+CONTEXT_KEYS = frozenset({"source_size", "input_size", "input_box", "ground_truth"})
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class TaskMetric:
     Attributes:
         name: Built-in name (``mask-iou``) or ``target:function`` of a user function.
         fn: ``fn(reference, candidate, **params) -> float``.
-        higher_is_better: Direction of the value (True for every built-in).
+        higher_is_better: Direction of the value (False for the ``*-drop`` built-ins).
         default_threshold: Suggested pass mark (project default, not from literature), or
             ``None`` for user functions.
         description: One line for help and reports.
@@ -121,6 +125,7 @@ class _Builtin:
     default_threshold: float
     description: str
     options: Mapping[str, Any]  # option -> default
+    higher_is_better: bool = True
 
 
 def _options(fn: MetricFn) -> dict[str, Any]:
@@ -136,15 +141,18 @@ def sample_context(sample: Any) -> dict[str, Any]:
 
 
 def _context_for(fn: MetricFn, context: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The facts of ``context`` that ``fn`` names as keyword parameters (a ``**options``
+    catch-all receives none: it forwards its options to functions that may not take them)."""
     if not context:
         return {}
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return {}
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    named = {n for n, p in params.items()
+             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     return {k: v for k, v in context.items()
-            if k in CONTEXT_KEYS and v is not None and (k in params or takes_any)}
+            if k in CONTEXT_KEYS and v is not None and k in named}
 
 
 BUILTINS: dict[str, _Builtin] = {
@@ -162,11 +170,20 @@ BUILTINS: dict[str, _Builtin] = {
                          "DBPostProcess (needs rapidocr_onnxruntime)",
                          _options(task_db.db_boxes)),
     "box-match": _Builtin(task_detection.box_match, 0.95,
-                          "F1 of candidate boxes matched to reference boxes at IoU >= 0.5",
-                          _DETECTION_OPTIONS),
+                          "F1 of candidate boxes matched to reference boxes at IoU >= 0.5 "
+                          "(detection heads read as exported: YOLO, DETR, NMS outputs)",
+                          _options(task_detection.box_match)),
     "box-map": _Builtin(task_detection.box_map, 0.95,
                         "mAP@0.5 (VOC all-point) of candidate boxes, reference boxes as truth",
-                        _DETECTION_OPTIONS),
+                        _options(task_detection.box_map)),
+    "coco-map-drop": _Builtin(task_coco.coco_map_drop, 0.01,
+                              "COCO mAP@[.5:.95] against --labels lost by the candidate "
+                              "(reference minus candidate, per image; needs pycocotools)",
+                              _options(task_coco.coco_map_drop), higher_is_better=False),
+    "accuracy-drop": _Builtin(task_labels.accuracy_drop, 0.0,
+                              "top-1 accuracy against --labels lost by the candidate "
+                              "(1 where only the reference is right, per sample)",
+                              _options(task_labels.accuracy_drop), higher_is_better=False),
     "ctc-string": _Builtin(task_ocr.ctc_string_agreement, 0.95,
                            "share of CTC-decoded strings equal to the reference's",
                            _options(task_ocr.ctc_string_agreement)),
@@ -237,7 +254,7 @@ def get_metric(spec: str) -> TaskMetric:
         entry = BUILTINS[head]
         params = _parse_params(rest, text)
         _check_builtin_params(head, entry, params)
-        return TaskMetric(name=head, fn=entry.fn, higher_is_better=True,
+        return TaskMetric(name=head, fn=entry.fn, higher_is_better=entry.higher_is_better,
                           default_threshold=entry.default_threshold,
                           description=entry.description,
                           params=tuple(sorted(params.items())), spec=text)

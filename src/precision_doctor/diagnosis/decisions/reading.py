@@ -34,7 +34,7 @@ more than one: the disagreement is systematic and the flips are counted, not lis
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -206,7 +206,7 @@ def _margins(kind: str, p: np.ndarray) -> np.ndarray:
 def read_decisions(model: onnx.ModelProto, reference: Arrays, candidate: Arrays,
                    sample_names: Sequence[str], noise: Mapping[str, Arrays] | None = None,
                    model_path: str | None = None, max_listed: int = MAX_LISTED_FLIPS,
-                   resolution: float = 0.0
+                   resolution: float = 0.0, skip: Collection[str] = ()
                    ) -> tuple[list[DecisionSummary], list[DecisionFlip]]:
     """Detect the decision outputs and compare their decisions.
 
@@ -221,6 +221,8 @@ def read_decisions(model: onnx.ModelProto, reference: Arrays, candidate: Arrays,
         resolution: ``sqrt(u)`` of the target format (relative), one of the two scales a
             near-tie's margin is compared with (module docstring); 0 to use only the typical
             error.
+        skip: Outputs read otherwise (a detection head: ``diagnosis.detections``), never as
+            argmax decisions.
 
     Returns:
         ``(summaries, flips)``: one summary per decision output (graph output order) and the
@@ -228,7 +230,7 @@ def read_decisions(model: onnx.ModelProto, reference: Arrays, candidate: Arrays,
     """
     summaries, flips = [], []
     for name in reference:
-        found = detect_decision(model, name, reference[name])
+        found = detect_decision(model, name, reference[name]) if name not in skip else None
         if found is None:
             continue
         kind, axis = found

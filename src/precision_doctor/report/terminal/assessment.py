@@ -73,6 +73,13 @@ def _render_rewritten(report: DiagnosisReport, console: Console) -> None:
 
 def _render_decisions(report: DiagnosisReport, console: Console) -> None:
     for d in report.decisions:
+        if d.kind.startswith("detection-"):
+            console.print(f"Detection head {escape(d.output)} ({d.kind[10:]}): {d.flips} boxes "
+                          f"appeared, vanished, moved or changed class ({d.near_ties} "
+                          f"near-ties, {d.damage} damage); {d.task_metric} F1 "
+                          f"{fmt_share(d.task_agreement, 1)}\n  read as: {escape(d.why)}")
+            console.print(f"  suggested task metric: --metric {escape(d.suggested_metric or '')}")
+            continue
         task = (f", {d.task_metric} agreement {fmt_share(d.task_agreement, 1)}"
                 if d.task_agreement is not None else "")
         axis = "" if d.kind == "sigmoid-map" else f", axis {d.axis}"
@@ -93,7 +100,11 @@ def _render_decisions(report: DiagnosisReport, console: Console) -> None:
     flips = report.decision_flips
     shown = (SHOWN_FLIPS if report.assessment and report.assessment.kind == "decision-flips"
              else SHOWN_FLIPS_OTHERWISE)
+    boxes = {d.output for d in report.decisions if d.kind.startswith("detection-")}
     for i, f in enumerate(flips[:shown], 1):
+        if f.output in boxes:
+            console.print(f"  box {i} ({f.reading}): {escape(f.detail)}")
+            continue
         changed = {True: "changed", False: "unchanged", None: "unknown"}[f.task_changed]
         console.print(f"  flip {i}: {escape(f.sample)} {escape(f.output)} at {list(f.position)}: "
                       f"margin {fmt3(f.fp32_margin)}, FP32 noise {fmt3(f.fp32_noise)}, "

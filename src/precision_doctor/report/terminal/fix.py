@@ -10,6 +10,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
+from precision_doctor.compare.tasks.accuracy import accuracy_line
 from precision_doctor.numbers import fmt3, fmt_vs
 from precision_doctor.repair.result import FixResult
 from precision_doctor.report.terminal.diagnosis import verdict_tag
@@ -53,6 +54,8 @@ def render_fix(result: FixResult, console: Console) -> None:
         ("PASS" if ok else "FAIL", f"bold {'green' if ok else 'red'}"),
         f" {result.target.upper()} fix against the objective: {result.objective}"))
     console.print(Text("  ") + objective_line(result))
+    if result.accuracy:
+        console.print(Text(f"Accuracy against labels: {accuracy_line(result.accuracy)}"))
     console.print(before_after_table(result))
     line = verification_line(result)
     if line:
