@@ -7,6 +7,7 @@ estimated size fits a memory budget, so even large models never hold all activat
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -124,3 +125,12 @@ def producer_inputs(model: onnx.ModelProto) -> dict[str, list[str]]:
     """Tensor name -> names of the inputs of the node producing it."""
     return {out: list(node.input) for node in model.graph.node for out in node.output if out}
 
+
+def consumers(model: onnx.ModelProto) -> defaultdict[str, list[onnx.NodeProto]]:
+    """Tensor name -> the nodes reading it, in graph order (an empty list for any other name)."""
+    out: defaultdict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in model.graph.node:
+        for name in node.input:
+            if name:
+                out[name].append(node)
+    return out

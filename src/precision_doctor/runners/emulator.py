@@ -22,7 +22,32 @@ from precision_doctor.runners.base import Feeds, TensorMeta
 from precision_doctor.runners.ort import OrtRunner
 
 
-class EmulatorRunner:
+class _OnOrt:
+    """What both emulators share: an ONNX Runtime session of their emulation model, opened by
+    their ``__enter__`` into ``self._ort``."""
+
+    _ort: OrtRunner | None = None
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ort is not None:
+            self._ort.__exit__(*exc)
+            self._ort = None
+
+    def input_metadata(self) -> list[TensorMeta]:
+        assert self._ort is not None, "use the runner inside a `with` block"
+        return self._ort.input_metadata()
+
+    def output_names(self) -> list[str]:
+        assert self._ort is not None, "use the runner inside a `with` block"
+        return self._ort.output_names()
+
+    def run(self, feeds: Feeds, output_names: Sequence[str] | None = None
+            ) -> dict[str, np.ndarray]:
+        assert self._ort is not None, "use the runner inside a `with` block"
+        return self._ort.run(feeds, output_names)
+
+
+class EmulatorRunner(_OnOrt):
     """Runs ``model`` as an engine executing ``plan`` would, on ONNX Runtime (the current
     device: ``runners.device``).
 
@@ -66,26 +91,9 @@ class EmulatorRunner:
                               cpu_mem_arena=self.cpu_mem_arena).__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._ort is not None:
-            self._ort.__exit__(*exc)
-            self._ort = None
-
-    def input_metadata(self) -> list[TensorMeta]:
-        assert self._ort is not None, "use the runner inside a `with` block"
-        return self._ort.input_metadata()
-
-    def output_names(self) -> list[str]:
-        assert self._ort is not None, "use the runner inside a `with` block"
-        return self._ort.output_names()
-
-    def run(self, feeds: Feeds, output_names: Sequence[str] | None = None
-            ) -> dict[str, np.ndarray]:
-        assert self._ort is not None, "use the runner inside a `with` block"
-        return self._ort.run(feeds, output_names)
 
 
-class WrittenEmulatorRunner:
+class WrittenEmulatorRunner(_OnOrt):
     """Runs a strongly typed model as written, BF16/FP16 tensors emulated, on ONNX Runtime CPU.
 
     ``precision.emulate_written``: every tensor the model types BF16 (FP16) holds the BF16
@@ -121,20 +129,3 @@ class WrittenEmulatorRunner:
                               intra_op_threads=self.intra_op_threads).__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._ort is not None:
-            self._ort.__exit__(*exc)
-            self._ort = None
-
-    def input_metadata(self) -> list[TensorMeta]:
-        assert self._ort is not None, "use the runner inside a `with` block"
-        return self._ort.input_metadata()
-
-    def output_names(self) -> list[str]:
-        assert self._ort is not None, "use the runner inside a `with` block"
-        return self._ort.output_names()
-
-    def run(self, feeds: Feeds, output_names: Sequence[str] | None = None
-            ) -> dict[str, np.ndarray]:
-        assert self._ort is not None, "use the runner inside a `with` block"
-        return self._ort.run(feeds, output_names)

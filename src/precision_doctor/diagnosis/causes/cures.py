@@ -16,22 +16,13 @@ and ``Mul(Sum_1, 1/N)`` brings it back to 599: the region is ``{Sum_1, Mul}``; k
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Collection, Mapping, Sequence
 
 import onnx
 
+from precision_doctor.graph.outputs import consumers
 from precision_doctor.layerwise.stats import LayerRecord
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS
-
-
-def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
-    out: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-    for node in model.graph.node:
-        for name in node.input:
-            if name:
-                out[name].append(node)
-    return out
 
 
 def out_of_range(records: Sequence[LayerRecord], fmt_max: float,
@@ -56,7 +47,7 @@ def overflow_regions(model: onnx.ModelProto, tensors: Collection[str]
         node of a region maps to the same tuple.
     """
     producer = {o: n for n in model.graph.node for o in n.output if o}
-    consumers = _consumers(model)
+    readers = consumers(model)
     order = {n.name: i for i, n in enumerate(model.graph.node)}
     regions: dict[str, tuple[str, ...]] = {}
     for start in sorted((t for t in tensors if t in producer),
@@ -72,7 +63,7 @@ def overflow_regions(model: onnx.ModelProto, tensors: Collection[str]
             seen.add(tensor)
             if tensor in tensors and tensor in producer:
                 nodes.add(producer[tensor].name)
-            for c in consumers.get(tensor, ()):
+            for c in readers.get(tensor, ()):
                 if c.op_type in DATA_MOVEMENT_OPS:  # carries the producer's precision
                     todo.extend(o for o in c.output if o)
                     continue

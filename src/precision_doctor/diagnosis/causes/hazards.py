@@ -17,7 +17,6 @@ Checks (all against the target format's limits, see ``precision_doctor.formats``
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -25,6 +24,7 @@ import onnx
 
 from precision_doctor.formats import FORMATS, FloatFormat, Precision, round_to
 from precision_doctor.graph.constants import constant_values
+from precision_doctor.graph.outputs import consumers
 
 RISKY_OPS = {
     "Pow": "x^p overflows quickly (|x| > 256 squared exceeds FP16 max)",
@@ -80,21 +80,12 @@ class Hazard:
         return cls(**data)
 
 
-def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
-    out: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-    for node in model.graph.node:
-        for name in node.input:
-            if name:
-                out[name].append(node)
-    return out
-
-
-def _scan_parameters(model, fmt: FloatFormat, consts, consumers) -> list[Hazard]:
+def _scan_parameters(model, fmt: FloatFormat, consts, readers) -> list[Hazard]:
     hazards = []
     for name, value in consts.items():
         if value.dtype.kind != "f" or value.size == 0:
             continue
-        users = [n for n in consumers.get(name, []) if n.op_type != "Constant"]
+        users = [n for n in readers.get(name, []) if n.op_type != "Constant"]
         if not users:
             continue
         a = np.abs(value.astype(np.float64))
@@ -186,7 +177,7 @@ def find_decomposed_layernorms(model: onnx.ModelProto) -> list[dict]:
         ``square_output``, ``output`` (normalized tensor), ``epsilon`` (float or None).
     """
     consts = constant_values(model)
-    consumers = _consumers(model)
+    readers = consumers(model)
     matches = []
 
     def only(nodes, op):
@@ -194,25 +185,25 @@ def find_decomposed_layernorms(model: onnx.ModelProto) -> list[dict]:
 
     for r1 in (n for n in model.graph.node if n.op_type == "ReduceMean"):
         x = r1.input[0]
-        sub = next((n for n in consumers[r1.output[0]]
+        sub = next((n for n in readers[r1.output[0]]
                     if n.op_type == "Sub" and list(n.input) == [x, r1.output[0]]), None)
         if sub is None:
             continue
         d = sub.output[0]
-        sq = next((n for n in consumers[d] if (n.op_type == "Pow") or
+        sq = next((n for n in readers[d] if (n.op_type == "Pow") or
                    (n.op_type == "Mul" and list(n.input) == [d, d])), None)
         if sq is None:
             continue
-        r2 = only(consumers[sq.output[0]], "ReduceMean")
-        add = only(consumers[r2.output[0]], "Add") if r2 else None
-        sqrt = only(consumers[add.output[0]], "Sqrt") if add else None
+        r2 = only(readers[sq.output[0]], "ReduceMean")
+        add = only(readers[r2.output[0]], "Add") if r2 else None
+        sqrt = only(readers[add.output[0]], "Sqrt") if add else None
         if add is None or sqrt is None:
             continue
-        div = next((n for n in consumers[sqrt.output[0]] if n.op_type == "Div"), None)
+        div = next((n for n in readers[sqrt.output[0]] if n.op_type == "Div"), None)
         tail = [div] if div else []
         if div is None:
-            rec = only(consumers[sqrt.output[0]], "Reciprocal")
-            mul = only(consumers[rec.output[0]], "Mul") if rec else None
+            rec = only(readers[sqrt.output[0]], "Reciprocal")
+            mul = only(readers[rec.output[0]], "Mul") if rec else None
             tail = [rec, mul] if mul else []
         if not tail:
             continue
@@ -237,8 +228,8 @@ def scan_hazards(model: onnx.ModelProto, target: Precision) -> list[Hazard]:
     """
     fmt = FORMATS[target]
     consts = constant_values(model)
-    consumers = _consumers(model)
-    hazards = _scan_parameters(model, fmt, consts, consumers) if target in (
+    readers = consumers(model)
+    hazards = _scan_parameters(model, fmt, consts, readers) if target in (
         Precision.FP16, Precision.BF16) else []
     hazards += _scan_attributes(model, fmt, consts)
     for m in find_decomposed_layernorms(model):
