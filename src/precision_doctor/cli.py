@@ -41,6 +41,14 @@ def main(version: bool = typer.Option(False, "--version", callback=_version, is_
     """precision-doctor."""
 
 
+# options diagnose and fix share
+DEVICE_OPTION = typer.Option("auto", "--device", help="Where the reference, the emulation, "
+                             "layerwise and search run: cpu, cuda, cuda:N, or auto (CUDA when "
+                             "onnxruntime-gpu sees a GPU, else cpu)")
+LABELS_OPTION = typer.Option(None, "--labels", help="Ground truth: COCO JSON (detection) or "
+                             "file,class CSV (classification); reports the task accuracy of "
+                             "FP32 and of the candidate side by side")
+
 @app.command()
 def diagnose(
     model: Path = typer.Argument(..., help="The FP32 ONNX model."),
@@ -89,13 +97,8 @@ def diagnose(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Longer tables"),
     stress: bool = typer.Option(False, "--stress", help="Transformers in FP16: find the input "
                                 "scale factor at which a LayerNorm or attention overflows"),
-    device: str = typer.Option("auto", "--device", help="Where the reference, the emulation, "
-                               "layerwise and search run: cpu, cuda, cuda:N, or auto (CUDA "
-                               "when onnxruntime-gpu sees a GPU, else cpu)"),
-    labels: Optional[Path] = typer.Option(None, "--labels", help="Ground truth: COCO JSON "
-                                          "(detection) or file,class CSV (classification); "
-                                          "reports the task accuracy of FP32 and of the "
-                                          "candidate side by side"),
+    device: str = DEVICE_OPTION,
+    labels: Optional[Path] = LABELS_OPTION,
 ) -> None:
     """Diagnose MODEL in reduced precision against its FP32 reference, layer by layer."""
     from precision_doctor.workflows.diagnose import run_diagnose
@@ -151,13 +154,8 @@ def fix_command(
     jobs: str = typer.Option("1", "--jobs", "-j", help="Worker processes running calibration "
                              "samples in parallel (one ONNX Runtime session each), or 'auto' "
                              "(one per core; on CUDA one per GPU); same result for any value"),
-    device: str = typer.Option("auto", "--device", help="Where the reference, the emulation, "
-                               "layerwise and search run: cpu, cuda, cuda:N, or auto (CUDA "
-                               "when onnxruntime-gpu sees a GPU, else cpu)"),
-    labels: Optional[Path] = typer.Option(None, "--labels", help="Ground truth: COCO JSON "
-                                          "(detection) or file,class CSV (classification); "
-                                          "reports the task accuracy of FP32 and of the "
-                                          "candidate side by side"),
+    device: str = DEVICE_OPTION,
+    labels: Optional[Path] = LABELS_OPTION,
 ) -> None:
     """Write a strongly typed mixed-precision model meeting the accuracy target."""
     from precision_doctor.workflows.fix import run_fix
