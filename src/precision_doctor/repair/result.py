@@ -26,7 +26,10 @@ the fixed model as ``*.report.json``:
       "seconds": {stage: seconds}, "warnings": [str], "notes": [str],
       "near_ties": [{"sample", "index", "margin", "noise"}],
       "resources": {"evaluations", "samples_run", "wall_s", "cpu_s", "peak_rss_mb",
-                    "peak_rss_workers_mb", "jobs"}
+                    "peak_rss_workers_mb", "jobs"},
+      "verification": {"runner", "spec", "reason", "skipped": [{"runner", "reason"}],
+                       "engine"},
+      "engine": null | "ort-cuda"           # the deployment engine written for (--engine)
     }
 
 ``<metrics>`` is ``compare.metrics.OutputMetrics.to_dict`` (max/mean/median/p99 absolute
@@ -82,6 +85,8 @@ class FixResult:
             (``runners.verify.VerifiedBy.to_dict()``: ``runner``, ``spec``, ``reason``,
             ``skipped``): ONNX Runtime CPU, ONNX Runtime CUDA, the search's ``--runner``, or
             for a BF16 model ONNX Runtime CPU cannot run, its exact emulation.
+        engine: The deployment engine the model was written for (``ort-cuda``: nodes without
+            a kernel there are FP32, reason ``engine``); "" for none.
     """
 
     model: onnx.ModelProto
@@ -106,6 +111,7 @@ class FixResult:
     pass_mark: tuple[float, bool] = (1.0, False)
     resources: dict = field(default_factory=dict)
     verification: dict = field(default_factory=dict)
+    engine: str = ""
 
     @property
     def passed(self) -> bool:
@@ -130,6 +136,7 @@ class FixResult:
             "warnings": list(self.warnings), "notes": list(self.notes),
             "near_ties": [t.to_dict() for t in self.near_ties],
             "resources": self.resources, "verification": self.verification,
+            "engine": self.engine or None,
         }
 
 
