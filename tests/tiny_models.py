@@ -91,6 +91,29 @@ def conv_bn(var_max: float = 9.8e7, channels: int = 4):
                                                      [1, channels, 8, 8])], inits)
 
 
+def conv_pool_model(opset: int = 11) -> onnx.ModelProto:
+    """Conv -> MaxPool -> Sigmoid -> GlobalAveragePool -> Flatten -> MatMul; an Equal on the
+    shape (int64) beside it."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("MaxPool", ["c"], ["p"], name="pool", kernel_shape=[2, 2],
+                         strides=[2, 2]),
+        helper.make_node("Sigmoid", ["p"], ["s"], name="sigmoid"),
+        helper.make_node("GlobalAveragePool", ["s"], ["g"], name="gap"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+        helper.make_node("MatMul", ["f", "m"], ["y"], name="fc"),
+        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+        helper.make_node("Equal", ["shape", "shape"], ["same"], name="equal_ints"),
+    ]
+    inits = [tensor("w", rng.normal(0, 0.3, (4, 3, 3, 3))), tensor("m", rng.normal(0, 1, (4, 2)))]
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                            [1, 3, 8, 8])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2]),
+                       helper.make_tensor_value_info("same", TensorProto.BOOL, [4])],
+                      inits, opset=opset)
+
+
 def random_samples(shape, count=2, seed=0, scale=1.0, name="x"):
     rng = np.random.default_rng(seed)
     return [S(f"s{i}", {name: (rng.standard_normal(shape) * scale).astype(np.float32)})

@@ -144,6 +144,10 @@ def fix_command(
     runner: str = typer.Option("emulate", "--runner", "-r", help="Evaluate with the emulator "
                                "or a real engine (ort:cuda,tf32=0), which then verifies the "
                                "written model too"),
+    engine: Optional[str] = typer.Option(None, "--engine", "-e", help="The engine you deploy "
+                                         "on: ort-cuda keeps FP32 the nodes ONNX Runtime CUDA "
+                                         "has no BF16 kernel for (default with --runner "
+                                         "ort:cuda; none otherwise)"),
     max_samples: Optional[int] = typer.Option(None, "--max-samples"),
     max_evals: int = typer.Option(150, "--max-evals",
                                    help="Search evaluation budget (a cap; a search stops "
@@ -166,7 +170,8 @@ def fix_command(
                          force_low=force_low, no_rewrites=no_rewrites,
                          keep_io_types=keep_io_types, runner=runner, max_samples=max_samples,
                          max_evals=max_evals, html_path=html_path, force=force,
-                         console=console, quiet=quiet, jobs=jobs, device=device, labels=labels)
+                         console=console, quiet=quiet, jobs=jobs, device=device, labels=labels,
+                         engine=engine)
     except TargetNotMetError as exc:
         err_console.print(f"target not met: {exc}", style="red", markup=False)
         raise typer.Exit(1) from None

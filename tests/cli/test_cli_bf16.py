@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto
-from tiny_models import conv_bn, transformer_block
+from tiny_models import conv_bn, conv_pool_model, transformer_block
 from typer.testing import CliRunner
 
 from precision_doctor.cli import app
@@ -89,3 +89,43 @@ def test_diagnose_bf16_refuses_ort_cpu_and_runs_the_written_model_emulated(tmp_p
                               "bf16", "--data", data, "--runner", "ort:cpu"],
                         terminal_width=200)
     assert res.exit_code == 2 and "Leave --runner out" in res.output
+
+
+def test_fix_bf16_for_onnx_runtime_cuda_keeps_its_missing_kernels_fp32(tmp_path):
+    """``--engine ort-cuda`` on a machine without a GPU: the nodes ONNX Runtime CUDA 1.31 has
+    no BF16 kernel for (MaxPool-22, GlobalAveragePool-22) or an inexact one (Sigmoid) are FP32
+    in the plan (reason ``engine``) and in the written model, and the verification says so."""
+    src = tmp_path / "m.onnx"
+    onnx.save(conv_pool_model(opset=11), str(src))
+    out = tmp_path / "m_bf16.onnx"
+    data = "random:seed=0,low=-1,high=1,count=2,shape=x:1x3x8x8"
+    res = runner.invoke(app, ["fix", str(src), "-o", str(out), "--target", "bf16", "--data",
+                              data, "--engine", "ort-cuda"], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    assert "written for ONNX Runtime CUDA: 3 nodes kept FP32" in res.output
+    report = json.loads((tmp_path / "m_bf16.report.json").read_text())
+    assert report["engine"] == "ort-cuda"
+    overrides = report["plan"]["overrides"]
+    assert {n for n, d in overrides.items() if d["reason"] == "engine"} == {
+        "pool", "sigmoid", "gap"}
+    assert "MaxPool-22" in overrides["pool"]["detail"]
+    assert "GlobalAveragePool x1, MaxPool x1, Sigmoid x1" in report["verification"]["engine"]
+    written = onnx.load(str(out))
+    types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(
+        written).graph.value_info}
+    pool = next(n for n in written.graph.node if n.name == "pool")
+    conv = next(n for n in written.graph.node if n.name == "conv")
+    assert types[pool.input[0]] == TensorProto.FLOAT and types[pool.output[0]] == \
+        TensorProto.FLOAT
+    assert types[conv.output[0]] == TensorProto.BFLOAT16  # Conv-22 has a BF16 kernel there
+    # the same without --engine: every node BF16 (a model for an engine with every kernel)
+    res = runner.invoke(app, ["fix", str(src), "-o", str(tmp_path / "any.onnx"), "--target",
+                              "bf16", "--data", data, "-q"], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "any.report.json").read_text())
+    assert report["engine"] is None and not report["plan"]["overrides"]
+    res = runner.invoke(app, ["fix", str(src), "-o", str(tmp_path / "x.onnx"), "--target",
+                              "bf16", "--data", data, "--engine", "tensorrt-llm"],
+                        terminal_width=200)
+    assert res.exit_code == 2 and "known engines are ort-cuda" in res.output
+    assert not (tmp_path / "x.onnx").exists()

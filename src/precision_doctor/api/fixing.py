@@ -39,6 +39,7 @@ from precision_doctor.report.files import (
 from precision_doctor.report.notebook import fix_summary
 from precision_doctor.runners.device import resolve_device
 from precision_doctor.runners.device import use as use_device
+from precision_doctor.runners.engine_kernels import engine_of_runner, parse_engine
 from precision_doctor.runners.ort import OrtFactory
 from precision_doctor.runners.ort_kernels import refuse_cpu_bf16
 from precision_doctor.runners.ort_options import ort_providers
@@ -271,7 +272,8 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
         force_low: Sequence[str] = (), rewrites: bool = True, keep_io_types: bool = True,
         runner: str = "emulate", max_samples: int | None = None, max_evals: int = 150,
         progress: Progress | None = None, quiet: bool = False, jobs: int | str = 1,
-        device: str = "auto", labels: str | os.PathLike | None = None) -> Fix:
+        device: str = "auto", labels: str | os.PathLike | None = None,
+        engine: str | None = None) -> Fix:
     """Find the fewest nodes to keep in FP32 so that the model meets an accuracy target in
     FP16/BF16, and build that strongly typed mixed-precision model (in memory).
 
@@ -322,6 +324,12 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
             ``accuracy`` gives the task accuracy of the FP32 model, the naive low precision
             model and the fixed one (e.g. COCO mAP 70.7 -> 66.1 -> 70.6), and the
             ``coco-map-drop`` / ``accuracy-drop`` metrics can target the accuracy lost.
+        engine: The engine you deploy on: ``"ort-cuda"`` (ONNX Runtime CUDA) keeps FP32 the
+            nodes it has no kernel for in ``target`` (BF16: GlobalAveragePool, MaxPool, ...;
+            ``runners.engine_kernels.CUDA_NO_BF16``, measured), so the written model loads
+            there; reason ``engine`` in the plan, named in ``report["verification"]``.
+            Default: ``"ort-cuda"`` when ``runner`` is ``ort:cuda...``, else none (a model for
+            an engine with every kernel, such as TensorRT ``--stronglyTyped``).
 
     Returns:
         :class:`Fix`: ``.model`` (``onnx.ModelProto``), ``.plan``, ``.passed``, ``.report``
@@ -329,7 +337,8 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
 
     Raises:
         TargetNotMetError: Not even all-FP32 meets the target.
-        PlanError: ``target`` is not FP16/BF16, or ``keep``/``force_low`` name nothing.
+        PlanError: ``target`` is not FP16/BF16, ``keep``/``force_low`` name nothing, or
+            ``engine`` is not a known engine.
         MetricError: Unknown metric, a metric without a default and no ``threshold``; a
             labels metric (``coco-map-drop``) without ``labels``; pycocotools missing.
         ModelLoadError, InputError, BackendError: As for :func:`diagnose`; InputError also
@@ -338,6 +347,8 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
             what to use instead).
     """
     precision = parse_precision(target)
+    engine = engine if engine is not None else engine_of_runner(runner)
+    parse_engine(engine)  # an unknown engine fails before the model is read
     proto, path = as_model(model)
     samples = as_samples(data, proto, preprocess, max_samples)
     objective, accuracy = labelled_objective(
@@ -354,7 +365,7 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
     with progress_reporter(progress, quiet) as callback, use_device(where):
         result = fix_model(proto, samples, precision, objective, keep, force_low,
                            None if rewrites else [], keep_io_types, factory, max_evals,
-                           callback, workers, accuracy)
+                           callback, workers, accuracy, engine or None)
     report = result.to_dict()
     report["model"] = {"input": path, "output": None}
     report["device"] = where.to_dict()

@@ -18,7 +18,8 @@ Model of an engine (a strongly typed network, the behaviour TensorRT >= 10 guara
   the identity and is left out.
 * Data-movement nodes (Reshape, Concat, Slice, Gather, ...) do no arithmetic: they carry values
   in the format their producers stored them in, whatever the plan says about them (the
-  strongly typed writer gives them their producer's precision too).
+  strongly typed writer gives them their producer's precision too; one the plan names FP32 it
+  writes in FP32 with Casts around it, which moves the same values).
 
 Rounding is round-to-nearest-even with overflow to inf, FP16 subnormals kept and values below
 half the smallest subnormal flushed to zero (ONNX ``Cast`` semantics). Initializers are rounded

@@ -45,8 +45,8 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         keep: Sequence[str] = (), force_low: Sequence[str] = (), rewrites: Sequence[str] | None
         = None, keep_io_types: bool = True, runner: Callable[..., Runner] | None = None,
         max_evals: int = 150, progress: Progress | None = None,
-        jobs: int = 1, accuracy: Callable[[dict[str, Outputs]], dict] | None = None
-        ) -> FixResult:
+        jobs: int = 1, accuracy: Callable[[dict[str, Outputs]], dict] | None = None,
+        engine: str | None = None) -> FixResult:
     """Find and write a mixed-precision model meeting ``objective``.
 
     Args:
@@ -67,18 +67,22 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
             ``runner(model, intra_op_threads=t)``.
         accuracy: Called once with ``{"fp32": reference, "<target>": naive, "fixed": after}``
             outputs; its dict (task accuracy against labels) goes into the result.
+        engine: The deployment engine (``ort-cuda``, ``runners.engine_kernels``): nodes it
+            has no kernel for in ``target`` are kept FP32 (reason ``engine``). None: a model
+            for an engine with every kernel.
 
     Returns:
         ``FixResult``.
 
     Raises:
         TargetNotMetError: Not even all-FP32 meets the target.
-        PlanError: ``target`` is not FP16/BF16; ``keep``/``force_low`` name nothing.
+        PlanError: ``target`` is not FP16/BF16; ``keep``/``force_low`` name nothing;
+            ``engine`` is not a known engine.
         BackendError: A runner fails.
     """
     t_start = time.perf_counter()
     request = FixRequest(model, samples, target, objective, keep, force_low, rewrites,
-                         keep_io_types, runner, max_evals, progress, jobs)
+                         keep_io_types, runner, max_evals, progress, jobs, engine)
     baseline = measure_baseline(request)
     rewritten = rewrite(request)
     searched = search(request, baseline, rewritten, plan_start(request, rewritten))
@@ -103,7 +107,7 @@ def _result(request: FixRequest, baseline: Baseline, rewritten: Rewritten, searc
     seconds["write_verify"] = written.seconds + verified.seconds
     shapes = {k: v.shape for k, v in request.samples[0].feeds.items()}
     final_fp32 = [n.name for n in compute_nodes(written.model)
-                  if _is_fp32_node(n.name, result.plan, written.report)]
+                  if _is_fp32_node(n.name, written.plan, written.report)]
     source = rewritten.model
     share = fp32_share(source, final_fp32, node_costs(source, shapes))
     warnings = []
@@ -129,7 +133,7 @@ def _result(request: FixRequest, baseline: Baseline, rewritten: Rewritten, searc
     rewrites = rewritten.report.to_dict()
     notes.extend(rewrite_engine_notes(rewrites))
     reference = baseline.reference
-    return FixResult(written.model, source, result.plan, result,
+    return FixResult(written.model, source, written.plan, result,
                      _metrics(reference, baseline.naive), _metrics(reference, verified.outputs),
                      _metrics(reference, verified.emulated), baseline.score_before,
                      verified.score, share, rewrites, written.report.to_dict(),
@@ -138,7 +142,7 @@ def _result(request: FixRequest, baseline: Baseline, rewritten: Rewritten, searc
                      tuple(notes), baseline.near_ties, objective.score_label(),
                      objective.pass_mark(),
                      _resources(result, time.perf_counter() - t_start, request.jobs),
-                     verified.verified_by.to_dict())
+                     verified.verified_by.to_dict(), engine=request.engine or "")
 
 
 def _metrics(ref: Outputs, cand: Outputs) -> dict:

@@ -26,7 +26,10 @@ the fixed model as ``*.report.json``:
       "seconds": {stage: seconds}, "warnings": [str], "notes": [str],
       "near_ties": [{"sample", "index", "margin", "noise"}],
       "resources": {"evaluations", "samples_run", "wall_s", "cpu_s", "peak_rss_mb",
-                    "peak_rss_workers_mb", "jobs"}
+                    "peak_rss_workers_mb", "jobs"},
+      "verification": {"runner", "spec", "reason", "skipped": [{"runner", "reason"}],
+                       "engine"},
+      "engine": null | "ort-cuda"           # the deployment engine written for (--engine)
     }
 
 ``<metrics>`` is ``compare.metrics.OutputMetrics.to_dict`` (max/mean/median/p99 absolute
@@ -84,6 +87,8 @@ class FixResult:
             for a BF16 model ONNX Runtime CPU cannot run, its exact emulation.
         accuracy: With labels: the task accuracy of the FP32 reference, the naive low
             precision model and the fixed model (``compare.tasks.accuracy.task_accuracy``).
+        engine: The deployment engine the model was written for (``ort-cuda``: nodes without
+            a kernel there are FP32, reason ``engine``); "" for none.
     """
 
     model: onnx.ModelProto
@@ -109,6 +114,7 @@ class FixResult:
     resources: dict = field(default_factory=dict)
     verification: dict = field(default_factory=dict)
     accuracy: dict = field(default_factory=dict)
+    engine: str = ""
 
     @property
     def passed(self) -> bool:
@@ -134,6 +140,7 @@ class FixResult:
             "near_ties": [t.to_dict() for t in self.near_ties],
             "resources": self.resources, "verification": self.verification,
             "accuracy": self.accuracy,
+            "engine": self.engine or None,
         }
 
 

@@ -8,6 +8,10 @@ chains them, and ``repair.verify`` writes and verifies what the search found.
     StartPlan  -> rank             -> Ranking    (nodes by measured sensitivity; called by the
                                                   search only when the start plan fails)
     StartPlan  -> search           -> Searched   (the smallest FP32 set meeting the objective)
+
+With a deployment engine (``--engine ort-cuda``), the start plan also keeps FP32 the nodes that
+engine has no kernel for in the target precision (reason ``engine``,
+``runners.engine_kernels``), judged at the opset the writer will emit.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import onnx
+import onnx_ir as ir
 
 from precision_doctor.diagnosis.causes.cures import (
     expand_with_regions,
@@ -32,11 +37,13 @@ from precision_doctor.graph.external import small_in_memory
 from precision_doctor.graph.outputs import producer_inputs
 from precision_doctor.layerwise.candidates import emulated, reference_factory, run_samples
 from precision_doctor.layerwise.compare import compare_layerwise
-from precision_doctor.precision.plan import PrecisionPlan, select_nodes
+from precision_doctor.precision.plan import NodeDecision, PrecisionPlan, select_nodes
 from precision_doctor.precision.rewrites import RewriteReport, apply_rewrites
-from precision_doctor.precision.writer import write_mixed_precision
+from precision_doctor.precision.writer import write_mixed_precision, written_opset
+from precision_doctor.precision.writer.validate import inferred_dtypes
 from precision_doctor.runners.base import Runner
 from precision_doctor.runners.emulator import EmulatorRunner
+from precision_doctor.runners.engine_kernels import Engine, engine_fp32_nodes, parse_engine
 from precision_doctor.runners.ort_shared import shared_cpu
 from precision_doctor.search.bisection import SearchResult, search_fp32_set
 from precision_doctor.search.cost import compute_nodes
@@ -83,11 +90,13 @@ class FixRequest:
     max_evals: int = 150
     progress: Progress | None = None
     jobs: int = 1
+    engine: str | None = None
 
     def __post_init__(self) -> None:
         if self.target not in (Precision.FP16, Precision.BF16):
             raise PlanError(f"fix writes FP16 or BF16 models; {self.target.value} is an engine "
                             "setting (TF32: check it with `diagnose --target tf32`)")
+        parse_engine(self.engine)  # an unknown engine fails before any work
 
     @property
     def output_names(self) -> list[str]:
@@ -157,8 +166,9 @@ class StartPlan:
 
     Attributes:
         plan: All-low with the nodes kept in FP32 before any evaluation: ``--keep`` (reason
-            ``user``), parameters out of the format's range (``hazard``) and the statistics of
-            decomposed LayerNorms left unfused (``rewrite``).
+            ``user``), parameters out of the format's range (``hazard``), the statistics of
+            decomposed LayerNorms left unfused (``rewrite``) and the nodes the deployment
+            engine has no kernel for (``engine``).
         hazards: The static hazards of the rewritten model.
         candidates: Compute nodes neither in ``plan``'s overrides nor in ``--force-low``.
     """
@@ -189,11 +199,37 @@ def plan_start(request: FixRequest, rewritten: Rewritten) -> StartPlan:
         for ln, stats in fp32_statistics_nodes(model, feeds).items():
             base = base.keep_fp32(stats, "rewrite", f"FP32 statistics of the decomposed "
                                   f"LayerNorm '{ln}' ((x - mean)^2 overflows FP16; not fused)")
+    engine = parse_engine(request.engine)
+    if engine is not None:
+        base = keep_for_engine(model, base, engine, request.target, request.keep_io_types)
     low = set(select_nodes(model, request.force_low, "--force-low", REWRITE_HINT))
     fixed = set(base.overrides)
     candidates = tuple(n.name for n in compute_nodes(model)
                        if n.name not in fixed and n.name not in low)
     return StartPlan(base, tuple(hazards), candidates)
+
+
+def keep_for_engine(model: onnx.ModelProto, plan: PrecisionPlan, engine: Engine,
+                    target: Precision, keep_io_types: bool = True) -> PrecisionPlan:
+    """``plan`` with the nodes ``engine`` has no ``target`` kernel for kept FP32 (reason
+    ``engine``), judged at the opset the writer emits for the plan (keeping nodes FP32 can
+    lower it, which changes the schema versions judged: repeated until nothing changes).
+
+    Raises:
+        UnsupportedModelError: Shape inference fails.
+    """
+    floats = {name for name, dtype in inferred_dtypes(model).items()
+              if dtype == ir.DataType.FLOAT}
+    for _ in range(4):
+        opset = written_opset(model, plan, keep_io_types)
+        new = {name: NodeDecision(Precision.FP32, "engine", detail)
+               for name, detail in engine_fp32_nodes(model, engine, target, opset,
+                                                     floats).items()
+               if plan.precision_of(name) is not Precision.FP32}
+        if not new:
+            break
+        plan = plan.with_overrides(new)
+    return plan
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,15 @@ from precision_doctor.layerwise.candidates import run_samples
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.precision.writer import write_mixed_precision
 from precision_doctor.precision.writer.report import WriterReport
-from precision_doctor.repair.stages import Baseline, FixRequest, Rewritten, Searched
+from precision_doctor.repair.stages import (
+    Baseline,
+    FixRequest,
+    Rewritten,
+    Searched,
+    keep_for_engine,
+)
 from precision_doctor.runners.emulator import EmulatorRunner
+from precision_doctor.runners.engine_kernels import describe_engine_nodes, parse_engine
 from precision_doctor.runners.verify import (
     VerifiedBy,
     requested_verification,
@@ -41,7 +48,8 @@ class Written:
             Runtime session: ``precision.writer``).
         report: The writer's report (Casts, nodes it kept in FP32 beyond the plan).
         source: The rewritten FP32 model it was written from (the plan's node names).
-        plan: The plan the search found (the writer may keep more in FP32:
+        plan: The plan the search found, with any node the deployment engine has no kernel
+            for at the written opset kept FP32 (the writer may keep more in FP32:
             ``report.effective_plan()``).
         seconds: Wall time of this stage.
     """
@@ -61,10 +69,26 @@ def write(request: FixRequest, rewritten: Rewritten, searched: Searched) -> Writ
         BackendError: ONNX Runtime CPU cannot load the written model.
     """
     t0 = time.perf_counter()
-    model, report = write_mixed_precision(rewritten.model, searched.result.plan,
-                                          request.keep_io_types)
-    return Written(model, report, rewritten.model, searched.result.plan,
-                   time.perf_counter() - t0)
+    plan = searched.result.plan
+    engine = parse_engine(request.engine)
+    if engine is not None:  # the search's FP32 nodes may have lowered the opset written
+        plan = keep_for_engine(rewritten.model, plan, engine, request.target,
+                               request.keep_io_types)
+    model, report = write_mixed_precision(rewritten.model, plan, request.keep_io_types)
+    return Written(model, report, rewritten.model, plan, time.perf_counter() - t0)
+
+
+def engine_note(request: FixRequest, written: Written) -> str:
+    """What writing for the deployment engine changed, in words ("" without ``--engine``)."""
+    engine = parse_engine(request.engine)
+    if engine is None:
+        return ""
+    ops = {n.name: n.op_type for n in written.source.graph.node}
+    counts: dict[str, int] = {}
+    for name, decision in written.plan.overrides.items():
+        if decision.reason == "engine":
+            counts[ops.get(name, "?")] = counts.get(ops.get(name, "?"), 0) + 1
+    return describe_engine_nodes(engine, request.target, counts)
 
 
 @dataclass(frozen=True)
@@ -110,16 +134,18 @@ def verify(written: Written, request: FixRequest, baseline: Baseline,
     t0 = time.perf_counter()
     samples, names, final = request.samples, request.output_names, searched.result.final_outputs
     requested = request.runner(written.model) if request.runner is not None else None
-    runner = verifying_runner(written.model, requested)
-    if requested is not None and final is not None:
+    note = engine_note(request, written)
+    runner = verifying_runner(written.model, requested, engine=note)
+    same = written.plan.fp32_nodes() == searched.result.plan.fp32_nodes()
+    if requested is not None and final is not None and same:
         outputs, reused = final, True  # the search's final evaluation ran this very model
-        verified_by = requested_verification(requested, reused=True)
+        verified_by = requested_verification(requested, reused=True, engine=note)
     else:
         outputs, reused = run_samples(runner, samples, names), False
         assert runner.verified_by is not None
         verified_by = runner.verified_by
     effective = written.report.effective_plan()
-    if (request.runner is None and final is not None
+    if (request.runner is None and final is not None and same
             and effective.fp32_nodes() == written.plan.fp32_nodes()):
         emulated = final  # the search's final evaluation ran this plan
     else:

@@ -56,12 +56,16 @@ class VerifiedBy:
             the search's ``--runner``) or ``emulate-written``.
         reason: Why this runner.
         skipped: ``(runner, why not)`` for the runners tried or ruled out before it.
+        engine: The deployment engine the model was written for and what that kept FP32
+            (``fix --engine ort-cuda``: "written for ONNX Runtime CUDA: 13 nodes kept FP32
+            (no BF16 kernel there for GlobalAveragePool x10, MaxPool x3)"); "" without one.
     """
 
     runner: str
     spec: str
     reason: str
     skipped: tuple[tuple[str, str], ...] = ()
+    engine: str = ""
 
     @property
     def title(self) -> str:
@@ -78,19 +82,22 @@ class VerifiedBy:
         return self.runner
 
     def describe(self) -> str:
-        """One line: the runner, why, and why not the others."""
+        """One line: the runner, why, and why not the others; the engine written for."""
         text = f"{self.runner}: {self.reason}"
-        return text + "".join(f"; not {r}: {why}" for r, why in self.skipped)
+        text += "".join(f"; not {r}: {why}" for r, why in self.skipped)
+        return text + (f"; the model was {self.engine}" if self.engine else "")
 
     def to_dict(self) -> dict[str, Any]:
         return {"runner": self.runner, "spec": self.spec, "reason": self.reason,
-                "skipped": [{"runner": r, "reason": why} for r, why in self.skipped]}
+                "skipped": [{"runner": r, "reason": why} for r, why in self.skipped],
+                "engine": self.engine}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> VerifiedBy:
         """Inverse of ``to_dict``."""
         return cls(str(data["runner"]), str(data["spec"]), str(data["reason"]),
-                   tuple((str(s["runner"]), str(s["reason"])) for s in data.get("skipped", ())))
+                   tuple((str(s["runner"]), str(s["reason"])) for s in data.get("skipped", ())),
+                   str(data.get("engine", "")))
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,7 @@ class _Option:
     spec: str
     reason: str
     skip: Callable[[BackendError], bool]
+    hint: str = ""  # added to the reason it was skipped for a missing kernel
 
 
 def _never(exc: BackendError) -> bool:
@@ -129,10 +137,11 @@ class VerifyingRunner:
             kernel or provider, or every option was skipped.
     """
 
-    def __init__(self, options: Sequence[_Option], ruled_out: Sequence[tuple[str, str]] = ()
-                 ) -> None:
+    def __init__(self, options: Sequence[_Option], ruled_out: Sequence[tuple[str, str]] = (),
+                 engine: str = "") -> None:
         self.options = list(options)
         self.ruled_out = list(ruled_out)
+        self.engine = engine
         self.name = self.options[0].runner.name if self.options else "verify"
         self.verified_by: VerifiedBy | None = None
         self._open: Runner | None = None
@@ -145,12 +154,13 @@ class VerifyingRunner:
             except BackendError as exc:
                 if not option.skip(exc):
                     raise
-                skipped.append((option.runner.name, _first_line(exc)))
+                hint = option.hint if option.hint and _no_kernel(exc) else ""
+                skipped.append((option.runner.name, _first_line(exc) + hint))
                 continue
             self._open = option.runner
             self.name = option.runner.name
             self.verified_by = VerifiedBy(option.runner.name, option.spec, option.reason,
-                                             tuple(skipped))
+                                          tuple(skipped), self.engine)
             return self
         raise BackendError("no runner could verify the written model: " + "; ".join(
             f"{r}: {why}" for r, why in skipped))
@@ -176,17 +186,19 @@ class VerifyingRunner:
 
 
 def requested_verification(requested: Runner, spec: str | None = None,
-                           reused: bool = False) -> VerifiedBy:
+                           reused: bool = False, engine: str = "") -> VerifiedBy:
     """``VerifiedBy`` of the runner the search evaluated with (``spec``: its ``--runner``,
-    default its name); ``reused``: its final evaluation's outputs are the verification."""
+    default its name); ``reused``: its final evaluation's outputs are the verification;
+    ``engine``: the deployment engine note (``VerifiedBy.engine``)."""
     spec = spec or requested.name
     reason = f"the runner the search evaluated with (--runner {spec}), on this very model"
     return VerifiedBy(requested.name, spec, reason + (
-        ": the search's final evaluation ran it, its outputs are reused" if reused else ""))
+        ": the search's final evaluation ran it, its outputs are reused" if reused else ""),
+        engine=engine)
 
 
 def verifying_runner(written: onnx.ModelProto, requested: Runner | None = None,
-                     requested_spec: str | None = None) -> VerifyingRunner:
+                     requested_spec: str | None = None, engine: str = "") -> VerifyingRunner:
     """The runner that verifies ``written`` (see the module docstring for the order).
 
     Args:
@@ -194,17 +206,20 @@ def verifying_runner(written: onnx.ModelProto, requested: Runner | None = None,
         requested: A runner on ``written`` the user asked for (the search's ``--runner``);
             it is the only option then.
         requested_spec: Its spec for ``VerifiedBy.spec`` (default its name).
+        engine: The deployment engine note for ``VerifiedBy.engine`` ("" without one).
 
     Raises:
         UnsupportedModelError: Shape inference cannot type ``written``.
     """
     if requested is not None:
         asked = requested_verification(requested, requested_spec)
-        return VerifyingRunner([_Option(requested, asked.spec, asked.reason, _never)])
+        return VerifyingRunner([_Option(requested, asked.spec, asked.reason, _never)],
+                               engine=engine)
     cpu = OrtRunner(written, ("cpu",), name="ort-cpu-fixed")
     if Precision.BF16 not in low_precision_formats(written):
         return VerifyingRunner([_Option(cpu, "ort:cpu", "the default verifier: ONNX Runtime "
-                                        "CPU runs the written model as it is", _never)])
+                                        "CPU runs the written model as it is", _never)],
+                               engine=engine)
     options: list[_Option] = []
     ruled_out: list[tuple[str, str]] = []
     import onnxruntime
@@ -212,7 +227,9 @@ def verifying_runner(written: onnx.ModelProto, requested: Runner | None = None,
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         cuda = OrtRunner(written, *ort_providers(CUDA_SPEC), name="ort-cuda-fixed")
         options.append(_Option(cuda, CUDA_SPEC, "a GPU is present: ONNX Runtime CUDA runs the "
-                               "BF16 model as written (use_tf32=0: FP32 nodes in FP32)", _always))
+                               "BF16 model as written (use_tf32=0: FP32 nodes in FP32)", _always,
+                               hint="" if engine else " (fix --engine ort-cuda writes those "
+                               "nodes FP32)"))
     else:
         ruled_out.append(("ort-cuda-fixed", "this onnxruntime has no CUDA execution provider (on a "
                           "GPU machine with onnxruntime-gpu, fix verifies with it)"))
@@ -228,7 +245,7 @@ def verifying_runner(written: onnx.ModelProto, requested: Runner | None = None,
                            "emulated exactly on ONNX Runtime CPU: its own Casts, every BF16 "
                            "tensor rounded to BF16 (round-to-nearest-even), FP32 arithmetic "
                            "inside each node", _never))
-    return VerifyingRunner(options, ruled_out)
+    return VerifyingRunner(options, ruled_out, engine)
 
 
 def verified_again(verified_by: VerifiedBy, model: onnx.ModelProto) -> Runner:

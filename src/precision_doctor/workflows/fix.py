@@ -21,7 +21,8 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
             keep: Sequence[str], force_low: Sequence[str], no_rewrites: bool,
             keep_io_types: bool, runner: str, max_samples: int | None, max_evals: int,
             html_path: Path | None, force: bool, console: Console, quiet: bool = False,
-            jobs: int | str = 1, device: str = "auto", labels: Path | None = None) -> FixResult:
+            jobs: int | str = 1, device: str = "auto", labels: Path | None = None,
+            engine: str | None = None) -> FixResult:
     """Run ``fix`` and write the fixed model, its plan, recipes and reports.
 
     Raises:
@@ -38,7 +39,8 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
                     tolerance=list(tolerances), metric=metric, threshold=threshold, keep=keep,
                     force_low=force_low, rewrites=not no_rewrites, keep_io_types=keep_io_types,
                     runner=runner, max_samples=max_samples, max_evals=max_evals, jobs=jobs,
-                    device=device, progress=progress, quiet=progress is None, labels=labels)
+                    device=device, progress=progress, quiet=progress is None, labels=labels,
+                    engine=engine)
     from precision_doctor.formats import Precision
 
     extra = collect_section(Path(model_path), output, data, preprocess, fixed.samples,

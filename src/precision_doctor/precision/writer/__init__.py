@@ -5,7 +5,11 @@ op ``schema`` tables) -> ``apply`` (Casts at precision boundaries, converted con
 ``validate`` (checker, shape inference, an ONNX Runtime session); ``report`` is its result.
 """
 
-from precision_doctor.precision.writer.core import convert_opset, write_mixed_precision
+from precision_doctor.precision.writer.core import (
+    convert_opset,
+    write_mixed_precision,
+    written_opset,
+)
 from precision_doctor.precision.writer.report import KeptNode, WriterReport
 
-__all__ = ["KeptNode", "WriterReport", "convert_opset", "write_mixed_precision"]
+__all__ = ["KeptNode", "WriterReport", "convert_opset", "write_mixed_precision", "written_opset"]

@@ -136,6 +136,21 @@ def _report(original: onnx.ModelProto, written: onnx.ModelProto, decisions: Deci
         ort_validated=ort_ok, warnings=tuple(notes))
 
 
+def written_opset(model: onnx.ModelProto, plan: PrecisionPlan, keep_io_types: bool = True
+                  ) -> int:
+    """The default-domain opset ``write_mixed_precision`` writes ``model`` at under ``plan``
+    (raised when a low-precision node needs it: Conv takes bfloat16 from opset 22).
+
+    Raises:
+        PlanError: The plan names nodes that are not in the model.
+        UnsupportedModelError: Shape inference fails.
+    """
+    plan.validate(model)
+    decisions = decide(ir.serde.deserialize_model(model), plan, keep_io_types,
+                       inferred_dtypes(model), MAX_WRITER_OPSET)
+    return max(opset_of(model), decisions.needed_opset)
+
+
 def write_mixed_precision(model: onnx.ModelProto, plan: PrecisionPlan,
                           keep_io_types: bool = True, validate: bool = True
                           ) -> tuple[onnx.ModelProto, WriterReport]:

@@ -6,8 +6,10 @@ Rules (one pass forward in topological order, one pass backward for what is stil
   (``writer_checks.keep_reason``): every float input bound to the same schema type parameter as
   its data gets that format, outputs too. Inputs of fixed type (Resize ``scales``) stay FP32.
 * data-movement node (``DATA_MOVEMENT_OPS``): follows the storage of its float data inputs
-  (majority when they differ), whatever the plan says, so no Cast pair appears around it.
-  When all its float inputs are constants or still open, it is decided backward.
+  (majority when they differ), so no Cast pair appears around it. When all its float inputs
+  are constants or still open, it is decided backward. Only a plan override naming it FP32
+  (``--keep Where``; an engine without its BF16 kernel) makes it a compute node in FP32, with
+  Casts around it: the values it moves are the same either way.
 * backward (open values: ``Cast(to=FLOAT)``, ``ConstantOfShape``, data movement on constants,
   graph inputs when ``keep_io_types`` is off): the one format all consumers ask for, else FP32.
 * constants are not given a storage: each consumer gets the format it needs
@@ -36,6 +38,7 @@ from precision_doctor.precision.writer.report import KeptNode
 from precision_doctor.precision.writer.schema import (
     TypeGroup,
     domain_opset,
+    function_body_opset,
     has_subgraph,
     subgraph_nodes,
     type_groups,
@@ -133,6 +136,16 @@ class _Decider:
             self._need(node.op_type, first)
         return first is not None
 
+    def _need_body(self, node: ir.Node, dtype: ir.DataType, opset: int) -> None:
+        """Raise the opset where the op's ONNX function body takes ``dtype`` only later
+        (``schema.function_body_opset``: a BF16 Clip needs 16, for Where)."""
+        if node.domain not in ("", "ai.onnx"):
+            return
+        body = function_body_opset(node.op_type, dtype, len(node.inputs), max(opset, self.opset),
+                                   self.upgrade_to)
+        if body is not None:
+            self._need(f"{node.op_type}'s function body", body)
+
     def _need(self, what: str, opset: int) -> None:
         if opset > self.opset:
             self.needed = max(self.needed, opset)
@@ -185,11 +198,17 @@ class _Decider:
             node, domain_opset(self.opsets, node.domain) or 1)
         if groups is None:
             return self._opaque(node, "subgraph" if has_subgraph(node) else "unsupported-op")
+        pinned = self._pinned_fp32(node)
         if default_domain and node.op_type in ("Cast", "ConstantOfShape"):
-            return self._source(node)
-        if default_domain and node.op_type in FOLLOW_OPS:
+            return self._source(node, pinned)
+        if default_domain and node.op_type in FOLLOW_OPS and not pinned:
             return self._follow(node, groups)
         return self._compute(node, groups)
+
+    def _pinned_fp32(self, node: ir.Node) -> bool:
+        """Whether the plan names ``node`` FP32 explicitly (an override, not the default)."""
+        decision = self.plan.overrides.get(node.name or "")
+        return decision is not None and decision.precision is Precision.FP32
 
     def _fixed(self, node: ir.Node, typing: NodeTyping, groups: tuple[TypeGroup, ...]) -> None:
         """Float inputs/outputs bound to no type parameter (fixed ``tensor(float)``) stay FP32."""
@@ -235,6 +254,7 @@ class _Decider:
                 p, aux = Precision.FP32, []
             else:
                 self._need(node.op_type, needed)
+                self._need_body(node, LOW[p], needed)
         target = LOW.get(p, FLOAT)
         for g in groups:
             ins = [i for i in g.inputs if self.is_f32(node.inputs[i])]
@@ -296,12 +316,16 @@ class _Decider:
         if typing.precision is None or dtype != FLOAT:
             typing.precision = PRECISION_OF[dtype]
 
-    def _source(self, node: ir.Node) -> NodeTyping:
-        """``Cast(to=FLOAT)`` and float ``ConstantOfShape``: decided by their consumers."""
+    def _source(self, node: ir.Node, pinned: bool = False) -> NodeTyping:
+        """``Cast(to=FLOAT)`` and float ``ConstantOfShape``: decided by their consumers (FP32
+        when the plan names the node FP32)."""
         kind = "cast" if node.op_type == "Cast" else "fill"
         typing = NodeTyping(kind)
         out = node.outputs[0]
-        if self.is_f32(out):
+        if pinned and self.is_f32(out):
+            typing.outputs[0] = self.storage[out] = FLOAT
+            typing.precision = Precision.FP32
+        elif self.is_f32(out):
             self.pending.append((node, None))
             self.storage[out] = None
         return typing

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import onnx
 import onnx_ir as ir
 from onnx import defs
+from onnx.inliner import inline_local_functions
 
 TYPE_STRINGS = {
     ir.DataType.FLOAT: "tensor(float)",
@@ -125,6 +127,78 @@ def first_opset_allowing(op_type: str, domain: str, dtype: ir.DataType, start: i
         if schema is None:
             continue
         if any(TYPE_STRINGS[dtype] in c.allowed_type_strs for c in schema.type_constraints):
+            return version
+    return None
+
+
+_BODY_DOMAIN = "pd.function_body"
+
+
+def _body_rejects(op_type: str, dtype: ir.DataType, inputs: int, opset: int) -> bool | None:
+    """Whether ONNX type inference rejects ``op_type``'s function body, inlined into a model
+    of default-domain ``opset`` with every input in ``dtype``; None when it has no body (or
+    one that cannot be built for these types)."""
+    schema: Any = op_schema(op_type, "", opset)  # onnx's stubs lack its function-body API
+    if schema is None or not (schema.has_function or schema.has_context_dependent_function):
+        return None
+    helper = onnx.helper
+    attrs = [a.default_value for a in schema.attributes.values()
+             if a.default_value.type != onnx.AttributeProto.UNDEFINED]
+    names = [f"x{i}" for i in range(inputs)]
+    types = [helper.make_tensor_type_proto(int(dtype), [2, 4] if i == 0 else [])
+             for i in range(inputs)]
+    try:
+        if schema.has_context_dependent_function:
+            node = helper.make_node(op_type, names, ["y"])
+            node.attribute.extend(attrs)
+            body = onnx.FunctionProto.FromString(schema.get_context_dependent_function(
+                node.SerializeToString(), [t.SerializeToString() for t in types]))
+        else:
+            body = onnx.FunctionProto()
+            body.CopyFrom(schema.function_body)
+    except Exception:  # noqa: BLE001 - onnx raises various errors for bodies it cannot build
+        return None
+    body.domain, body.name = _BODY_DOMAIN, op_type
+    del body.opset_import[:]
+    body.opset_import.append(helper.make_opsetid("", opset))
+    call = helper.make_node(op_type, names, ["y"], domain=_BODY_DOMAIN)
+    call.attribute.extend(attrs)
+    graph = helper.make_graph([call], "body", [helper.make_value_info(n, t)
+                                               for n, t in zip(names, types)],
+                              [onnx.ValueInfoProto(name="y")])
+    model = helper.make_model(graph, functions=[body], ir_version=min_ir_version(opset),
+                              opset_imports=[helper.make_opsetid("", opset),
+                                             helper.make_opsetid(_BODY_DOMAIN, 1)])
+    try:
+        onnx.shape_inference.infer_shapes(inline_local_functions(model),
+                                          check_type=True, strict_mode=True)
+    except Exception as exc:  # noqa: BLE001 - only a rejected type counts
+        return "unsupported type" in str(exc)
+    return False
+
+
+@lru_cache(maxsize=1024)
+def function_body_opset(op_type: str, dtype: ir.DataType, inputs: int, start: int,
+                        stop: int) -> int | None:
+    """The smallest opset in ``[start, stop]`` at which ``op_type``'s ONNX function body takes
+    ``dtype`` (``start`` when the op has no body or its body passes there), or None.
+
+    A runtime without a kernel for a node may run the op's function body instead (ONNX Runtime
+    does), with the model's opset: Clip's body (with ``min``/``max``) is Less + Where, and
+    Where takes bfloat16 only from opset 16 (Where-9 does not), so a BF16 Clip written at
+    opset 13-15 is valid ONNX that such a runtime rejects ("Type 'tensor(bfloat16)' of input
+    parameter ... of operator (Where) ... is invalid", ONNX Runtime CPU 1.32). Judged by ONNX
+    type inference on the body inlined with every input in ``dtype``.
+
+    Args:
+        op_type: A default-domain op type.
+        dtype: The low-precision type written (FLOAT16, BFLOAT16).
+        inputs: How many inputs the node has (Clip's body depends on it).
+        start: The opset the writer would write at.
+        stop: The highest opset the writer may raise to.
+    """
+    for version in range(start, stop + 1):
+        if not _body_rejects(op_type, dtype, inputs, version):
             return version
     return None
 
