@@ -44,9 +44,9 @@ FP32 is within 2x of the emulated verification's (ratio emulated / real in [0.5,
    without a CUDA BF16 kernel, in the same session): each case is written again from its
    rewritten FP32 model and plan with the ``engine`` nodes of *those* measured gaps
    (``repair.stages.keep_for_engine``, what ``fix --engine ort-cuda`` does with the table in
-   ``runners.engine_kernels``), and that model is measured; ``same_plan`` says whether it is
+   ``runners.kernels.engines``), and that model is measured; ``same_plan`` says whether it is
    the very model packed (written by ``fix`` here with the package's table). ``--gaps package``
-   uses the package's own tables (``runners.engine_kernels``: what ``fix --engine ort-cuda``
+   uses the package's own tables (``runners.kernels.engines``: what ``fix --engine ort-cuda``
    writes); ``--spec`` changes the ONNX Runtime CUDA options (``ort:cuda,tf32=0,
    conv_algo_search=default``); ``--layers`` compares every intermediate tensor, CUDA against
    the exact emulation, sample by sample (where they part).
@@ -83,9 +83,9 @@ from precision_doctor.precision.plan import PrecisionPlan  # noqa: E402
 from precision_doctor.precision.writer import write_mixed_precision  # noqa: E402
 from precision_doctor.repair.stages import keep_for_engine  # noqa: E402
 from precision_doctor.runners.emulator import WrittenEmulatorRunner  # noqa: E402
-from precision_doctor.runners.engine_kernels import ENGINES, Engine  # noqa: E402
+from precision_doctor.runners.kernels.engines import ENGINES, Engine  # noqa: E402
 from precision_doctor.runners.ort import OrtRunner  # noqa: E402
-from precision_doctor.runners.ort_kernels import missing_kernels  # noqa: E402
+from precision_doctor.runners.kernels.registry import missing_kernels  # noqa: E402
 from precision_doctor.runners.ort_options import ort_providers  # noqa: E402
 
 PACK = REPO / ".gpu" / "bf16"

@@ -1,6 +1,6 @@
 """Which ONNX op types ONNX Runtime CUDA has no BF16 (or FP16) kernel for, measured op by op.
 
-The source of ``precision_doctor.runners.ort_kernels.CUDA_NO_BF16``. ONNX Runtime's kernel
+The source of ``precision_doctor.runners.kernels.registry.CUDA_NO_BF16``. ONNX Runtime's kernel
 registry (``get_all_opkernel_def``) cannot be read in the GPU machine's onnxruntime-gpu install
 (it segfaults without the TensorRT EP library), so every op is tried instead:
 

@@ -12,7 +12,7 @@ from tiny_models import conv_bn, conv_pool_model, transformer_block
 from typer.testing import CliRunner
 
 from precision_doctor.cli import app
-from precision_doctor.runners.ort_kernels import missing_kernels
+from precision_doctor.runners.kernels.registry import missing_kernels
 
 runner = CliRunner()
 CASES = {  # name -> (model, input shape, the compute op ONNX Runtime CPU has no BF16 kernel for)

@@ -1,4 +1,4 @@
-"""The deployment engine's kernel gaps (``runners.engine_kernels``) and the plan ``fix`` starts
+"""The deployment engine's kernel gaps (``runners.kernels.engines``) and the plan ``fix`` starts
 from for it: nodes ONNX Runtime CUDA has no BF16 kernel for, or an inexact one, stay FP32,
 judged at the opset the writer emits."""
 
@@ -10,7 +10,7 @@ from precision_doctor.formats import Precision
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.precision.writer import written_opset
 from precision_doctor.repair.stages import keep_for_engine
-from precision_doctor.runners.engine_kernels import (
+from precision_doctor.runners.kernels.engines import (
     CUDA_BF16_INEXACT,
     CUDA_NO_BF16,
     ENGINES,

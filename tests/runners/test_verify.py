@@ -9,7 +9,7 @@ from precision_doctor.formats import Precision
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.precision.writer import write_mixed_precision
 from precision_doctor.runners.fake import FakeRunner
-from precision_doctor.runners.ort_kernels import (
+from precision_doctor.runners.kernels.registry import (
     bf16_op_gaps,
     describe_missing,
     is_missing_kernel,

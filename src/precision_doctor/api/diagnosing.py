@@ -33,7 +33,7 @@ from precision_doctor.layerwise.candidates import run_samples as run_all
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.device import resolve_device
 from precision_doctor.runners.device import use as use_device
-from precision_doctor.runners.ort_kernels import refuse_cpu_bf16
+from precision_doctor.runners.kernels.registry import refuse_cpu_bf16
 from precision_doctor.search.objective import Objective
 
 

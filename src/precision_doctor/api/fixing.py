@@ -39,9 +39,9 @@ from precision_doctor.report.files import (
 from precision_doctor.report.notebook import fix_summary
 from precision_doctor.runners.device import resolve_device
 from precision_doctor.runners.device import use as use_device
-from precision_doctor.runners.engine_kernels import engine_of_runner, parse_engine
+from precision_doctor.runners.kernels.engines import engine_of_runner, parse_engine
+from precision_doctor.runners.kernels.registry import refuse_cpu_bf16
 from precision_doctor.runners.ort import OrtFactory
-from precision_doctor.runners.ort_kernels import refuse_cpu_bf16
 from precision_doctor.runners.ort_options import ort_providers
 from precision_doctor.runners.verify import VerifiedBy
 from precision_doctor.search.evalpool import resolve_jobs
@@ -326,7 +326,7 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
             ``coco-map-drop`` / ``accuracy-drop`` metrics can target the accuracy lost.
         engine: The engine you deploy on: ``"ort-cuda"`` (ONNX Runtime CUDA) keeps FP32 the
             nodes it has no kernel for in ``target`` (BF16: GlobalAveragePool, MaxPool, ...;
-            ``runners.engine_kernels.CUDA_NO_BF16``, measured), so the written model loads
+            ``runners.kernels.engines.CUDA_NO_BF16``, measured), so the written model loads
             there; reason ``engine`` in the plan, named in ``report["verification"]``.
             Default: ``"ort-cuda"`` when ``runner`` is ``ort:cuda...``, else none (a model for
             an engine with every kernel, such as TensorRT ``--stronglyTyped``).

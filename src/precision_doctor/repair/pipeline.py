@@ -67,7 +67,7 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
             ``runner(model, intra_op_threads=t)``.
         accuracy: Called once with ``{"fp32": reference, "<target>": naive, "fixed": after}``
             outputs; its dict (task accuracy against labels) goes into the result.
-        engine: The deployment engine (``ort-cuda``, ``runners.engine_kernels``): nodes it
+        engine: The deployment engine (``ort-cuda``, ``runners.kernels.engines``): nodes it
             has no kernel for in ``target`` are kept FP32 (reason ``engine``). None: a model
             for an engine with every kernel.
 

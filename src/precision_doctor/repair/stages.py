@@ -11,7 +11,7 @@ chains them, and ``repair.verify`` writes and verifies what the search found.
 
 With a deployment engine (``--engine ort-cuda``), the start plan also keeps FP32 the nodes that
 engine has no kernel for in the target precision (reason ``engine``,
-``runners.engine_kernels``), judged at the opset the writer will emit.
+``runners.kernels.engines``), judged at the opset the writer will emit.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from precision_doctor.precision.writer import write_mixed_precision, written_ops
 from precision_doctor.precision.writer.validate import inferred_dtypes
 from precision_doctor.runners.base import Runner
 from precision_doctor.runners.emulator import EmulatorRunner
-from precision_doctor.runners.engine_kernels import Engine, engine_fp32_nodes, parse_engine
+from precision_doctor.runners.kernels.engines import Engine, engine_fp32_nodes, parse_engine
 from precision_doctor.runners.ort_shared import shared_cpu
 from precision_doctor.search.bisection import SearchResult, search_fp32_set
 from precision_doctor.search.cost import compute_nodes

@@ -30,7 +30,7 @@ from precision_doctor.repair.stages import (
     keep_for_engine,
 )
 from precision_doctor.runners.emulator import EmulatorRunner
-from precision_doctor.runners.engine_kernels import describe_engine_nodes, parse_engine
+from precision_doctor.runners.kernels.engines import describe_engine_nodes, parse_engine
 from precision_doctor.runners.verify import (
     VerifiedBy,
     requested_verification,

@@ -7,7 +7,7 @@ verdict. The runner, in this order:
    deploys on ran this very model.
 2. A model with BF16 tensors: ONNX Runtime CUDA (``use_tf32=0``, so FP32 nodes stay FP32)
    when this onnxruntime has the CUDA execution provider; ONNX Runtime CPU when it has a BF16
-   kernel for every node (``runners.ort_kernels``; it has none for Conv, MatMul, Add, ...);
+   kernel for every node (``runners.kernels.registry``; it has none for Conv, MatMul, Add, ...);
    otherwise the exact emulation of the written model (``WrittenEmulatorRunner``: its Casts,
    every BF16 tensor rounded to BF16, round-to-nearest-even).
 3. Any other model: ONNX Runtime CPU, which runs FP16 models (it casts FP16 nodes it has no
@@ -32,12 +32,12 @@ from precision_doctor.formats import Precision
 from precision_doctor.precision.emulate_written import low_precision_formats
 from precision_doctor.runners.base import Feeds, Runner, TensorMeta
 from precision_doctor.runners.emulator import WrittenEmulatorRunner
-from precision_doctor.runners.ort import OrtRunner
-from precision_doctor.runners.ort_kernels import (
+from precision_doctor.runners.kernels.registry import (
     describe_missing,
     is_missing_kernel,
     missing_kernels,
 )
+from precision_doctor.runners.ort import OrtRunner
 from precision_doctor.runners.ort_options import CPU, CUDA, TENSORRT, ort_providers, parse_ort_spec
 
 EMULATE_WRITTEN = "emulate-written"

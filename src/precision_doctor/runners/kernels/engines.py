@@ -12,7 +12,7 @@ HardSwish, Gelu, Softplus, Mish (2 to 253 BF16 ulps off).
 
 The tables are measured, not read from a registry: ONNX Runtime's kernel registry
 (``get_all_opkernel_def``) crashes in onnxruntime-gpu installs without the TensorRT EP library
-(``runners.ort_kernels``). ``benchmarks/ort_cuda_bf16.py`` builds one model per op type and
+(``runners.kernels.registry``). ``benchmarks/ort_cuda_bf16.py`` builds one model per op type and
 schema version in force at opsets 13..22 (the opsets the writer emits: Cast to bfloat16 needs
 13, Conv and the pools take bfloat16 from 22), from ONNX's own node test cases, with the node's
 float tensors in BF16 (FP16) and Casts around it as the writer writes them; each must open and

@@ -1,0 +1,2 @@
+"""What kernels an engine has: ONNX Runtime registry (``registry``) and the tables measured
+on engines this machine cannot load (``engines``)."""
