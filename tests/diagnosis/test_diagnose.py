@@ -114,3 +114,14 @@ def test_fused_emulation_models_an_engine_that_folds_batchnorm():
                      emulated_fused(model, plan), noise=False)
     assert fused.verdict == "pass"  # folded: the variance 9.8e7 never exists in FP16
     assert fused.candidate == "emulate-fused-fp16"
+
+
+def test_measure_impact_false_runs_no_extra_evaluation():
+    """The fix review diagnoses the written model with measure_impact=False: findings keep no
+    measured impact, no attribution runs, and only hard events can make a defect."""
+    report = _diagnose(conv_bn(), random_samples((1, 3, 8, 8)), noise=False,
+                       measure_impact=False)
+    assert report.verdict == "fail" and report.findings
+    assert all(f.impact is None for f in report.findings)
+    assert report.explained_share is None and report.attribution is None
+    assert "findings" in report.timings_s and "attribution" not in report.timings_s

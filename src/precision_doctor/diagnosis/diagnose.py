@@ -31,7 +31,7 @@ from precision_doctor.diagnosis.assessment import (
     AssessmentInputs,
     rounding_depth,
 )
-from precision_doctor.diagnosis.causes.cures import out_of_range, overflow_regions
+from precision_doctor.diagnosis.causes.cures import layerwise_regions
 from precision_doctor.diagnosis.causes.explain import explain
 from precision_doctor.diagnosis.causes.hazards import scan_hazards
 from precision_doctor.diagnosis.decisions.reading import read_decisions
@@ -43,7 +43,7 @@ from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.load import opset_of
 from precision_doctor.graph.outputs import producer_inputs
 from precision_doctor.inputs.recording import Recording
-from precision_doctor.inputs.synthetic import is_random_source
+from precision_doctor.inputs.synthetic import is_random_sample
 from precision_doctor.layerwise.candidates import (
     Candidate,
     emulated_fused,
@@ -200,9 +200,7 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         timings["layerwise"] = time.perf_counter() - t0
 
     hazards = scan_hazards(model, target)
-    regions = (overflow_regions(model, out_of_range(
-        lw.records, FORMATS[target].max, [lw.nan_birth] if lw.nan_birth else []))
-        if lw is not None else {})
+    regions = layerwise_regions(model, lw) if lw is not None else {}
     t0 = time.perf_counter()
     transformer = _transformer_section(model, samples, target, stress)
     timings["transformer"] = time.perf_counter() - t0
@@ -210,7 +208,7 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
                           {o.name: (o.metrics.rel_l2, o.passed) for o in outputs}, ref, cand,
                           summaries, inputs_of, regions, expected, progress,
                           ATTRIBUTION_BUDGET * sum(timings.get(k, 0.0) for k in (
-                              "reference", "candidate", "layerwise")))
+                              "reference", "candidate", "layerwise")), measure_impact)
     findings, explained = list(explanation.findings), explanation.explained
     timings.update(explanation.seconds)
     if lw is not None:  # an Inf birth measured harmless (minor) is not the jump
@@ -235,9 +233,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         tuple((o.name, o.metrics.rel_l2, o.tolerance.rel_l2, o.passed,
                o.metrics.nan + o.metrics.inf) for o in outputs),
         target, depth, tuple(findings), tuple(summaries), tuple(flips),
-        explained, explanation.defect_share, candidate.plan is not None and verdict == "fail",
-        gain, rw, any(is_random_source(s.name) or s.name.startswith("random[")
-                      for s in samples), attribution))
+        explained, explanation.defect_share, explanation.measured,
+        gain, rw, any(is_random_sample(s.name) for s in samples), attribution))
     return DiagnosisReport(
         verdict=verdict, model=_model_info(model, model_path), target=target.value,
         reference=reference_name(), candidate=candidate.name,

@@ -69,6 +69,11 @@ def is_random_source(source: object) -> bool:
     return isinstance(source, str) and (source == PREFIX or source.startswith(PREFIX + ":"))
 
 
+def is_random_sample(name: str) -> bool:
+    """True for the name of a sample ``random_samples`` made (``random[0]``, ...)."""
+    return name.startswith(PREFIX + "[")
+
+
 def _parse_shape(text: str) -> tuple[int, ...]:
     dims = [d for d in text.lower().replace(",", "x").split("x") if d.strip()]
     try:

@@ -51,6 +51,16 @@ _NO_ROUNDING = (DATA_MOVEMENT_OPS - {"Cast", "CastLike"}) | EXACT_OPS
 _TYPE_ATTRIBUTES = ("to", "dtype")
 
 
+def _reroute(graph: ir.Graph, value: ir.Value, uses, rounded: ir.Value) -> None:
+    """Point ``uses`` (taken before the rounding nodes read ``value``) and any graph output
+    that is ``value`` at ``rounded``."""
+    for use in uses:
+        use.node.replace_input_with(use.idx, rounded)
+    for i, out in enumerate(graph.outputs):
+        if out is value:
+            graph.outputs[i] = rounded
+
+
 @dataclass(frozen=True)
 class WrittenEmulationInfo:
     """What ``emulate_written`` did.
@@ -141,11 +151,7 @@ class _Lowering:
                 graph.extend(nodes)
             else:
                 graph.insert_before(first, nodes)
-            for use in uses:
-                use.node.replace_input_with(use.idx, rounded)
-            for i, out in enumerate(graph.outputs):
-                if out is value:
-                    graph.outputs[i] = rounded
+            _reroute(graph, value, uses, rounded)
             self.inputs += 1
 
     def _node(self, graph: ir.Graph, node: ir.Node) -> None:
@@ -190,11 +196,7 @@ class _Lowering:
         nodes, rounded = rounding_nodes(out, fmt, f"pd_written/{fmt.value}/out/{original}")
         rounded.name = original
         graph.insert_after(node, nodes)
-        for use in uses:
-            use.node.replace_input_with(use.idx, rounded)
-        for i, g_out in enumerate(graph.outputs):
-            if g_out is out:
-                graph.outputs[i] = rounded
+        _reroute(graph, out, uses, rounded)
         self.rounded += 1
 
 

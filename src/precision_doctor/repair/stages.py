@@ -24,15 +24,11 @@ from typing import Callable, Sequence
 import onnx
 import onnx_ir as ir
 
-from precision_doctor.diagnosis.causes.cures import (
-    expand_with_regions,
-    out_of_range,
-    overflow_regions,
-)
+from precision_doctor.diagnosis.causes.cures import expand_with_regions, layerwise_regions
 from precision_doctor.diagnosis.causes.hazards import Hazard, scan_hazards
 from precision_doctor.diagnosis.headroom.probe import fp32_statistics_nodes
 from precision_doctor.errors import PlanError
-from precision_doctor.formats import FORMATS, Precision
+from precision_doctor.formats import Precision
 from precision_doctor.graph.external import small_in_memory
 from precision_doctor.graph.outputs import producer_inputs
 from precision_doctor.layerwise.candidates import emulated, reference_factory, run_samples
@@ -269,9 +265,7 @@ def rank(request: FixRequest, baseline: Baseline, rewritten: Rewritten, start: S
     layernorms = [n for h in start.hazards if h.kind == "decomposed-layernorm" for n in h.nodes]
     ranked = rank_by_sensitivity(lw, list(start.candidates), producer_inputs(model), layernorms)
     # an overflowing node is cured only with the nodes reading its values (diagnosis.causes.cures)
-    births = [lw.nan_birth] if lw.nan_birth else []
-    ranked = expand_with_regions(ranked, overflow_regions(
-        model, out_of_range(lw.records, FORMATS[request.target].max, births)))
+    ranked = expand_with_regions(ranked, layerwise_regions(model, lw))
     if objective.metric is not None and objective.metric.name in DECISION_METRICS:
         ranked = upstream_first(ranked, model, decision_output(objective, request.output_names))
     return Ranking(tuple(ranked), tuple(worst), time.perf_counter() - t0)

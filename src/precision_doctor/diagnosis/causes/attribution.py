@@ -32,6 +32,7 @@ from precision_doctor.compare.metrics import relative_l2
 from precision_doctor.compare.tolerance import Tolerance
 from precision_doctor.diagnosis.causes.cures import expand_with_regions
 from precision_doctor.errors import TargetNotMetError
+from precision_doctor.graph.outputs import consumers
 from precision_doctor.layerwise.compare import LayerwiseResult
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
 from precision_doctor.runners.emulator import EmulatorRunner
@@ -169,10 +170,7 @@ def connected_groups(model: onnx.ModelProto, nodes: Sequence[str]
     wanted = set(nodes)
     if not wanted:
         return ()
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
-        for t in n.input:
-            consumers.setdefault(t, []).append(n)
+    readers = consumers(model)
     by_name = {n.name: n for n in model.graph.node}
     parent = {n: n for n in wanted}
 
@@ -190,7 +188,7 @@ def connected_groups(model: onnx.ModelProto, nodes: Sequence[str]
             if t in seen:
                 continue
             seen.add(t)
-            for c in consumers.get(t, ()):
+            for c in readers.get(t, ()):
                 if c.name in wanted:
                     parent[find(c.name)] = find(name)
                 elif c.op_type in DATA_MOVEMENT_OPS:

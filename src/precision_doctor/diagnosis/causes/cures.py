@@ -20,16 +20,23 @@ from typing import Collection, Mapping, Sequence
 
 import onnx
 
+from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.outputs import consumers
+from precision_doctor.layerwise.compare import LayerwiseResult
 from precision_doctor.layerwise.stats import LayerRecord
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS
 
 
-def out_of_range(records: Sequence[LayerRecord], fmt_max: float,
-                 extra: Collection[str] = ()) -> set[str]:
-    """Tensors whose finite reference magnitude exceeds ``fmt_max`` (plus ``extra`` tensors,
-    e.g. where the candidate's Inf is born from finite inputs)."""
-    return {r.tensor for r in records if r.ref_max_abs > fmt_max} | set(extra)
+def layerwise_regions(model: onnx.ModelProto, layerwise: LayerwiseResult
+                      ) -> dict[str, tuple[str, ...]]:
+    """``overflow_regions`` of what ``layerwise`` measured: the tensors whose finite FP32
+    magnitude exceeds the target format's max, and the tensor where the candidate's NaN/Inf
+    is born (an overflow from finite inputs the reference keeps in range)."""
+    limit = FORMATS[Precision(layerwise.target)].max
+    tensors = {r.tensor for r in layerwise.records if r.ref_max_abs > limit}
+    if layerwise.nan_birth:
+        tensors.add(layerwise.nan_birth)
+    return overflow_regions(model, tensors)
 
 
 def overflow_regions(model: onnx.ModelProto, tensors: Collection[str]
@@ -40,7 +47,7 @@ def overflow_regions(model: onnx.ModelProto, tensors: Collection[str]
 
     Args:
         model: The FP32 model (nodes named).
-        tensors: Out-of-range tensors (``out_of_range``).
+        tensors: Out-of-range tensors (``layerwise_regions`` finds them).
 
     Returns:
         Producer node name -> its region's node names, in graph (topological) order; every
@@ -108,4 +115,4 @@ def expand_with_regions(ranking: Sequence[str], regions: Mapping[str, tuple[str,
     return out
 
 
-__all__ = ["absorbed_wrongly", "expand_with_regions", "out_of_range", "overflow_regions"]
+__all__ = ["absorbed_wrongly", "expand_with_regions", "layerwise_regions", "overflow_regions"]

@@ -65,6 +65,8 @@ class Explanation:
         findings: Ranked, grouped findings.
         explained: Share of the worst output's error removed by all findings jointly, or None.
         defect_share: The same for the defect candidates alone, or None.
+        measured: Whether impacts were measured (emulated candidate, failing output,
+            ``measure_impact``).
         attribution: The attribution search, when it ran.
         seconds: Wall time per stage (``findings``, ``attribution``, ``mechanisms``).
     """
@@ -72,6 +74,7 @@ class Explanation:
     findings: tuple[Finding, ...]
     explained: float | None
     defect_share: float | None
+    measured: bool = False
     attribution: Attribution | None = None
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -82,7 +85,7 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
             decisions: Sequence[DecisionSummary], inputs_of: Mapping[str, Sequence[str]],
             regions: Mapping[str, tuple[str, ...]], expected: float,
             progress: Callable[[str, int, int], None] | None = None,
-            budget_s: float = 0.0) -> Explanation:
+            budget_s: float = 0.0, measure_impact: bool = True) -> Explanation:
     """Findings with measured impacts, attribution when they fall short, mechanism names.
 
     Args:
@@ -98,6 +101,8 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
         progress: ``progress(stage, done, total)``.
         budget_s: Wall-time budget of the attribution search (``attribution.MIN_SECONDS`` at
             least); ``diagnose`` gives it 4x the time of its plain runs and layerwise pass.
+        measure_impact: Measure impacts (emulated candidates only); False: findings and names
+            from the measurements already made, no extra evaluation and no attribution.
 
     Returns:
         The ``Explanation``.
@@ -108,9 +113,9 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     findings = build_findings(hazards, layerwise, target, bool(failing), inputs_of,
                               candidate.tf32, regions)
     names = list(errors)
+    plan = candidate.plan if measure_impact and failing else None
     measure = None
-    if candidate.plan is not None and failing:
-        plan = candidate.plan
+    if plan is not None:
 
         def measure(nodes: Sequence[str]) -> float:
             trial = emulated(plan.keep_fp32(nodes, "diagnose"))
@@ -123,12 +128,12 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     seconds["findings"] = time.perf_counter() - t0
     attribution = None
     worst = max(failing.values(), default=0.0)
-    if (measure is not None and candidate.plan is not None and layerwise is not None
+    if (plan is not None and layerwise is not None
             and (explained or 0.0) < 0.5 and not decisions_explain(decisions, failing)
             and _suspicious(worst, expected, decisions, failing, layerwise, inputs_of,
                             target)):
         t0 = time.perf_counter()
-        attribution = attribute(model, samples, reference, cand, candidate.plan, failing,
+        attribution = attribute(model, samples, reference, cand, plan, failing,
                                 layerwise, inputs_of, regions, seconds=budget_s,
                                 progress=progress)
         clusters = rank_findings([_cluster_finding(c) for c in attribution.clusters],
@@ -147,7 +152,8 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     seconds["mechanisms"] = time.perf_counter() - t0
     findings = group_findings(findings)
     defect_share = _defect_share(findings, measure, baseline, explained, target)
-    return Explanation(tuple(findings), explained, defect_share, attribution, seconds)
+    return Explanation(tuple(findings), explained, defect_share, plan is not None, attribution,
+                       seconds)
 
 
 def _suspicious(worst: float, expected: float, decisions: Sequence[DecisionSummary],
@@ -170,9 +176,14 @@ def _joint(findings: Sequence[Finding], measure, baseline: float) -> float | Non
     measured)."""
     if measure is None or baseline <= 0:
         return None
-    nodes = list(dict.fromkeys(n for f in findings if f.kind != "reference-mismatch"
-                               for n in f.nodes))
+    nodes = _remedy_nodes(findings)
     return share_removed(baseline, measure(nodes)) if nodes else 0.0
+
+
+def _remedy_nodes(findings: Sequence[Finding]) -> list[str]:
+    """The nodes all remedies keep in FP32 (a reference mismatch has no FP32 remedy)."""
+    return list(dict.fromkeys(n for f in findings if f.kind != "reference-mismatch"
+                              for n in f.nodes))
 
 
 def _defect_share(findings: Sequence[Finding], measure, baseline: float,
@@ -181,10 +192,9 @@ def _defect_share(findings: Sequence[Finding], measure, baseline: float,
         return None
     defects = list(dict.fromkeys(n for f in defect_candidates(findings, target)
                                  for n in f.nodes))
-    everything = {n for f in findings if f.kind != "reference-mismatch" for n in f.nodes}
     if not defects:
         return None
-    if set(defects) == everything and explained is not None:
+    if set(defects) == set(_remedy_nodes(findings)) and explained is not None:
         return explained
     return share_removed(baseline, measure(defects))
 

@@ -32,7 +32,7 @@ Taxonomy, checked in this order (range events, found by ``diagnosis.causes.findi
     e in x becomes |x| e) and Pow (kappa = |p|); Higham §1.6, condition number |x f'(x)/f(x)|.
 ``saturation``
     Sigmoid/Tanh/Softmax/HardSigmoid/Erf with at least ``SATURATED_SHARE`` of the outputs within
-    ``SATURATION_ULPS`` units in the last place of +-1 (or 0): the format cannot tell 1 - y
+    ``SATURATION_ULPS`` units in the last place of +-1: the format cannot tell 1 - y
     apart there, and a consumer that reads 1 - y, log(y) or divides by it (measured gain >=
     ``AMPLIFYING`` downstream in the same cure) magnifies the loss.
 ``long-reduction``
@@ -186,9 +186,8 @@ def exponent_condition(op_type: str, x: np.ndarray | None, y: np.ndarray | None,
 
 
 def saturated_share(op_type: str, y: np.ndarray | None, unit_roundoff: float) -> float | None:
-    """Share of outputs within ``SATURATION_ULPS`` ULPs of +-1 (ULP below 1 = u) or of 0 for
-    Sigmoid/Softmax (below ``SATURATION_ULPS`` x the smallest normal of a 2^-14-like
-    format is treated as 0 by its consumers), or None for other ops."""
+    """Share of the outputs of a saturating op within ``SATURATION_ULPS`` ULPs of +-1 (the ULP
+    just below 1 is ``unit_roundoff``), or None for other ops."""
     if op_type not in SATURATING_OPS or y is None or np.asarray(y).size == 0:
         return None
     a = np.abs(np.asarray(y, np.float64))
