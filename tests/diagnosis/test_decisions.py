@@ -133,3 +133,13 @@ def test_hidden_states_are_not_decisions_but_lm_heads_are():
                     [helper.make_tensor_value_info("y", F, [1, 5, 16])],
                     [tensor("w", np.eye(16)), tensor("bias", np.zeros(16))])
     assert detect_decision(lm, "y", hidden) == ("class-logits", 2)
+
+
+def test_nan_scores_are_flips_carrying_all_the_error():
+    """Magika v1 in FP16 outputs NaN for every file: its flips carry the (infinite) error."""
+    probs = np.full((16, 4), 0.0, np.float32)
+    probs[:, 0] = 1.0
+    nan = np.full_like(probs, np.nan)
+    (d,), _ = read_decisions(head("Softmax", [16, 4], {"axis": -1}), {"y": [probs]},
+                             {"y": [nan]}, ["s"])
+    assert d.flips == 16 and d.flip_error_share == 1.0 and d.destroyed

@@ -114,7 +114,8 @@ class DecisionSummary:
         why: Why (one sentence).
         rel_l2_without_flips: L2 error of the positions that did not flip over the L2 norm
             of the whole reference output.
-        flip_error_share: Share of the output's squared error carried by the flips.
+        flip_error_share: Share of the output's squared error carried by the flips (1.0 when
+            flipped positions hold NaN/Inf scores and every such position flipped).
         near_ties / task_neutral / damage: Flips by reading (module docstring).
         typical_error: The RMS per-position error of the positions that did not flip
             (output units), the scale a near-tie margin is compared with; None if all flipped.
@@ -165,6 +166,8 @@ class _Acc:
     err2: float = 0.0
     ref2: float = 0.0
     flip_err2: float = 0.0
+    nonfinite: int = 0  # positions whose candidate scores have NaN/Inf (infinite error)
+    nonfinite_kept: int = 0  # of those, positions whose decision did not flip
 
 
 @dataclass
@@ -178,6 +181,15 @@ class _Flipped:
     err2: np.ndarray
     p: np.ndarray
     q: np.ndarray
+
+
+def _flip_share(acc: _Acc) -> float:
+    """The flips' share of the squared error. Positions with NaN/Inf scores carry an infinite
+    error: when every one of them flipped, the flips carry all of it (1.0); when some did not,
+    the share is undefined (NaN)."""
+    if acc.nonfinite:
+        return 1.0 if not acc.nonfinite_kept else float("nan")
+    return acc.flip_err2 / acc.err2 if acc.err2 > 0 else 0.0
 
 
 def _scores(kind: str, a: np.ndarray, axis: int) -> np.ndarray:
@@ -254,9 +266,13 @@ def _read_output(model, name, kind, axis, refs, cands, sample_names, probes, mod
         if p.shape != q.shape:
             continue
         d2 = np.square(q - p)
-        d2[~np.isfinite(d2)] = 0.0  # NaN/Inf are counted by the output metrics, not here
+        bad = ~np.isfinite(d2)
+        d2[bad] = 0.0  # NaN/Inf: infinite error, counted apart (``_flip_share``)
         err2, ref2 = d2.sum(axis=-1), np.square(p).sum(axis=-1)
         flip = _decide(kind, p) != _decide(kind, q)
+        bad_rows = bad.any(axis=-1)
+        acc.nonfinite += int(bad_rows.sum())
+        acc.nonfinite_kept += int((bad_rows & ~flip).sum())
         acc.positions += flip.size
         acc.flips += int(flip.sum())
         acc.err2 += float(err2.sum())
@@ -317,7 +333,7 @@ def _read_output(model, name, kind, axis, refs, cands, sample_names, probes, mod
     suggested, why = _suggest(kind, axis, rank, model_path, acc.flips, changed_items)
     return DecisionSummary(
         name, kind, axis, acc.positions, acc.flips, agreement, task_agreement, task_metric,
-        suggested, why, without, acc.flip_err2 / acc.err2 if acc.err2 > 0 else 0.0,
+        suggested, why, without, _flip_share(acc),
         counts["near-tie"], counts["task-neutral"], counts["damage"], typical,
         float(np.median(margins_damaged)) if margins_damaged.size else None, destroyed), flips
 
