@@ -20,7 +20,7 @@ from precision_doctor.diagnosis.assessment import (
     share_removed,
     worst_rel_l2,
 )
-from precision_doctor.diagnosis.decisions.reading import DecisionSummary
+from precision_doctor.diagnosis.decisions.records import DecisionSummary
 from precision_doctor.formats import FORMATS
 from precision_doctor.numbers import fmt3
 

@@ -61,7 +61,7 @@ from typing import Mapping, Sequence
 import onnx
 
 from precision_doctor.diagnosis.causes.findings import Finding
-from precision_doctor.diagnosis.decisions.reading import DecisionFlip, DecisionSummary
+from precision_doctor.diagnosis.decisions.records import DecisionFlip, DecisionSummary
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.numbers import fmt3

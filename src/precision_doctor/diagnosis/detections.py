@@ -46,11 +46,8 @@ from precision_doctor.compare.tasks.heads import (
     decode,
     infer_head,
 )
-from precision_doctor.diagnosis.decisions.reading import (
-    DESTROYED_SHARE,
-    DecisionFlip,
-    DecisionSummary,
-)
+from precision_doctor.diagnosis.decisions.reading import DESTROYED_SHARE
+from precision_doctor.diagnosis.decisions.records import DecisionFlip, DecisionSummary
 from precision_doctor.errors import PrecisionDoctorError
 from precision_doctor.numbers import fmt3
 

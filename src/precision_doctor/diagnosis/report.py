@@ -80,7 +80,7 @@ from precision_doctor.compare.tolerance import Tolerance
 from precision_doctor.diagnosis.assessment import Assessment
 from precision_doctor.diagnosis.causes.findings import Finding
 from precision_doctor.diagnosis.causes.hazards import Hazard
-from precision_doctor.diagnosis.decisions.reading import DecisionFlip, DecisionSummary
+from precision_doctor.diagnosis.decisions.records import DecisionFlip, DecisionSummary
 from precision_doctor.diagnosis.noise import NoiseFloor
 from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.layerwise.compare import LayerwiseResult

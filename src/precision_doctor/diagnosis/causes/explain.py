@@ -42,7 +42,7 @@ from precision_doctor.diagnosis.causes.findings import (
 from precision_doctor.diagnosis.causes.hazards import Hazard
 from precision_doctor.diagnosis.causes.mechanisms import ORDER, name_mechanism, remedy
 from precision_doctor.diagnosis.causes.operands import measure_operands
-from precision_doctor.diagnosis.decisions.reading import DecisionSummary
+from precision_doctor.diagnosis.decisions.records import DecisionSummary
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.layerwise.candidates import (
     Candidate,
