@@ -21,7 +21,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import onnx
 
-from precision_doctor.formats import FORMATS, Precision
+from precision_doctor.errors import PrecisionDoctorError
+from precision_doctor.formats import FORMATS, FloatFormat, Precision
 from precision_doctor.graph.outputs import TensorSite, float_activations, producer_inputs
 from precision_doctor.graph.segments import (
     cut_like,
@@ -41,6 +42,7 @@ from precision_doctor.layerwise.engines import (
     side_thread,
 )
 from precision_doctor.layerwise.gain import nonfinite_birth
+from precision_doctor.layerwise.resident import ResidentStats
 from precision_doctor.layerwise.stats import LayerRecord, StatsPool, _Accumulator
 from precision_doctor.runners import device
 from precision_doctor.runners.batching import MAX_BATCH, batch_symbol, groups
@@ -116,7 +118,8 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
                       target: Precision, threshold: float, budget_bytes: int = LAYERWISE_BUDGET,
                       tensors: Iterable[str] | None = None, progress: Progress | None = None,
                       *, segments: bool = True, stats_threads: int | None = None,
-                      candidate_graph: WholeGraph | None = None) -> LayerwiseResult:
+                      candidate_graph: WholeGraph | None = None,
+                      resident: bool | None = None) -> LayerwiseResult:
     """Compare every floating intermediate tensor of candidate vs reference.
 
     Args:
@@ -139,6 +142,10 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
             its sub-models) or None, e.g. the emulation model: its segments, cut where the
             model's are (``graph.segments.cut_like``), then replace ``make_candidate`` on the
             model's segments. Where the cut cannot be carried over, ``make_candidate`` is used.
+        resident: Run the segments with I/O binding and reduce the statistics on the device
+            (``layerwise.resident``); on a GPU the segment budget is then one of GPU memory
+            (``runners.device.segment_budget``). Default: on a CUDA device. On the CPU it
+            gives the same records (tests), not faster ones.
 
     Returns:
         ``LayerwiseResult`` (``mode`` and ``fallback_reason`` say which engine ran).
@@ -148,6 +155,10 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
     """
     shapes = {k: v.shape for k, v in samples[0].items()} if samples else {}
     all_sites = float_activations(model, shapes)
+    if resident is None:
+        resident = device.current().is_cuda
+    if resident and segments:  # the compared tensors live in GPU memory, not the host's
+        budget_bytes = device.segment_budget(device.current(), budget_bytes)
     if segments and device.current().is_cuda:
         samples = batched_samples(model, samples, all_sites, budget_bytes)
     sites = all_sites
@@ -161,7 +172,7 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
         # the GPU runs the model: the host's cores are free for the statistics, which then
         # overlap the next segment's device work (StatsPool.add returns before they finish)
         stats_threads = max(2, min(8, (os.cpu_count() or 1) - 1))
-    stats = StatsPool(sites, fmt, stats_threads)
+    stats = _pool(sites, fmt, stats_threads, resident and reason is None)
     side = side_thread() if stats_threads != 1 else None
     # the segments' (or chunks') sessions reuse each other's memory and do not spin while the
     # statistics run; the reference and the candidate run at once on half the cores each
@@ -188,6 +199,18 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
     return LayerwiseResult(target.value, threshold, records, first, _nan_birth(model, records),
                            count, tuple(sorted(set(missing))),
                            "segments" if reason is None else "marking", reason)
+
+
+def _pool(sites: Sequence[TensorSite], fmt: FloatFormat, threads: int | None,
+          resident: bool) -> StatsPool:
+    """The statistics pool: ``ResidentStats`` when asked for and its session opens on the
+    current device, else the host's ``StatsPool``."""
+    if resident:
+        try:
+            return ResidentStats(sites, fmt, threads)
+        except PrecisionDoctorError:  # e.g. no CUDA execution provider after all
+            pass
+    return StatsPool(sites, fmt, threads)
 
 
 def batched_samples(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]],

@@ -29,6 +29,7 @@ import onnx
 
 from precision_doctor.graph.outputs import TensorSite, chunk_sites, mark_outputs
 from precision_doctor.graph.segments import Segment, segment_model
+from precision_doctor.layerwise.resident import ResidentStats, is_resident, to_host
 from precision_doctor.layerwise.stats import StatsPool
 from precision_doctor.runners.base import Runner
 
@@ -59,15 +60,18 @@ def side_thread() -> ThreadPoolExecutor | None:
 
 
 def _run_both(ref_runner: Runner | _Idle, ref_feeds: Mapping[str, np.ndarray], cand_runner: Runner,
-              cand_feeds: Mapping[str, np.ndarray], side: ThreadPoolExecutor | None
-              ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+              cand_feeds: Mapping[str, np.ndarray], side: ThreadPoolExecutor | None,
+              resident: bool = False) -> tuple[dict, dict]:
     """Run the reference here and the candidate on ``side`` at the same time (ONNX Runtime
-    releases the GIL; each runner's outputs are its own), or one after the other."""
+    releases the GIL; each runner's outputs are its own), or one after the other.
+    ``resident``: with ``run_resident`` (outputs stay on the device as ``OrtValue``s)."""
+    ref_run = ref_runner.run_resident if resident else ref_runner.run  # type: ignore[union-attr]
+    cand_run = cand_runner.run_resident if resident else cand_runner.run  # type: ignore[attr-defined]
     if side is None:
-        return ref_runner.run(ref_feeds), cand_runner.run(cand_feeds)
-    job = side.submit(cand_runner.run, cand_feeds)
+        return ref_run(ref_feeds), cand_run(cand_feeds)
+    job = side.submit(cand_run, cand_feeds)
     try:
-        ref_out = ref_runner.run(ref_feeds)
+        ref_out = ref_run(ref_feeds)
     finally:
         cand_out = job.result()
     return ref_out, cand_out
@@ -108,7 +112,10 @@ def run_segments(model: onnx.ModelProto, segments: Sequence[Segment],
         samples: Feed dicts of the full model.
         make_reference / make_candidate: Runner factories; each receives segment models.
         sites: The tensors to compare.
-        stats: Receives every site of every sample.
+        stats: Receives every site of every sample. A ``ResidentStats`` (on a GPU) makes
+            the segments run with I/O binding where both runners can (``run_resident``): the
+            compared tensors stay on the device and are reduced there; only the boundary
+            tensors the next segments read come to the host.
         progress: ``progress(done_runs, total_runs)``.
         side: A thread running the candidate while the reference runs (``side_thread``).
         candidate_graph: The candidate's own graph and its segments (``make_candidate`` is
@@ -152,11 +159,16 @@ def run_segments(model: onnx.ModelProto, segments: Sequence[Segment],
                     f"segment {seg.index}")
             missing.extend(n for n in names if n not in available)
             del sub, csub
+            resident = (isinstance(stats, ResidentStats) and is_resident(ref_runner)
+                        and is_resident(cand_runner))
             for i, feeds in enumerate(samples):
                 ref_out, cand_out = _run_both(
                     ref_runner, _feeds(seg, feeds, ref_store[i]),
-                    cand_runner, _feeds(cseg, feeds, cand_store[i]), side)
+                    cand_runner, _feeds(cseg, feeds, cand_store[i]), side, resident)
                 stats.add(names, ref_out, cand_out)
+                if resident:  # boundaries to the host: no device tensor outlives its session
+                    ref_out = {n: to_host(ref_out[n]) for n in seg.carry}
+                    cand_out = {n: to_host(cand_out[n]) for n in cseg.carry}
                 _keep(seg, ref_store[i], ref_out)
                 _keep(cseg, cand_store[i], cand_out)
                 del ref_out, cand_out
@@ -177,6 +189,8 @@ class _Idle:
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {}
+
+    run_resident = run
 
 
 def _feeds(seg: Segment, feeds: Mapping[str, np.ndarray], store: Mapping[str, np.ndarray]

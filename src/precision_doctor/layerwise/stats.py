@@ -229,6 +229,25 @@ class _Accumulator:
             self.flush += int(np.count_nonzero(nonzero & (ar < fmt_min_sub / 2)))
             self.subnormal += int(np.count_nonzero((ar >= fmt_min_sub / 2) & (ar < fmt_min_normal)))
 
+    def fold(self, numel: int, sums: Mapping[str, float]) -> None:
+        """Fold in one sample's statistics computed elsewhere (``layerwise.resident``): its
+        element count and ``ref_max, cand_max, err_max`` (maxima), ``err_sum, err2, ref2``
+        (sums) and ``nan, inf, ref_bad, overflow, flush, subnormal, lost`` (counts)."""
+        self.numel += numel
+        self.ref_max = max(self.ref_max, sums["ref_max"])
+        self.cand_max = max(self.cand_max, sums["cand_max"])
+        self.err_max = max(self.err_max, sums["err_max"])
+        self.err_sum += sums["err_sum"]
+        self.err2 += sums["err2"]
+        self.ref2 += sums["ref2"]
+        self.nan += int(sums["nan"])
+        self.inf += int(sums["inf"])
+        self.ref_bad += int(sums["ref_bad"])
+        self.overflow += int(sums["overflow"])
+        self.flush += int(sums["flush"])
+        self.subnormal += int(sums["subnormal"])
+        self.lost += int(sums["lost"])
+
     def record(self, fmt_max: float) -> LayerRecord:
         s = self.site
         rel = l2_ratio(self.err2, self.ref2, self.nan + self.inf)

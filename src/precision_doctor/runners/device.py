@@ -186,6 +186,7 @@ def _count_cuda() -> tuple[int, str]:
     if CUDA_PROVIDER not in ort.get_available_providers():
         return 0, (f"this onnxruntime ({ort.__version__}) has no CUDA execution provider "
                    f"(available: {', '.join(ort.get_available_providers())})")
+    ort.set_default_logger_severity(3)  # I/O binding warns on every bind_output to 'cuda'
     preload = getattr(ort, "preload_dlls", None)
     if preload is not None:
         try:
@@ -229,6 +230,45 @@ def _runtime_device_count() -> int:
         count = ctypes.c_int(0)
         if lib.cudaGetDeviceCount(ctypes.byref(count)) == 0:
             return count.value
+    return 0
+
+
+# Layerwise comparison with the tensors on the GPU (``layerwise.resident``): the outputs of a
+# segment for both runners, for a batch of samples, stay within this many bytes of GPU memory,
+# and within a quarter of the device's memory (the weights, the CUDA context, cuDNN's
+# workspaces and the statistics' temporaries take the rest).
+GPU_SEGMENT_BUDGET = 4 << 30
+
+
+def segment_budget(device: Device, host_budget: int) -> int:
+    """Bytes of one layerwise segment's outputs (both runners, one batch) on ``device``: the
+    host budget on the CPU; on a GPU ``min(GPU_SEGMENT_BUDGET, total memory / 4)`` (the CUDA
+    runtime's ``cudaMemGetInfo``), never less than the host budget."""
+    if not device.is_cuda:
+        return host_budget
+    total = _device_memory(device.ordinal)
+    if not total:
+        return host_budget
+    return max(host_budget, min(GPU_SEGMENT_BUDGET, total // 4))
+
+
+def _device_memory(ordinal: int) -> int:
+    """Total memory of CUDA device ``ordinal`` in bytes (0 when the runtime cannot say)."""
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        free, total, current = ctypes.c_size_t(0), ctypes.c_size_t(0), ctypes.c_int(0)
+        if lib.cudaGetDevice(ctypes.byref(current)) != 0:
+            return 0
+        try:
+            if lib.cudaSetDevice(ordinal) != 0 or \
+                    lib.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != 0:
+                return 0
+        finally:
+            lib.cudaSetDevice(current.value)
+        return int(total.value)
     return 0
 
 
