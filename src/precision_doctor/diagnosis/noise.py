@@ -29,6 +29,7 @@ from precision_doctor.errors import BackendError
 from precision_doctor.graph.external import external_bytes, is_external, tensor_array
 from precision_doctor.graph.weight_store import stored_tensor_proto
 from precision_doctor.runners import device
+from precision_doctor.runners.batching import batch_symbol, run_batched
 from precision_doctor.runners.ort import OrtRunner
 
 _F = TensorProto.FLOAT
@@ -115,14 +116,20 @@ def measure_noise_floor(model: onnx.ModelProto, samples: Sequence[Mapping[str, n
         "fp64": lambda: OrtRunner(to_float64(model), name="ort-cpu-fp64")}
     variants["no-graph-opt"] = lambda: OrtRunner(model, name="ort-cpu-noopt",
                                                  graph_optimization="disable")
+    batched = (device.current().is_cuda and len(samples) > 1
+               and batch_symbol(model) is not None)
     for probe, make in variants.items():
         try:
             with make() as runner:
                 outs: dict[str, list[np.ndarray]] = {k: [] for k in reference}
-                for feeds in samples:
-                    cast = {k: (v.astype(np.float64) if probe == "fp64" and v.dtype == np.float32
-                                else v) for k, v in feeds.items()}
-                    result = runner.run(cast)
+                feeds_list = [{k: (v.astype(np.float64) if probe == "fp64"
+                                   and v.dtype == np.float32 else v) for k, v in feeds.items()}
+                              for feeds in samples]
+                if batched:  # on a GPU, as the reference ran (runners.batching)
+                    results = run_batched(runner, feeds_list, list(reference))
+                else:
+                    results = [runner.run(feeds) for feeds in feeds_list]
+                for result in results:
                     for k in reference:
                         outs[k].append(result[k])
             probes[probe] = {k: relative_l2(reference[k], outs[k]) for k in reference}

@@ -13,7 +13,7 @@ fails, the samples run one at a time from then on.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -80,12 +80,18 @@ def run_batched(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],
         One output dict per sample, in order, as ``runner.run(feeds[i])`` would give
         (up to the rounding of batched kernels).
     """
-    results: list[dict[str, np.ndarray]] = [{} for _ in feeds]
+    return list(iter_batched(runner, feeds, names))
+
+
+def iter_batched(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],
+                 names: Sequence[str] | None = None) -> Iterator[dict[str, np.ndarray]]:
+    """``run_batched`` yielding each sample's outputs in order, one batch run at a time
+    (a consumer that stops early, like the search's early stop, runs no further batch)."""
     batching, probed = True, False
     for group in groups(feeds):
         if len(group) == 1 or not batching:
             for i in group:
-                results[i] = _keep(runner.run(feeds[i]), names)
+                yield _keep(runner.run(feeds[i]), names)
             continue
         rows = [int(next(iter(feeds[i].values())).shape[0]) for i in group]
         joined = {k: np.concatenate([feeds[i][k] for i in group]) for k in feeds[group[0]]}
@@ -103,11 +109,9 @@ def run_batched(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],
         if split is None:  # axis 0 is not the sample axis: one at a time from now on
             batching = False
             for i in group:
-                results[i] = _keep(runner.run(feeds[i]), names)
+                yield _keep(runner.run(feeds[i]), names)
             continue
-        for j, i in enumerate(group):
-            results[i] = split[j]
-    return results
+        yield from split
 
 
 def _same(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
