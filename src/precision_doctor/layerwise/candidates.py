@@ -20,6 +20,7 @@ from precision_doctor.graph.segments import is_segment
 from precision_doctor.inputs.recording import Recording
 from precision_doctor.layerwise.compare import RunnerFactory, WholeGraph
 from precision_doctor.layerwise.engines import SegmentFallback
+from precision_doctor.precision.conv_bias import FUSED
 from precision_doctor.precision.emulate import EmulationInfo, emulate
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners import device
@@ -166,14 +167,17 @@ def written_emulation(model: onnx.ModelProto, name: str = "emulate-written") -> 
     return Candidate(name, factory)
 
 
-def verified(verified_by: VerifiedBy, model: onnx.ModelProto) -> Candidate:
-    """The runner that verified the written ``model`` (``runners.verify``) as a candidate."""
+def verified(verified_by: VerifiedBy, model: onnx.ModelProto, conv_bias: str = FUSED
+             ) -> Candidate:
+    """The runner that verified the written ``model`` (``runners.verify``) as a candidate
+    (``conv_bias``: the deployment engine's, ``precision.conv_bias``)."""
     name = verified_by.runner
 
     def factory(marked: onnx.ModelProto) -> Runner:
         _refuse_segments(marked, name)
         return verified_again(verified_by,
-                              mark_outputs(model, [o.name for o in marked.graph.output]))
+                              mark_outputs(model, [o.name for o in marked.graph.output]),
+                              conv_bias)
 
     return Candidate(name, factory)
 

@@ -52,8 +52,9 @@ from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.formats import Precision, round_to
 from precision_doctor.graph.load import opset_of
 from precision_doctor.graph.weight_store import ir_external_key, stored_copy
+from precision_doctor.precision.conv_bias import FUSED, SEPARATE, split_conv_bias
 from precision_doctor.precision.emulate_layernorm import expand_low_precision_stats
-from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
+from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, NodeDecision, PrecisionPlan
 
 TF32_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
 # Ops whose every output element is one of their (rounded) input elements, its negation, its
@@ -242,12 +243,16 @@ def _depthwise(node: ir.Node) -> bool:
     return shape is not None and len(shape) >= 2 and shape[1] == 1
 
 
-def emulate(model: onnx.ModelProto, plan: PrecisionPlan) -> tuple[onnx.ModelProto, EmulationInfo]:
+def emulate(model: onnx.ModelProto, plan: PrecisionPlan, conv_bias: str = FUSED
+            ) -> tuple[onnx.ModelProto, EmulationInfo]:
     """Build the emulation model of ``model`` under ``plan`` (the input is not modified).
 
     Args:
         model: FP32 (or FP64) ONNX model.
         plan: Precision of every node.
+        conv_bias: Where the engine adds an FP16/BF16 convolution's bias
+            (``precision.conv_bias``): ``fused`` (before the one rounding: TensorRT) or
+            ``separate`` (after rounding the convolution, rounded again: ONNX Runtime CUDA).
 
     Returns:
         The emulation model (same inputs and outputs, same names) and what was done.
@@ -257,6 +262,12 @@ def emulate(model: onnx.ModelProto, plan: PrecisionPlan) -> tuple[onnx.ModelProt
         UnsupportedModelError: Shape/type inference of the model failed.
     """
     plan.validate(model)
+    if conv_bias == SEPARATE:
+        model, added = split_conv_bias(model, lambda n: plan.precision_of(n.name or "") in (
+            Precision.FP16, Precision.BF16))
+        plan = plan.with_overrides({add: NodeDecision(plan.precision_of(conv), "engine",
+                                                      "bias added after the rounded Conv")
+                                    for conv, add in added.items()})
     model, plan = expand_low_precision_stats(model, plan)  # stash_type=0 LayerNorms
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)

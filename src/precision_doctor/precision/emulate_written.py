@@ -42,6 +42,7 @@ import onnx_ir as ir
 
 from precision_doctor.formats import Precision
 from precision_doctor.graph.weight_store import ir_external_key, stored_copy
+from precision_doctor.precision.conv_bias import FUSED, SEPARATE, split_conv_bias
 from precision_doctor.precision.emulate import EXACT_OPS, emulate
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, NodeDecision, PrecisionPlan
 from precision_doctor.precision.writer.validate import inferred_dtypes
@@ -232,11 +233,14 @@ def _stash_type(node: ir.Node) -> int:
     return 1 if attr is None else attr.as_int()
 
 
-def emulate_written(model: onnx.ModelProto) -> tuple[onnx.ModelProto, WrittenEmulationInfo]:
+def emulate_written(model: onnx.ModelProto, conv_bias: str = FUSED
+                    ) -> tuple[onnx.ModelProto, WrittenEmulationInfo]:
     """The FP32 emulation model of a strongly typed mixed-precision model (not modified).
 
     Args:
         model: A model with BF16 and/or FP16 tensors, e.g. one ``write_mixed_precision`` wrote.
+        conv_bias: ``fused`` or ``separate`` (ONNX Runtime CUDA): as for
+            ``precision.emulate.emulate`` (``precision.conv_bias``).
 
     Returns:
         ``(emulation model, info)``: same graph inputs and outputs, same names; every float
@@ -248,6 +252,12 @@ def emulate_written(model: onnx.ModelProto) -> tuple[onnx.ModelProto, WrittenEmu
             of every tensor is needed).
     """
     types = inferred_dtypes(model)
+    if conv_bias == SEPARATE:
+        low = {ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
+        model, added = split_conv_bias(model, lambda n: n.inputs[0] is not None
+                                       and types.get(n.inputs[0].name or "") in low)
+        if added:
+            types = inferred_dtypes(model)
     ir_model = ir.serde.deserialize_model(model)
     lowering = _Lowering(ir_model, types)
     lowering.run()

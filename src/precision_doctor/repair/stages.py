@@ -33,6 +33,7 @@ from precision_doctor.graph.external import small_in_memory
 from precision_doctor.graph.outputs import producer_inputs
 from precision_doctor.layerwise.candidates import emulated, reference_factory, run_samples
 from precision_doctor.layerwise.compare import compare_layerwise
+from precision_doctor.precision.conv_bias import FUSED
 from precision_doctor.precision.plan import NodeDecision, PrecisionPlan, select_nodes
 from precision_doctor.precision.rewrites import RewriteReport, apply_rewrites
 from precision_doctor.precision.writer import write_mixed_precision, written_opset
@@ -134,7 +135,8 @@ def measure_baseline(request: FixRequest) -> Baseline:
     near_ties = find_near_ties(model, samples, reference, objective)
     if near_ties:
         objective = replace(objective, exclude=frozenset(t.index for t in near_ties))
-    naive = run_samples(EmulatorRunner(model, PrecisionPlan(request.target)), samples, names)
+    naive = run_samples(EmulatorRunner(model, PrecisionPlan(request.target),
+                                       conv_bias=conv_bias_of(request)), samples, names)
     return Baseline(reference, objective, tuple(near_ties), naive,
                     objective.score(reference, naive), time.perf_counter() - t0)
 
@@ -297,27 +299,38 @@ class PlanOpener:
         model: The rewritten model.
         runner: Real-engine factory (``request.runner``); None for the emulator.
         keep_io_types: Writer option of the written model.
+        conv_bias: The deployment engine's convolution bias model for the emulator
+            (``precision.conv_bias``; ``separate`` for ``--engine ort-cuda``).
     """
 
     model: onnx.ModelProto
     runner: Callable[..., Runner] | None = None
     keep_io_types: bool = True
+    conv_bias: str = FUSED
 
     def __call__(self, plan: PrecisionPlan, threads: int = 0) -> Runner:
         if self.runner is None:  # the arena pays here: each evaluation runs every sample
             return EmulatorRunner(self.model, plan, intra_op_threads=threads,
-                                  cpu_mem_arena=SEARCH_ARENA)
+                                  cpu_mem_arena=SEARCH_ARENA, conv_bias=self.conv_bias)
         written = write_mixed_precision(self.model, plan, self.keep_io_types,
                                         validate=False)[0]
         return self.runner(written, intra_op_threads=threads) if threads \
             else self.runner(written)
 
 
+def conv_bias_of(request: FixRequest) -> str:
+    """How the emulator adds convolution biases for the request's deployment engine
+    (``precision.conv_bias``: ``fused`` without ``--engine``)."""
+    engine = parse_engine(request.engine)
+    return engine.conv_bias if engine is not None else FUSED
+
+
 def open_plan(request: FixRequest, model: onnx.ModelProto, plan: PrecisionPlan,
               threads: int = 0) -> Runner:
     """The runner (not entered) that evaluates ``plan`` on the rewritten ``model``
     (``PlanOpener``)."""
-    return PlanOpener(model, request.runner, request.keep_io_types)(plan, threads)
+    return PlanOpener(model, request.runner, request.keep_io_types,
+                      conv_bias_of(request))(plan, threads)
 
 
 def search(request: FixRequest, baseline: Baseline, rewritten: Rewritten,
@@ -344,7 +357,8 @@ def search(request: FixRequest, baseline: Baseline, rewritten: Rewritten,
     prefetch = jobs <= 1 and small_in_memory(rewritten.model)
     with shared_cpu() if jobs <= 1 else nullcontext():
         result = search_fp32_set(PlanOpener(rewritten.model, request.runner,
-                                            request.keep_io_types), request.samples,
+                                            request.keep_io_types, conv_bias_of(request)),
+                                 request.samples,
                                  baseline.reference, baseline.objective, start.plan, ranking,
                                  request.max_evals, request.progress, jobs, screen, prefetch)
     ranking_s = ranked[-1].seconds if ranked else 0.0

@@ -27,6 +27,7 @@ from precision_doctor.repair.stages import (
     FixRequest,
     Rewritten,
     Searched,
+    conv_bias_of,
     keep_for_engine,
 )
 from precision_doctor.runners.emulator import EmulatorRunner
@@ -135,7 +136,8 @@ def verify(written: Written, request: FixRequest, baseline: Baseline,
     samples, names, final = request.samples, request.output_names, searched.result.final_outputs
     requested = request.runner(written.model) if request.runner is not None else None
     note = engine_note(request, written)
-    runner = verifying_runner(written.model, requested, engine=note)
+    conv_bias = conv_bias_of(request)
+    runner = verifying_runner(written.model, requested, engine=note, conv_bias=conv_bias)
     same = written.plan.fp32_nodes() == searched.result.plan.fp32_nodes()
     if requested is not None and final is not None and same:
         outputs, reused = final, True  # the search's final evaluation ran this very model
@@ -149,7 +151,8 @@ def verify(written: Written, request: FixRequest, baseline: Baseline,
             and effective.fp32_nodes() == written.plan.fp32_nodes()):
         emulated = final  # the search's final evaluation ran this plan
     else:
-        emulated = run_samples(EmulatorRunner(written.source, effective), samples, names)
+        emulated = run_samples(EmulatorRunner(written.source, effective, conv_bias=conv_bias),
+                               samples, names)
     score = baseline.objective.score(baseline.reference, outputs)
     return Verification(verified_by.runner, verified_by, reused, outputs, emulated, score,
                         time.perf_counter() - t0)

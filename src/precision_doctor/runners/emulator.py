@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 
 from precision_doctor.graph.segments import is_segment
+from precision_doctor.precision.conv_bias import FUSED
 from precision_doctor.precision.emulate import EmulationInfo, emulate
 from precision_doctor.precision.emulate_written import WrittenEmulationInfo, emulate_written
 from precision_doctor.precision.plan import PrecisionPlan
@@ -46,6 +47,11 @@ class _OnOrt:
         assert self._ort is not None, "use the runner inside a `with` block"
         return self._ort.run(feeds, output_names)
 
+    def run_resident(self, feeds: Feeds, output_names: Sequence[str] | None = None) -> dict:
+        """``OrtRunner.run_resident`` of the emulation model (outputs stay on the device)."""
+        assert self._ort is not None, "use the runner inside a `with` block"
+        return self._ort.run_resident(feeds, output_names)
+
 
 class EmulatorRunner(_OnOrt):
     """Runs ``model`` as an engine executing ``plan`` would, on ONNX Runtime (the current
@@ -69,8 +75,10 @@ class EmulatorRunner(_OnOrt):
 
     def __init__(self, model: onnx.ModelProto, plan: PrecisionPlan, name: str | None = None,
                  intra_op_threads: int = 0, cpu_mem_arena: bool = False,
-                 emulation: tuple[onnx.ModelProto, EmulationInfo] | None = None) -> None:
+                 emulation: tuple[onnx.ModelProto, EmulationInfo] | None = None,
+                 conv_bias: str = FUSED) -> None:
         self.model = model
+        self.conv_bias = conv_bias
         self.emulation = emulation
         self.cpu_mem_arena = cpu_mem_arena
         self.plan = plan
@@ -85,7 +93,7 @@ class EmulatorRunner(_OnOrt):
             names = {n.name for n in self.model.graph.node}
             plan = PrecisionPlan(plan.default, {k: v for k, v in plan.overrides.items()
                                                 if k in names})
-        emulated, self.info = self.emulation or emulate(self.model, plan)
+        emulated, self.info = self.emulation or emulate(self.model, plan, self.conv_bias)
         self._ort = OrtRunner(emulated, name=self.name,
                               intra_op_threads=self.intra_op_threads,
                               cpu_mem_arena=self.cpu_mem_arena).__enter__()
@@ -106,6 +114,8 @@ class WrittenEmulatorRunner(_OnOrt):
         name: Label for reports (default ``emulate-written-<formats>``, e.g.
             ``emulate-written-bf16``).
         intra_op_threads: ONNX Runtime threads (0 = default).
+        conv_bias: Where the deployment engine adds a low-precision convolution's bias:
+            ``fused`` or ``separate`` (ONNX Runtime CUDA; ``precision.conv_bias``).
 
     Raises:
         UnsupportedModelError: (on ``__enter__``) shape inference cannot type the model.
@@ -113,8 +123,9 @@ class WrittenEmulatorRunner(_OnOrt):
     """
 
     def __init__(self, model: onnx.ModelProto, name: str | None = None,
-                 intra_op_threads: int = 0) -> None:
+                 intra_op_threads: int = 0, conv_bias: str = FUSED) -> None:
         self.model = model
+        self.conv_bias = conv_bias
         self.name = name or "emulate-written"
         self._named = name is not None
         self.intra_op_threads = intra_op_threads
@@ -122,7 +133,7 @@ class WrittenEmulatorRunner(_OnOrt):
         self._ort: OrtRunner | None = None
 
     def __enter__(self) -> WrittenEmulatorRunner:
-        emulated, self.info = emulate_written(self.model)
+        emulated, self.info = emulate_written(self.model, self.conv_bias)
         if not self._named and self.info.formats:
             self.name = "emulate-written-" + "+".join(self.info.formats)
         self._ort = OrtRunner(emulated, ("cpu",), name=self.name,

@@ -29,6 +29,7 @@ import onnx
 
 from precision_doctor.errors import BackendError
 from precision_doctor.formats import Precision
+from precision_doctor.precision.conv_bias import FUSED
 from precision_doctor.precision.emulate_written import low_precision_formats
 from precision_doctor.runners.base import Feeds, Runner, TensorMeta
 from precision_doctor.runners.emulator import WrittenEmulatorRunner
@@ -198,7 +199,8 @@ def requested_verification(requested: Runner, spec: str | None = None,
 
 
 def verifying_runner(written: onnx.ModelProto, requested: Runner | None = None,
-                     requested_spec: str | None = None, engine: str = "") -> VerifyingRunner:
+                     requested_spec: str | None = None, engine: str = "",
+                     conv_bias: str = FUSED) -> VerifyingRunner:
     """The runner that verifies ``written`` (see the module docstring for the order).
 
     Args:
@@ -207,6 +209,8 @@ def verifying_runner(written: onnx.ModelProto, requested: Runner | None = None,
             it is the only option then.
         requested_spec: Its spec for ``VerifiedBy.spec`` (default its name).
         engine: The deployment engine note for ``VerifiedBy.engine`` ("" without one).
+        conv_bias: The engine's convolution bias model for the exact emulation
+            (``precision.conv_bias``).
 
     Raises:
         UnsupportedModelError: Shape inference cannot type ``written``.
@@ -240,7 +244,7 @@ def verifying_runner(written: onnx.ModelProto, requested: Runner | None = None,
     else:
         options.append(_Option(cpu, "ort:cpu", "ONNX Runtime CPU has a BF16 kernel for every "
                                "node of the written model", _no_kernel))
-    options.append(_Option(WrittenEmulatorRunner(written), EMULATE_WRITTEN,
+    options.append(_Option(WrittenEmulatorRunner(written, conv_bias=conv_bias), EMULATE_WRITTEN,
                            "no engine here runs this BF16 model, so the written model is "
                            "emulated exactly on ONNX Runtime CPU: its own Casts, every BF16 "
                            "tensor rounded to BF16 (round-to-nearest-even), FP32 arithmetic "
@@ -248,13 +252,15 @@ def verifying_runner(written: onnx.ModelProto, requested: Runner | None = None,
     return VerifyingRunner(options, ruled_out, engine)
 
 
-def verified_again(verified_by: VerifiedBy, model: onnx.ModelProto) -> Runner:
-    """A runner like the one that verified ``model`` (e.g. for an output-marked copy).
+def verified_again(verified_by: VerifiedBy, model: onnx.ModelProto, conv_bias: str = FUSED
+                   ) -> Runner:
+    """A runner like the one that verified ``model`` (e.g. for an output-marked copy;
+    ``conv_bias`` as for ``verifying_runner``).
 
     Raises:
         BackendError: ``verified_by.spec`` is not a runner spec this function knows.
     """
     if verified_by.spec == EMULATE_WRITTEN:
-        return WrittenEmulatorRunner(model, name=verified_by.runner)
+        return WrittenEmulatorRunner(model, name=verified_by.runner, conv_bias=conv_bias)
     providers, options = ort_providers(verified_by.spec)
     return OrtRunner(model, providers, options, name=verified_by.runner)

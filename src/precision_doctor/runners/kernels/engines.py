@@ -34,6 +34,7 @@ import onnx
 
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision
+from precision_doctor.precision.conv_bias import FUSED, SEPARATE
 
 # op type -> schema versions (``since_version`` at the node's opset) that no kernel of ONNX
 # Runtime CUDA runs in the format: a model with such a node in BF16 loads only when the CPU has a
@@ -90,6 +91,9 @@ class Engine:
         measured: The engine version the tables were measured with.
         inexact: Precision -> op type -> (schema versions, largest ulp distance) of kernels
             less exact than FP32 arithmetic rounded once.
+        conv_bias: Where it adds an FP16/BF16 convolution's bias (``precision.conv_bias``):
+            ``fused`` (one rounding) or ``separate`` (the rounded convolution plus the bias,
+            rounded again), which the emulation of its models then follows.
     """
 
     name: str
@@ -98,6 +102,7 @@ class Engine:
     measured: str
     inexact: Mapping[Precision, Mapping[str, tuple[tuple[int, ...], float]]] = \
         dataclass_field(default_factory=dict)
+    conv_bias: str = FUSED
 
     def lacks(self, precision: Precision, op_type: str, since_version: int) -> bool:
         """Whether the engine has no ``precision`` kernel for ``op_type`` at that version."""
@@ -114,7 +119,7 @@ class Engine:
 ENGINES: Mapping[str, Engine] = {
     "ort-cuda": Engine("ort-cuda", "ONNX Runtime CUDA",
                        {Precision.BF16: CUDA_NO_BF16, Precision.FP16: CUDA_NO_FP16},
-                       ORT_CUDA_MEASURED, {Precision.BF16: CUDA_BF16_INEXACT}),
+                       ORT_CUDA_MEASURED, {Precision.BF16: CUDA_BF16_INEXACT}, SEPARATE),
 }
 
 
