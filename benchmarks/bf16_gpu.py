@@ -79,6 +79,7 @@ from precision_doctor.compare.metrics import relative_l2  # noqa: E402
 from precision_doctor.errors import BackendError  # noqa: E402
 from precision_doctor.formats import Precision  # noqa: E402
 from precision_doctor.graph.load import load_model  # noqa: E402
+from precision_doctor.precision.conv_bias import SEPARATE  # noqa: E402
 from precision_doctor.precision.plan import PrecisionPlan  # noqa: E402
 from precision_doctor.precision.writer import write_mixed_precision  # noqa: E402
 from precision_doctor.repair.stages import keep_for_engine  # noqa: E402
@@ -292,7 +293,28 @@ def measure(folder: Path, provider: str, engine: Engine | None = None) -> dict:
         return row
     row["ratio"] = row["emulated"] / row["real"] if row["real"] else None
     row["within_2x"] = bool(row["ratio"] and WITHIN[0] <= row["ratio"] <= WITHIN[1])
+    # the emulation with ONNX Runtime CUDA's convolution bias (precision.conv_bias: the rounded
+    # convolution plus the bias, rounded again), what fix --engine ort-cuda verifies with now
+    sep = error(WrittenEmulatorRunner(written, conv_bias=SEPARATE), inputs, reference)
+    row["emulated_separate_bias"] = sep
+    row["ratio_separate_bias"] = sep / row["real"] if row["real"] else None
+    row["within_2x_separate_bias"] = bool(row["ratio_separate_bias"] and WITHIN[0]
+                                          <= row["ratio_separate_bias"] <= WITHIN[1])
+    row["per_sample"] = {
+        "real": per_sample(engine_runner(written, provider), inputs, reference),
+        "separate_bias": per_sample(WrittenEmulatorRunner(written, conv_bias=SEPARATE), inputs,
+                                    reference)}
     return row
+
+
+def per_sample(runner, inputs: list[dict], reference: list[dict]) -> list[float]:
+    """Relative L2 vs the reference of each sample (worst output)."""
+    out = []
+    with runner:
+        for feeds, ref in zip(inputs, reference):
+            got = runner.run(feeds)
+            out.append(max(relative_l2([ref[k]], [np.asarray(got[k], np.float32)]) for k in ref))
+    return out
 
 
 def _tapped(model):
