@@ -99,6 +99,9 @@ def diagnose(
                                 "scale factor at which a LayerNorm or attention overflows"),
     device: str = DEVICE_OPTION,
     labels: Optional[Path] = LABELS_OPTION,
+    engine: Optional[str] = typer.Option(None, "--engine", "-e", help="The engine you deploy "
+                                         "on, whose arithmetic the emulator then follows: "
+                                         "ort-cuda (a convolution's bias added after rounding)"),
 ) -> None:
     """Diagnose MODEL in reduced precision against its FP32 reference, layer by layer."""
     from precision_doctor.workflows.diagnose import run_diagnose
@@ -111,7 +114,7 @@ def diagnose(
             budget_bytes=budget_mb << 20, json_path=json_path, html_path=html_path,
             force=force, console=console, quiet=quiet, verbose=verbose,
             candidate_results=candidate_results, candidate_log=candidate_log,
-            stress=stress, device=device, labels=labels)
+            stress=stress, device=device, labels=labels, engine=engine)
     except PrecisionDoctorError as exc:
         _fail(exc)
     raise typer.Exit(0 if report.passed else 1)

@@ -91,3 +91,23 @@ def test_fix_for_ort_cuda_emulates_its_conv_bias():
     runner = PlanOpener(conv_relu(17), conv_bias=SEPARATE)(PrecisionPlan(Precision.FP16))
     with runner:
         np.testing.assert_array_equal(runner.run({"x": X})["z"], _expected(Precision.FP16)[1])
+
+
+def test_diagnose_for_ort_cuda_emulates_its_conv_bias(tmp_path):
+    import precision_doctor as pd
+    from precision_doctor.compare.metrics import relative_l2
+
+    path = tmp_path / "conv.onnx"
+    path.write_bytes(conv_relu(17).SerializeToString())
+    data = tmp_path / "x.npy"
+    np.save(data, X)
+    reference = _run(conv_relu(17))
+    once, twice = _expected(Precision.FP16)
+    for engine, expected, name in ((None, once, "emulate-fp16"),
+                                   ("ort-cuda", twice, "emulate-fp16-ort-cuda-bias")):
+        d = pd.diagnose(str(path), str(data), target="fp16", engine=engine, quiet=True,
+                        layerwise=False, noise=False)
+        out = d.to_dict()
+        assert out["candidate"] == name
+        rel = out["outputs"][0]["metrics"]["rel_l2"]
+        assert rel == pytest.approx(relative_l2([reference], [expected]), rel=1e-6)

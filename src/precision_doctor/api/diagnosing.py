@@ -30,9 +30,11 @@ from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import json_float
 from precision_doctor.layerwise.candidates import Candidate, candidate_from_spec, reference_factory
 from precision_doctor.layerwise.candidates import run_samples as run_all
+from precision_doctor.precision.conv_bias import FUSED
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.device import resolve_device
 from precision_doctor.runners.device import use as use_device
+from precision_doctor.runners.kernels.engines import parse_engine
 from precision_doctor.runners.kernels.registry import refuse_cpu_bf16
 from precision_doctor.search.objective import Objective
 
@@ -48,7 +50,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
              quiet: bool = False, candidate_results: str | os.PathLike | None = None,
              candidate_log: str | os.PathLike | None = None,
              stress: bool = False, device: str = "auto",
-             labels: str | os.PathLike | None = None) -> Diagnosis:
+             labels: str | os.PathLike | None = None, engine: str | None = None) -> Diagnosis:
     """Run ``model`` in reduced precision next to its FP32 reference and explain the difference.
 
     The reference is ONNX Runtime in FP32 (on the CPU, or on the GPU with TF32 off, see
@@ -116,6 +118,10 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
             classification, matched to image samples by file name): ``Diagnosis.accuracy``
             gives the task accuracy of the FP32 reference and of the candidate side by side
             (COCO mAP by pycocotools, top-1 accuracy); needed by ``metric="coco-map-drop"``.
+        engine: The deployment engine whose arithmetic the emulator follows (``"ort-cuda"``:
+            an FP16/BF16 convolution's bias is added after its output was rounded, and
+            rounded again, as ONNX Runtime CUDA does; ``precision.conv_bias``). None: the
+            default engine model (TensorRT's fused bias).
 
     Returns:
         :class:`Diagnosis`: ``verdict`` (``"pass"``/``"fail"``), ``outputs`` (metrics per
@@ -130,7 +136,8 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         InputNameError, InputShapeError: The data does not fit the model's inputs (the
             message names the input, the dim, expected and got).
         DataFormatError: A data file does not decode.
-        PlanError: ``keep`` or ``plan`` names nodes the model does not have.
+        PlanError: ``keep`` or ``plan`` names nodes the model does not have, or ``engine`` is
+            not a known engine.
         BackendError, BackendUnavailable: A runner cannot be built (e.g. no CUDA provider:
             the message lists the available ones; ONNX Runtime CPU asked to run BF16), or
             ``device`` is CUDA and ONNX Runtime has no CUDA execution provider or no GPU
@@ -148,6 +155,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         raise InputError("a task metric on recorded results is not supported yet: score the "
                          "recording with `diagnose` alone, or run the metric live")
     precision = parse_precision(target)
+    deploy = parse_engine(engine)
     # before any loading: a threshold without a metric is refused, as fix refuses it
     objective = (build_objective(None, metric, threshold, precision)
                  if metric or threshold is not None else None)
@@ -160,7 +168,8 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
     other = as_model(candidate_model)[0] if candidate_model is not None else None
     if precision is Precision.BF16:
         refuse_cpu_bf16(runner, proto, other, "diagnose")
-    candidate = candidate_from_spec(runner, emulated_plan, proto, other)
+    candidate = candidate_from_spec(runner, emulated_plan, proto, other,
+                                    deploy.conv_bias if deploy is not None else FUSED)
     runs: dict[str, dict[str, list[np.ndarray]]] = {}  # the plain runs, scored again below
     with progress_reporter(progress, quiet) as callback, use_device(resolve_device(device)):
         report = diagnose_model(proto, samples, precision, candidate,

@@ -20,7 +20,7 @@ from precision_doctor.graph.segments import is_segment
 from precision_doctor.inputs.recording import Recording
 from precision_doctor.layerwise.compare import RunnerFactory, WholeGraph
 from precision_doctor.layerwise.engines import SegmentFallback
-from precision_doctor.precision.conv_bias import FUSED
+from precision_doctor.precision.conv_bias import FUSED, SEPARATE
 from precision_doctor.precision.emulate import EmulationInfo, emulate
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners import device
@@ -51,6 +51,8 @@ class Candidate:
         graph: Model -> (the candidate's own whole graph, a runner factory for its sub-models)
             or None; layerwise comparison cuts that graph instead of building the candidate
             per segment (``layerwise.compare.compare_layerwise``'s ``candidate_graph``).
+        conv_bias: The emulator's convolution bias model (``precision.conv_bias``), which
+            the emulations derived from this candidate (impact trials, attribution) follow.
     """
 
     name: str
@@ -60,6 +62,7 @@ class Candidate:
     recorded: RecordedSource | None = None
     segments: bool = False
     graph: WholeGraph | None = None
+    conv_bias: str = FUSED
 
 
 @dataclass(frozen=True)
@@ -76,13 +79,14 @@ class RecordedSource:
     cross_check: PrecisionPlan | None = None
 
 
-def emulated(plan: PrecisionPlan) -> Candidate:
-    """The CPU emulation of ``plan``.
+def emulated(plan: PrecisionPlan, conv_bias: str = FUSED) -> Candidate:
+    """The CPU emulation of ``plan`` (``conv_bias``: the deployment engine's,
+    ``precision.conv_bias``; ``separate`` for ONNX Runtime CUDA).
 
     The emulation of the last whole model it ran is kept until layerwise comparison takes it
     (``Candidate.graph``), which cuts that graph instead of emulating every segment again.
     """
-    name = f"emulate-{plan.default.value}"
+    name = f"emulate-{plan.default.value}" + ("-ort-cuda-bias" if conv_bias == SEPARATE else "")
     kept: list[tuple[onnx.ModelProto, tuple[onnx.ModelProto, EmulationInfo]]] = []
 
     def emulation(model: onnx.ModelProto) -> tuple[onnx.ModelProto, EmulationInfo] | None:
@@ -90,11 +94,12 @@ def emulated(plan: PrecisionPlan) -> Candidate:
         if is_segment(model) or not small_in_memory(model):
             return None
         if not kept or kept[0][0] is not model:
-            kept[:] = [(model, emulate(model, plan))]
+            kept[:] = [(model, emulate(model, plan, conv_bias))]
         return kept[0][1]
 
     def factory(model: onnx.ModelProto) -> EmulatorRunner:
-        return EmulatorRunner(model, plan, name=name, emulation=emulation(model))
+        return EmulatorRunner(model, plan, name=name, emulation=emulation(model),
+                              conv_bias=conv_bias)
 
     def graph(model: onnx.ModelProto) -> tuple[onnx.ModelProto, RunnerFactory] | None:
         done = emulation(model)
@@ -103,7 +108,7 @@ def emulated(plan: PrecisionPlan) -> Candidate:
             return None
         return done[0], lambda sub: OrtRunner(sub, name=name)
 
-    return Candidate(name, factory, plan, segments=True, graph=graph)
+    return Candidate(name, factory, plan, segments=True, graph=graph, conv_bias=conv_bias)
 
 
 def emulated_fused(model: onnx.ModelProto, plan: PrecisionPlan,
@@ -154,7 +159,8 @@ def onnxruntime(providers: Sequence[str], provider_options: Sequence[Mapping[str
     return Candidate(label, factory, tf32=tf32, segments=model is None)
 
 
-def written_emulation(model: onnx.ModelProto, name: str = "emulate-written") -> Candidate:
+def written_emulation(model: onnx.ModelProto, name: str = "emulate-written",
+                      conv_bias: str = FUSED) -> Candidate:
     """The exact CPU emulation of a strongly typed ``model`` (e.g. a BF16 model written by
     ``fix``, which ONNX Runtime CPU has no kernels for): its Casts, every BF16/FP16 tensor
     rounded to its format (``precision.emulate_written``). Tensors marked on the diagnosed model
@@ -162,9 +168,9 @@ def written_emulation(model: onnx.ModelProto, name: str = "emulate-written") -> 
     def factory(marked: onnx.ModelProto) -> WrittenEmulatorRunner:
         _refuse_segments(marked, name)
         return WrittenEmulatorRunner(mark_outputs(model, [o.name for o in marked.graph.output]),
-                                     name=name)
+                                     name=name, conv_bias=conv_bias)
 
-    return Candidate(name, factory)
+    return Candidate(name, factory, conv_bias=conv_bias)
 
 
 def verified(verified_by: VerifiedBy, model: onnx.ModelProto, conv_bias: str = FUSED
@@ -222,7 +228,8 @@ def recorded(recording: Recording, model: onnx.ModelProto,
 
 
 def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,
-                        candidate_model: onnx.ModelProto | None = None) -> Candidate:
+                        candidate_model: onnx.ModelProto | None = None,
+                        conv_bias: str = FUSED) -> Candidate:
     """Build the candidate named by ``spec``.
 
     Args:
@@ -235,6 +242,7 @@ def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,
         model: The diagnosed model.
         candidate_model: For ``ort``/``trt``/``emulate-written`` runners, run this model (e.g.
             the FP16 model written by ``fix``) instead of the diagnosed one.
+        conv_bias: The emulators' convolution bias model (``precision.conv_bias``).
 
     Raises:
         BackendError: Unknown runner or bad ORT options.
@@ -245,12 +253,12 @@ def candidate_from_spec(spec: str, plan: PrecisionPlan, model: onnx.ModelProto,
             raise BackendError("--runner emulate-written emulates a strongly typed model as "
                                "written: give it with --candidate-model (e.g. a BF16 model from "
                                "fix)", runner=spec)
-        return written_emulation(candidate_model)
+        return written_emulation(candidate_model, conv_bias=conv_bias)
     if text in ("emulate", "emulate-fused"):
         if candidate_model is not None:
             raise BackendError("--candidate-model is for ort runners; the emulator derives its "
                                "model from the plan")
-        return emulated(plan) if text == "emulate" else emulated_fused(model, plan)
+        return emulated(plan, conv_bias) if text == "emulate" else emulated_fused(model, plan)
     if text.startswith("ort"):
         providers, options = ort_providers(text)
         return onnxruntime(providers, options, candidate_model, name=text.replace(",", " "))

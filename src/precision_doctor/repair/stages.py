@@ -260,7 +260,7 @@ def rank(request: FixRequest, baseline: Baseline, rewritten: Rewritten, start: S
     worst = (objective.worst_samples(start_score, RANKING_SAMPLES, len(samples))
              if objective.metric is not None
              else list(range(min(RANKING_SAMPLES, len(samples)))))
-    cand = emulated(start.plan)
+    cand = emulated(start.plan, conv_bias_of(request))
     lw = compare_layerwise(model, [samples[i].feeds for i in worst], reference_factory,
                            cand.factory, request.target, threshold=1e-2,
                            candidate_graph=cand.graph)

@@ -25,7 +25,7 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
                  verbose: bool = False, candidate_results: str | None = None,
                  candidate_log: Path | None = None,
                  stress: bool = False, device: str = "auto",
-                 labels: Path | None = None) -> Diagnosis:
+                 labels: Path | None = None, engine: str | None = None) -> Diagnosis:
     """Load everything, diagnose, render, and write the requested reports.
 
     Raises:
@@ -50,7 +50,7 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
                           progress=progress, quiet=progress is None,
                           candidate_results=candidate_results,
                           candidate_log=candidate_log, stress=stress, device=device,
-                          labels=labels)
+                          labels=labels, engine=engine)
     if quiet:
         console.print(f"{report.verdict.upper()}: {model_path} in {report.target.upper()}",
                       markup=False)

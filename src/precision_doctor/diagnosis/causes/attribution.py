@@ -34,6 +34,7 @@ from precision_doctor.diagnosis.causes.cures import expand_with_regions
 from precision_doctor.errors import TargetNotMetError
 from precision_doctor.graph.outputs import consumers
 from precision_doctor.layerwise.compare import LayerwiseResult
+from precision_doctor.precision.conv_bias import FUSED
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
 from precision_doctor.runners.emulator import EmulatorRunner
 from precision_doctor.runners.ort_shared import shared_cpu
@@ -101,7 +102,8 @@ def attribute(model: onnx.ModelProto, samples: Sequence, reference: Outputs,
               layerwise: LayerwiseResult, inputs_of: Mapping[str, Sequence[str]],
               regions: Mapping[str, tuple[str, ...]], max_evals: int = MAX_EVALS,
               seconds: float = MIN_SECONDS,
-              progress: Callable[[str, int, int], None] | None = None) -> Attribution:
+              progress: Callable[[str, int, int], None] | None = None,
+              conv_bias: str = FUSED) -> Attribution:
     """Search the small FP32 set that removes >= 90% of the failing outputs' error.
 
     Args:
@@ -116,6 +118,7 @@ def attribute(model: onnx.ModelProto, samples: Sequence, reference: Outputs,
         max_evals: Evaluation budget.
         seconds: Wall-time budget (at least ``MIN_SECONDS``).
         progress: ``progress("attribution", done, budget)``.
+        conv_bias: The candidate's convolution bias model (``precision.conv_bias``).
 
     Returns:
         The ``Attribution``.
@@ -138,7 +141,7 @@ def attribute(model: onnx.ModelProto, samples: Sequence, reference: Outputs,
                                   regions)
 
     def open_plan(p: PrecisionPlan, threads: int = 0) -> EmulatorRunner:
-        return EmulatorRunner(model, p, intra_op_threads=threads)
+        return EmulatorRunner(model, p, intra_op_threads=threads, conv_bias=conv_bias)
 
     def report(stage: str, done: int, total: int) -> None:
         if progress:

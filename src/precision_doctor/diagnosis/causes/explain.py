@@ -118,7 +118,7 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     if plan is not None:
 
         def measure(nodes: Sequence[str]) -> float:
-            trial = emulated(plan.keep_fp32(nodes, "diagnose"))
+            trial = emulated(plan.keep_fp32(nodes, "diagnose"), candidate.conv_bias)
             outs = run_samples(trial.factory(model), samples, names)
             return max(relative_l2(reference[n], outs[n]) for n in names)
 
@@ -135,7 +135,7 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
         t0 = time.perf_counter()
         attribution = attribute(model, samples, reference, cand, plan, failing,
                                 layerwise, inputs_of, regions, seconds=budget_s,
-                                progress=progress)
+                                progress=progress, conv_bias=candidate.conv_bias)
         clusters = rank_findings([_cluster_finding(c) for c in attribution.clusters],
                                  measure, baseline)
         if clusters:
