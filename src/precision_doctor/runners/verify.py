@@ -29,7 +29,7 @@ import onnx
 
 from precision_doctor.errors import BackendError
 from precision_doctor.formats import Precision
-from precision_doctor.precision.conv_bias import FUSED
+from precision_doctor.precision.conv_bias import FUSED, SEPARATE
 from precision_doctor.precision.emulate_written import low_precision_formats
 from precision_doctor.runners.base import Feeds, Runner, TensorMeta
 from precision_doctor.runners.emulator import WrittenEmulatorRunner
@@ -248,7 +248,9 @@ def verifying_runner(written: onnx.ModelProto, requested: Runner | None = None,
                            "no engine here runs this BF16 model, so the written model is "
                            "emulated exactly on ONNX Runtime CPU: its own Casts, every BF16 "
                            "tensor rounded to BF16 (round-to-nearest-even), FP32 arithmetic "
-                           "inside each node", _never))
+                           "inside each node" + ("; a convolution's bias added after its "
+                           "output is rounded, as ONNX Runtime CUDA does"
+                           if conv_bias == SEPARATE else ""), _never))
     return VerifyingRunner(options, ruled_out, engine)
 
 
