@@ -37,6 +37,8 @@ from precision_doctor.layerwise.compare import LayerwiseResult
 from precision_doctor.precision.conv_bias import FUSED
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
 from precision_doctor.runners.emulator import EmulatorRunner
+from precision_doctor.runners.device import CPU
+from precision_doctor.runners.device import use as use_device
 from precision_doctor.runners.ort_shared import shared_cpu
 from precision_doctor.search.bisection import search_fp32_set
 from precision_doctor.search.cost import compute_nodes
@@ -148,7 +150,10 @@ def attribute(model: onnx.ModelProto, samples: Sequence, reference: Outputs,
             progress("attribution", done, total)
 
     try:
-        with shared_cpu():
+        # its evaluations run 2 samples: on a GPU, opening a CUDA session per plan costs more
+        # than the runs save (PP-OCRv4 rec, 256 strips, on an H100: 70.8 s on the GPU, 35.7 s
+        # on its CPU; BENCHMARKS.md), so they run on the CPU whatever the device
+        with shared_cpu(), use_device(CPU):
             result = search_fp32_set(open_plan, sub, ref, objective, plan, ranking, max_evals,
                                      report, seconds=max(seconds, MIN_SECONDS))
     except TargetNotMetError:
