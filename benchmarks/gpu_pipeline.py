@@ -388,6 +388,8 @@ def main() -> None:
     parser.add_argument("--alsa", type=Path, default=Path("/usr/share/sounds/alsa"))
     parser.add_argument("--prepare", type=Path, help="the MiniLM half carried before (mlA)")
     parser.add_argument("--tasks", default="diagnose,fix")
+    parser.add_argument("--devices", default="cpu,cuda",
+                        help="cuda alone: a GPU-only re-run (its CPU side from an earlier run)")
     parser.add_argument("--no-src", action="store_true",
                         help="pack without src/tests/benchmarks (the run uses the checkout's)")
     args = parser.parse_args()
@@ -406,17 +408,20 @@ def main() -> None:
         row = results["cases"][case] = {
             "weights_mib": model_bytes(args.assets / CASES[case][0]) / 2**20}
         for task in args.tasks.split(","):
-            for device in ("cpu", "cuda"):
+            for device in args.devices.split(","):
                 row[f"{task}_{device}"] = r = measure(args.assets, case, device, task)
                 print(case, task, device, f"{r.get('wall_s', 0):.1f} s",
                       json.dumps(r.get("timings_s") or r.get("seconds")),
                       json.dumps(r, default=str)[:1200], flush=True)
-            row[f"{task}_same"] = compare(row[f"{task}_cpu"], row[f"{task}_cuda"], task)
+            if f"{task}_cpu" in row and f"{task}_cuda" in row:
+                row[f"{task}_same"] = compare(row[f"{task}_cpu"], row[f"{task}_cuda"], task)
         if args.out:
             args.out.write_text(json.dumps(results, indent=1, default=str))
     print("\ncase      task      CPU s   GPU s  speedup  GPU peak MiB (weights)  same answers")
     for case, row in results["cases"].items():
         for task in args.tasks.split(","):
+            if f"{task}_same" not in row:
+                continue
             c, g = row[f"{task}_cpu"], row[f"{task}_cuda"]
             if "error" in c or "error" in g:
                 print(f"{case:9s} {task:8s} error: {(c.get('error') or g.get('error'))[-300:]}")
