@@ -74,13 +74,14 @@ class FuseLayerNorm(ir.passes.InPlacePass):
         failures: dict[tuple[ir.Node, ir.Node], tuple[list[ir.Node], str]] = {}
         taken = taken_names(graph)
         done: dict[tuple[ir.Node, ir.Node], RewriteRecord] = {}
+        near = _downstream_of_reduce_mean(graph)
         for with_scale, with_bias, reciprocal in VARIANTS:
             variant = DecomposedLayerNorm(with_scale, with_bias, reciprocal, shapes, failures)
             rules = pattern.RewriteRule(variant.pattern, variant.rewrite, variant.check,
                                         name=variant.name).commute()
             for node in list(graph):
-                if node.graph is not graph:  # removed by an earlier fusion
-                    continue
+                if node.graph is not graph or node not in near:  # removed by an earlier
+                    continue  # fusion, or too far from any ReduceMean to end a LayerNorm
                 for rule in rules:
                     record = self._try(model, graph, node, rule, variant, done, taken)
                     if record is not None:
@@ -147,3 +148,29 @@ def graph_order(nodes: list[ir.Node], names: tuple[str, ...]) -> list[ir.Node]:
     """``nodes`` sorted like ``names`` (their graph order, taken before they were removed)."""
     rank = {name: i for i, name in enumerate(names)}
     return sorted(nodes, key=lambda n: rank.get(n.name or "", len(rank)))
+
+
+# Nodes from a ReduceMean to the last node of a decomposed LayerNorm it may start: mean -> Sub ->
+# Pow -> ReduceMean -> Add(eps) -> Sqrt -> Reciprocal -> Mul -> Mul(scale) -> Add(bias) is 9
+# consumer steps; every pattern holds two ReduceMeans, so its last node is at most this far
+# from one.
+_PATTERN_DEPTH = 10
+
+
+def _downstream_of_reduce_mean(graph: ir.Graph) -> set[ir.Node]:
+    """Nodes within ``_PATTERN_DEPTH`` consumer steps of a ReduceMean (the ReduceMeans
+    included): the only nodes a decomposed LayerNorm can end at. The patterns are tried at
+    these nodes alone (PP-OCRv4 rec: 168k match attempts and 2.5 s before, on 860 nodes with
+    10 ReduceMeans; a model without ReduceMean tries none)."""
+    frontier = [n for n in graph if n.op_type == "ReduceMean" and n.domain in ("", "ai.onnx")]
+    near: set[ir.Node] = set(frontier)
+    for _ in range(_PATTERN_DEPTH):
+        step = []
+        for node in frontier:
+            for out in node.outputs:
+                for use in out.uses():
+                    if use.node not in near:
+                        near.add(use.node)
+                        step.append(use.node)
+        frontier = step
+    return near
