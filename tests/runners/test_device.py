@@ -191,6 +191,42 @@ def test_batched_runs_give_the_per_sample_outputs():
             np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6)
 
 
+def test_search_evaluations_on_a_gpu_run_in_batches_and_stop_early():
+    """SampleRunner on a CUDA device batches the evaluation's samples (iter_batched); the
+    outputs are the per-sample ones, in the search's order, and a consumer that stops after
+    the first sample leaves the later batches unrun."""
+    model = transformer_block()
+    samples = random_samples((2, 8, 16), 6)
+    calls = []
+
+    class Counting(OrtRunner):
+        def run(self, feeds, output_names=None):
+            calls.append(int(next(iter(feeds.values())).shape[0]))
+            return super().run(feeds, output_names)
+
+    def open_plan(plan, threads=0):  # pinned to the CPU: this machine has no GPU
+        runner = Counting(model, ("cpu",))
+        return runner
+
+    names = [o.name for o in model.graph.output]
+    order = [5, 0, 3, 1, 4, 2]
+    with OrtRunner(model, ("cpu",)) as r:
+        alone = {i: r.run(samples[i].feeds) for i in order}
+    plan = PrecisionPlan(Precision.FP16)
+    with SampleRunner(open_plan, samples, names, device=dev.Device("cuda")) as pool:
+        got = list(pool.run(plan, order))
+        assert [i for i, _ in got] == order
+        for i, out in got:
+            for k in names:
+                np.testing.assert_allclose(out[k], alone[i][k], rtol=1e-5, atol=1e-6)
+        assert calls[0] == 12  # one batch of 6 samples (2 rows each), then the probe
+        calls.clear()
+        first = pool.run(plan, order)
+        next(first)
+        first.close()
+        assert calls == [12, 2]  # the batch and its one-sample probe; nothing after
+
+
 def test_batching_refuses_models_without_a_shared_batch_symbol():
     from precision_doctor.runners.batching import batch_symbol, run_batched
 
