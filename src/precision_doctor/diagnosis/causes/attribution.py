@@ -36,9 +36,9 @@ from precision_doctor.graph.outputs import consumers
 from precision_doctor.layerwise.compare import LayerwiseResult
 from precision_doctor.precision.conv_bias import FUSED
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
-from precision_doctor.runners.emulator import EmulatorRunner
 from precision_doctor.runners.device import CPU
 from precision_doctor.runners.device import use as use_device
+from precision_doctor.runners.emulator import EmulatorRunner
 from precision_doctor.runners.ort_shared import shared_cpu
 from precision_doctor.search.bisection import search_fp32_set
 from precision_doctor.search.cost import compute_nodes
