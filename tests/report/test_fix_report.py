@@ -114,7 +114,7 @@ def test_fix_html_headline_is_the_objective_with_before_after(monkeypatch, tmp_p
     assert re.search(r"PASS m\.onnx fixed for FP16 judged against the objective you set: "
                      r"\*: rel_l2 <= 0\.5", head)
     assert f"original model, naive FP16 (emulated) {before} fail" in head
-    assert f"fixed model (ONNX Runtime CPU) {after} pass" in head
+    assert f"fixed model (its exact emulation on ONNX Runtime CPU) {after} pass" in head
     assert "Causes the fix removed" in head and "removed by the fold-batchnorm rewrite" in head
     # the default-tolerance diagnosis is secondary, labelled, and never names the folded BN
     assert secondary and "secondary" in secondary[:40] and "FAIL" in secondary

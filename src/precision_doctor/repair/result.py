@@ -11,7 +11,7 @@ the fixed model as ``*.report.json``:
                "overrides": {node: {"precision", "reason", "detail"}}},
       "fp32_share": {"nodes", "flops", "params"},                      # shares in [0, 1]
       "before": {output: <metrics>},         # the naive all-low model (emulated)
-      "after": {output: <metrics>},          # the fixed model (ONNX Runtime CPU)
+      "after": {output: <metrics>},          # the fixed model, run by its verifier
       "after_emulated": {output: <metrics>}, # the emulated final plan
       "score_before": {"passed", "value", "detail"}, "score_after": {...},
       "search": {"evaluations", "kept": [node], "ranking_head": [node], "samples_run",

@@ -5,13 +5,17 @@ verdict. The runner, in this order:
 
 1. The runner the search evaluated with (``--runner ort:cuda,tf32=0``): the engine the user
    deploys on ran this very model.
-2. A model with BF16 tensors: ONNX Runtime CUDA (``use_tf32=0``, so FP32 nodes stay FP32)
-   when this onnxruntime has the CUDA execution provider; ONNX Runtime CPU when it has a BF16
-   kernel for every node (``runners.kernels.registry``; it has none for Conv, MatMul, Add, ...);
-   otherwise the exact emulation of the written model (``WrittenEmulatorRunner``: its Casts,
-   every BF16 tensor rounded to BF16, round-to-nearest-even).
-3. Any other model: ONNX Runtime CPU, which runs FP16 models (it casts FP16 nodes it has no
-   kernel for to FP32 itself).
+2. A model with BF16 or FP16 tensors: ONNX Runtime CUDA (``use_tf32=0``, so FP32 nodes stay
+   FP32) when this onnxruntime has the CUDA execution provider; ONNX Runtime CPU when it has a
+   kernel in that format for every such node (``runners.kernels.registry``; the x86 wheels have
+   none for Conv, MatMul, Add, ... in either); otherwise the exact emulation of the written
+   model (``WrittenEmulatorRunner``: its Casts, every BF16/FP16 tensor rounded to its format,
+   round-to-nearest-even). ONNX Runtime CPU opens an FP16 model whatever its kernels, but runs
+   an FP16 node it has no kernel for in FP32 and removes the Cast pairs it inserted around it,
+   so the FP16 rounding of its outputs is lost: PP-OCRv4 cls written all-FP16 came out 1.1e-6
+   from FP32 on it, 6.1e-5 in its exact emulation; det 3.8e-3 against 5.4e-3. Such a run is
+   not an FP16 verification.
+3. An FP32 model: ONNX Runtime CPU.
 
 A runner that cannot open the model because it has no kernel for a node, or whose provider
 cannot start, is skipped and the reason kept (``VerifiedBy.skipped``); any other failure is
@@ -220,38 +224,59 @@ def verifying_runner(written: onnx.ModelProto, requested: Runner | None = None,
         return VerifyingRunner([_Option(requested, asked.spec, asked.reason, _never)],
                                engine=engine)
     cpu = OrtRunner(written, ("cpu",), name="ort-cpu-fixed")
-    if Precision.BF16 not in low_precision_formats(written):
+    formats = low_precision_formats(written)
+    if not formats:
         return VerifyingRunner([_Option(cpu, "ort:cpu", "the default verifier: ONNX Runtime "
                                         "CPU runs the written model as it is", _never)],
                                engine=engine)
+    words = "/".join(f.value.upper() for f in sorted(formats, key=lambda f: f.value))
     options: list[_Option] = []
     ruled_out: list[tuple[str, str]] = []
     import onnxruntime
 
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         cuda = OrtRunner(written, *ort_providers(CUDA_SPEC), name="ort-cuda-fixed")
-        options.append(_Option(cuda, CUDA_SPEC, "a GPU is present: ONNX Runtime CUDA runs the "
-                               "BF16 model as written (use_tf32=0: FP32 nodes in FP32)", _always,
-                               hint="" if engine else " (fix --engine ort-cuda writes those "
-                               "nodes FP32)"))
+        options.append(_Option(cuda, CUDA_SPEC, f"a GPU is present: ONNX Runtime CUDA runs the "
+                               f"{words} model as written (use_tf32=0: FP32 nodes in FP32)",
+                               _always, hint="" if engine else " (fix --engine ort-cuda writes "
+                               "those nodes FP32)"))
     else:
         ruled_out.append(("ort-cuda-fixed", "this onnxruntime has no CUDA execution provider (on a "
                           "GPU machine with onnxruntime-gpu, fix verifies with it)"))
-    missing = missing_kernels(written)
-    if missing:
-        ruled_out.append(("ort-cpu-fixed", "ONNX Runtime CPU has no BF16 kernel for "
-                          + describe_missing(missing)))
+    why_not_cpu = _cpu_gaps(written, formats)
+    if why_not_cpu:
+        ruled_out.append(("ort-cpu-fixed", why_not_cpu))
     else:
-        options.append(_Option(cpu, "ort:cpu", "ONNX Runtime CPU has a BF16 kernel for every "
-                               "node of the written model", _no_kernel))
+        options.append(_Option(cpu, "ort:cpu", f"ONNX Runtime CPU has a {words} kernel for "
+                               "every node of the written model", _no_kernel))
     options.append(_Option(WrittenEmulatorRunner(written, conv_bias=conv_bias), EMULATE_WRITTEN,
-                           "no engine here runs this BF16 model, so the written model is "
-                           "emulated exactly on ONNX Runtime CPU: its own Casts, every BF16 "
-                           "tensor rounded to BF16 (round-to-nearest-even), FP32 arithmetic "
-                           "inside each node" + ("; a convolution's bias added after its "
-                           "output is rounded, as ONNX Runtime CUDA does"
+                           f"no engine here runs this {words} model in {words}, so the written "
+                           "model is emulated exactly on ONNX Runtime CPU: its own Casts, every "
+                           f"{words} tensor rounded to its format (round-to-nearest-even), FP32 "
+                           "arithmetic inside each node" + ("; a convolution's bias added after "
+                           "its output is rounded, as ONNX Runtime CUDA does"
                            if conv_bias == SEPARATE else ""), _never))
     return VerifyingRunner(options, ruled_out, engine)
+
+
+def _cpu_gaps(written: onnx.ModelProto, formats: set[Precision]) -> str:
+    """Why ONNX Runtime CPU cannot verify ``written`` ("" when it can): a BF16 node without a
+    kernel stops it from opening the model; an FP16 node without one runs in FP32 with its
+    FP16 rounding dropped (``runners.kernels.registry.missing_kernels``), so the run would not
+    be FP16 arithmetic. When the kernel registry cannot be read, FP16 is refused (no way to
+    tell), BF16 is tried (a missing kernel then fails loudly)."""
+    parts = []
+    for fmt in sorted(formats, key=lambda f: f.value):
+        missing = missing_kernels(written, precision=fmt)
+        name = fmt.value.upper()
+        if missing:
+            parts.append(f"ONNX Runtime CPU has no {name} kernel for " + describe_missing(missing)
+                         + ("" if fmt is Precision.BF16 else ": it would run those nodes in "
+                            "FP32 and drop their FP16 rounding"))
+        elif missing is None and fmt is Precision.FP16:
+            parts.append("this onnxruntime does not expose its kernel registry, so which FP16 "
+                         "nodes ONNX Runtime CPU would run in FP32 cannot be told")
+    return "; ".join(parts)
 
 
 def verified_again(verified_by: VerifiedBy, model: onnx.ModelProto, conv_bias: str = FUSED
