@@ -1,6 +1,7 @@
 """Which runner verifies a written model: ONNX Runtime's BF16 kernel gaps, the fallback chain."""
 
 import numpy as np
+import onnx
 import pytest
 from tiny_models import conv_bn, transformer_block
 
@@ -117,3 +118,22 @@ def test_without_the_kernel_registry_the_session_error_decides(monkeypatch):
     assert runner.verified_by is not None
     why_not = dict(runner.verified_by.skipped)
     assert "NOT_IMPLEMENTED" in why_not["ort-cpu-fixed"]  # tried, and skipped for that reason
+
+
+@NEEDS_REGISTRY
+def test_diagnose_with_ort_cpu_as_the_fp16_candidate_says_what_it_measures(tmp_path):
+    import precision_doctor as pd
+
+    model = conv_bn(var_max=50.0)
+    path, fp16 = tmp_path / "m.onnx", tmp_path / "m_fp16.onnx"
+    onnx.save(model, str(path))
+    onnx.save(_written(model, Precision.FP16), str(fp16))
+    data = "random:seed=0,count=2,shape=x:1x3x8x8"
+    with_model = pd.diagnose(str(path), data, runner="ort:cpu", candidate_model=str(fp16),
+                             quiet=True, layerwise=False, noise=False)
+    assert any("drops their FP16 rounding" in w and "Conv" in w for w in with_model.warnings)
+    alone = pd.diagnose(str(path), data, runner="ort:cpu", quiet=True, layerwise=False,
+                        noise=False)
+    assert any("compares two FP32 runs" in w for w in alone.warnings)
+    emulated = pd.diagnose(str(path), data, quiet=True, layerwise=False, noise=False)
+    assert not any("FP32 runs" in w or "FP16 rounding" in w for w in emulated.warnings)

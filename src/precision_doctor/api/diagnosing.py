@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -35,7 +36,7 @@ from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.device import resolve_device
 from precision_doctor.runners.device import use as use_device
 from precision_doctor.runners.kernels.engines import parse_engine
-from precision_doctor.runners.kernels.registry import refuse_cpu_bf16
+from precision_doctor.runners.kernels.registry import cpu_fp16_warning, refuse_cpu_bf16
 from precision_doctor.search.objective import Objective
 
 
@@ -168,6 +169,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
     other = as_model(candidate_model)[0] if candidate_model is not None else None
     if precision is Precision.BF16:
         refuse_cpu_bf16(runner, proto, other, "diagnose")
+    cpu_note = cpu_fp16_warning(runner, other, precision)
     candidate = candidate_from_spec(runner, emulated_plan, proto, other,
                                     deploy.conv_bias if deploy is not None else FUSED)
     runs: dict[str, dict[str, list[np.ndarray]]] = {}  # the plain runs, scored again below
@@ -181,6 +183,8 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
                                 candidate_log=(str(candidate_log)
                                                if candidate_log is not None else None),
                                 stress=stress, runs=runs)
+        if cpu_note:
+            report = replace(report, warnings=(cpu_note, *report.warnings))
         task = (task_score(proto, samples, candidate, objective, callback, runs)
                 if objective is not None else None)
         measured = None

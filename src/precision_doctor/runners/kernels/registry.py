@@ -195,6 +195,35 @@ def bf16_op_gaps(model: onnx.ModelProto, provider: str = "CPUExecutionProvider"
     return gaps
 
 
+def cpu_fp16_warning(spec: str, candidate: onnx.ModelProto | None,
+                     target: Precision) -> str:
+    """What the user should know when ``spec`` runs ONNX Runtime CPU as the FP16 candidate
+    ("" otherwise): without a candidate model it runs the FP32 model in FP32; with an FP16
+    candidate model it runs each FP16 node it has no FP16 kernel for in FP32 and drops that
+    rounding (``missing_kernels``), so the diagnosis measures ONNX Runtime CPU's handling of
+    the model, not FP16 arithmetic.
+
+    Args:
+        spec: The ``--runner`` text.
+        candidate: The ``--candidate-model``, if any.
+        target: The diagnosed precision.
+    """
+    if (target is not Precision.FP16 or not spec.strip().startswith("ort")
+            or parse_ort_spec(spec).provider != CPU):
+        return ""
+    if candidate is None:
+        return (f"--runner {spec} without --candidate-model runs the FP32 model in FP32: this "
+                "compares two FP32 runs, not FP16 (give the FP16 model with --candidate-model, "
+                "or use the emulator)")
+    missing = missing_kernels(candidate, precision=Precision.FP16)
+    if not missing:
+        return ""
+    return (f"ONNX Runtime CPU has no FP16 kernel for {describe_missing(missing)}: it runs "
+            "those nodes in FP32 and drops their FP16 rounding, so this measures ONNX Runtime "
+            "CPU running the model, not FP16 arithmetic (--runner emulate-written emulates it "
+            "exactly; on a GPU, --runner ort:cuda)")
+
+
 def refuse_cpu_bf16(spec: str, model: onnx.ModelProto,
                     candidate: onnx.ModelProto | None = None, command: str = "diagnose") -> None:
     """A clear error when ``spec`` asks ONNX Runtime CPU to run a model in BF16.
