@@ -65,8 +65,16 @@ def is_missing_kernel(message: str) -> bool:
 
 
 def _registry(provider: str) -> dict[tuple[str, str], list] | None:
+    """ONNX Runtime's kernel registry for ``provider``, or None where it is not read: it
+    fails in some installs, and in onnxruntime-gpu 1.31.1 without its TensorRT EP library it
+    crashed the process (segmentation fault, on the H100 of BENCHMARKS.md), which no
+    ``except`` catches; so it is not read at all where the CUDA execution provider is
+    installed (the callers then decide from the session error, or verify otherwise)."""
     try:
+        import onnxruntime
         from onnxruntime.capi import _pybind_state
+        if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+            return None
         defs = _pybind_state.get_all_opkernel_def()
     except Exception:  # noqa: BLE001 - pybind's Fail is no RuntimeError; e.g. a provider
         # library missing from the install (seen: onnxruntime-gpu without its TensorRT EP):
@@ -216,8 +224,14 @@ def cpu_fp16_warning(spec: str, candidate: onnx.ModelProto | None,
                 "compares two FP32 runs, not FP16 (give the FP16 model with --candidate-model, "
                 "or use the emulator)")
     missing = missing_kernels(candidate, precision=Precision.FP16)
-    if not missing:
+    if missing == []:
         return ""
+    if missing is None:
+        return ("ONNX Runtime CPU runs every FP16 node it has no FP16 kernel for (on x86 most "
+                "compute ops) in FP32 and drops its FP16 rounding; this onnxruntime's kernel "
+                "registry cannot be read to name them, so this may measure ONNX Runtime CPU "
+                "running the model rather than FP16 arithmetic (--runner emulate-written "
+                "emulates it exactly; on a GPU, --runner ort:cuda)")
     return (f"ONNX Runtime CPU has no FP16 kernel for {describe_missing(missing)}: it runs "
             "those nodes in FP32 and drops their FP16 rounding, so this measures ONNX Runtime "
             "CPU running the model, not FP16 arithmetic (--runner emulate-written emulates it "
