@@ -16,7 +16,8 @@ Cases (``--cases``):
 - ``rec``: PP-OCRv4 rec, the real text-line crops of ``data/ocr/rec_crops/paddleocr``.
 - ``calib256``: PP-OCRv4 rec on a 256-sample calibration set of real images: 48-pixel-high
   strips cut from the 5 real document/scene photos of ``data/ocr`` (``full_images``, ``misc``)
-  at 8 scales and 7 vertical offsets each (the last photo fewer) (``--pack`` writes them; ``ppocr-rec``).
+  at 8 scales and 7 vertical offsets each (the last photo fewer) (``--pack`` writes them;
+  ``ppocr-rec``).
 - ``whisper``: the Whisper tiny.en audio encoder (opset 14) on its 9 real speech clips
   (``benchmarks/export_whisper.py``).
 - ``minilm``: all-MiniLM-L6-v2 (opset 14), 16 real sentences as 2 samples of batch 8
@@ -47,6 +48,18 @@ of 2026-11-25 (7 calls; a fresh machine takes about 1 minute to start):
         --cases whisper,minilm --out $OUT/r2.json
     run  export PYTHONPATH=/tmp/site && python3 /tmp/pipe/benchmarks/gpu_pipeline.py \\
         --assets /tmp/pipe --cases calib256,det --out $OUT/r3.json
+
+Session 6 (2026-11-25) ran the OCR cases only: ``--pack .gpu --wheels DIR-WITHOUT-WHEELS``
+writes ``.gpu/pipe`` without the transformer assets (23 MiB); then, after the four
+``gpu_setup.sh part N`` calls (the last also copying ``.gpu/pipe`` to ``/tmp/pipe`` and this
+checkout's ``src`` over its copy)::
+
+    run  export PYTHONPATH=/tmp/site:$PWD/src && python3 benchmarks/gpu_pipeline.py \
+        --assets /tmp/pipe --cases calib256,det --tasks diagnose --out $OUT/pipe_c.json
+
+``--devices cuda`` re-runs the GPU side alone (when the CPU path did not change);
+``PD_PROFILE_DIR=$OUT`` writes each run's cProfile (it slows Python-heavy stages several
+times: time without it).
 
 (``gpu_setup.sh``'s ``part``/``install`` do the same with sha256 checks when the lead's
 checkout carries the script. ``--prepare`` joins MiniLM and exports Whisper and MiniLM to ONNX

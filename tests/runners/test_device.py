@@ -172,6 +172,26 @@ def test_diagnose_on_cuda_gives_the_cpu_answer():
         assert b.metrics.rel_l2 <= 1.1 * a.metrics.rel_l2 + 1e-6
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU with onnxruntime-gpu")
+def test_layerwise_statistics_on_the_gpu_equal_the_host_ones():
+    from precision_doctor.layerwise.candidates import emulated, reference_factory
+    from precision_doctor.layerwise.compare import compare_layerwise
+
+    model = transformer_block(hot_value=10.0)
+    feeds = [dict(s.feeds) for s in random_samples((2, 8, 16), 4)]
+    factory = emulated(PrecisionPlan(Precision.FP16)).factory
+    with dev.use(dev.Device("cuda", 0)):
+        host = compare_layerwise(model, feeds, reference_factory, factory, Precision.FP16, 1e-2,
+                                 resident=False)
+        resident = compare_layerwise(model, feeds, reference_factory, factory, Precision.FP16,
+                                     1e-2, resident=True)
+    for a, b in zip(host.records, resident.records):
+        assert (a.tensor, a.numel, a.overflow, a.cand_nan) == (b.tensor, b.numel, b.overflow,
+                                                               b.cand_nan)
+        assert b.rel_l2 == pytest.approx(a.rel_l2, rel=1e-4, abs=1e-9)
+
+
 def test_batched_runs_give_the_per_sample_outputs():
     from precision_doctor.runners.batching import batch_symbol, groups, run_batched
 
