@@ -342,9 +342,15 @@ def _emulation_info(candidate: Candidate, model: onnx.ModelProto) -> dict | None
         return None
     from precision_doctor.precision.emulate import describe_method
 
+    from precision_doctor.precision.conv_bias import SEPARATE
+
     plan = candidate.plan
+    bias = ("added after the convolution's output is rounded, then rounded again (ONNX Runtime "
+            "CUDA, --engine ort-cuda)" if candidate.conv_bias == SEPARATE else
+            "added before the convolution's one rounding (TensorRT's fused bias; for ONNX "
+            "Runtime CUDA use --engine ort-cuda)")
     return {"default": plan.default.value, "fp32_nodes": plan.fp32_nodes(),
-            "rounding": describe_method(model, plan.default)}
+            "rounding": describe_method(model, plan.default), "conv_bias": bias}
 
 
 __all__ = ["diagnose"]
