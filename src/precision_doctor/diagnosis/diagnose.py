@@ -340,9 +340,8 @@ def _model_info(model: onnx.ModelProto, path: str | None) -> dict:
 def _emulation_info(candidate: Candidate, model: onnx.ModelProto) -> dict | None:
     if candidate.plan is None:
         return None
-    from precision_doctor.precision.emulate import describe_method
-
     from precision_doctor.precision.conv_bias import SEPARATE
+    from precision_doctor.precision.emulate import describe_method
 
     plan = candidate.plan
     bias = ("added after the convolution's output is rounded, then rounded again (ONNX Runtime "
