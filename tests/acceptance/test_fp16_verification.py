@@ -7,6 +7,7 @@ BENCHMARKS.md), and ``fix`` verifies with the emulation instead."""
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 
 from precision_doctor.compare.metrics import relative_l2
 from precision_doctor.formats import Precision
@@ -15,6 +16,7 @@ from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.precision.rewrites import apply_rewrites
 from precision_doctor.precision.writer import write_mixed_precision
 from precision_doctor.runners.emulator import WrittenEmulatorRunner
+from precision_doctor.runners.kernels.registry import missing_kernels
 from precision_doctor.runners.ort import OrtRunner
 from precision_doctor.runners.verify import verifying_runner
 
@@ -29,6 +31,9 @@ def test_ort_cpu_runs_an_fp16_model_mostly_in_fp32(shared_dir):
     with OrtRunner(model) as r:
         reference = [r.run(f) for f in feeds]
     name = next(iter(reference[0]))
+    missing = missing_kernels(written, precision=Precision.FP16)
+    if missing is not None and not missing:  # a future ONNX Runtime CPU with FP16 kernels
+        pytest.skip("this ONNX Runtime CPU has an FP16 kernel for every node of the model")
     cpu = ort.InferenceSession(written.SerializeToString(), providers=["CPUExecutionProvider"])
     on_cpu = [cpu.run([name], f)[0].astype(np.float32) for f in feeds]
     with WrittenEmulatorRunner(written) as r:

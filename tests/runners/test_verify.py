@@ -67,6 +67,8 @@ def test_fp16_model_is_verified_by_its_exact_emulation_where_ort_cpu_would_run_f
     test_fp16_verification.py), so it does not verify; a requested runner is used as asked."""
     written = _written(conv_bn(var_max=50.0), Precision.FP16)
     runner = verifying_runner(written)
+    if missing_kernels(written, precision=Precision.FP16) == []:
+        pytest.skip("this ONNX Runtime CPU has an FP16 kernel for every node: it verifies")
     with runner:
         assert runner.name == "emulate-written-fp16"
         assert runner.run({"x": np.ones((1, 3, 8, 8), np.float32)})["y"].dtype == np.float32
