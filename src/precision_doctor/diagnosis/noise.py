@@ -29,7 +29,7 @@ from precision_doctor.errors import BackendError
 from precision_doctor.graph.external import external_bytes, is_external, tensor_array
 from precision_doctor.graph.weight_store import stored_tensor_proto
 from precision_doctor.runners import device
-from precision_doctor.runners.batching import batch_symbol, run_batched
+from precision_doctor.runners.batching import batches_on, run_batched
 from precision_doctor.runners.ort import OrtRunner
 
 _F = TensorProto.FLOAT
@@ -116,8 +116,7 @@ def measure_noise_floor(model: onnx.ModelProto, samples: Sequence[Mapping[str, n
         "fp64": lambda: OrtRunner(to_float64(model), name="ort-cpu-fp64")}
     variants["no-graph-opt"] = lambda: OrtRunner(model, name="ort-cpu-noopt",
                                                  graph_optimization="disable")
-    batched = (device.current().is_cuda and len(samples) > 1
-               and batch_symbol(model) is not None)
+    batched = batches_on(device.current().is_cuda, model, len(samples))
     for probe, make in variants.items():
         try:
             with make() as runner:

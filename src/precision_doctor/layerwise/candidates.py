@@ -25,7 +25,7 @@ from precision_doctor.precision.emulate import EmulationInfo, emulate
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners import device
 from precision_doctor.runners.base import Runner
-from precision_doctor.runners.batching import batch_symbol, run_batched
+from precision_doctor.runners.batching import batches_on, run_batched
 from precision_doctor.runners.emulator import EmulatorRunner, WrittenEmulatorRunner
 from precision_doctor.runners.ort import OrtRunner, resolve_provider
 from precision_doctor.runners.ort_options import ort_providers
@@ -334,9 +334,7 @@ def run_samples(runner: Runner, samples: Sequence, names: Sequence[str], stage: 
         Output name -> one array per sample.
     """
     outs: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    model = getattr(runner, "model", None)
-    batched = (device.current().is_cuda and len(samples) > 1
-               and isinstance(model, onnx.ModelProto) and batch_symbol(model) is not None)
+    batched = batches_on(device.current().is_cuda, getattr(runner, "model", None), len(samples))
     with runner:
         if batched:  # on a GPU: samples of equal shapes in one run (runners.batching)
             for r in run_batched(runner, [s.feeds for s in samples], names):

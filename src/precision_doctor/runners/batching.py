@@ -48,6 +48,15 @@ def batch_symbol(model: onnx.ModelProto) -> str | None:
     return symbols.pop() if len(symbols) == 1 else None
 
 
+def batches_on(on_gpu: bool, model: object, count: int) -> bool:
+    """Whether ``count`` samples of ``model`` run in batches: on a GPU (where a batched run
+    costs about what one sample's does), more than one sample, and a model proto with a batch
+    symbol (``batch_symbol``). ``model`` is typically a runner's ``.model`` (None for runners
+    without one: not batched)."""
+    return (on_gpu and count > 1 and isinstance(model, onnx.ModelProto)
+            and batch_symbol(model) is not None)
+
+
 def groups(feeds: Sequence[Mapping[str, np.ndarray]], max_bytes: int = MAX_BATCH_BYTES,
            max_batch: int = MAX_BATCH) -> list[list[int]]:
     """Consecutive samples whose inputs agree in shape and dtype, within the limits."""

@@ -39,13 +39,12 @@ from multiprocessing.queues import Queue
 from typing import Callable, Generator, Sequence
 
 import numpy as np
-import onnx
 
 from precision_doctor.errors import BackendError, InputError
 from precision_doctor.layerwise.candidates import float32_outputs
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.base import Runner
-from precision_doctor.runners.batching import batch_symbol, iter_batched
+from precision_doctor.runners.batching import batches_on, iter_batched
 from precision_doctor.runners.device import CPU, Device, pool_devices
 from precision_doctor.runners.device import current as current_device
 from precision_doctor.runners.device import use as use_device
@@ -233,9 +232,7 @@ class SampleRunner:
     def _run_here(self, runner: Runner, order: Sequence[int]
                   ) -> Generator[tuple[int, Outputs1], None, None]:
         try:
-            model = getattr(runner, "model", None)
-            if (self.device.is_cuda and len(order) > 1 and isinstance(model, onnx.ModelProto)
-                    and batch_symbol(model) is not None):
+            if batches_on(self.device.is_cuda, getattr(runner, "model", None), len(order)):
                 # on a GPU: samples of equal shapes in one run (runners.batching); an early
                 # stop wastes at most the rest of one batch
                 feeds = [self.samples[i].feeds for i in order]
