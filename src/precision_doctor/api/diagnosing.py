@@ -31,11 +31,10 @@ from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import json_float
 from precision_doctor.layerwise.candidates import Candidate, candidate_from_spec, reference_factory
 from precision_doctor.layerwise.candidates import run_samples as run_all
-from precision_doctor.precision.conv_bias import FUSED
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.device import resolve_device
 from precision_doctor.runners.device import use as use_device
-from precision_doctor.runners.kernels.engines import parse_engine
+from precision_doctor.runners.kernels.engines import conv_bias_of
 from precision_doctor.runners.kernels.registry import cpu_fp16_warning, refuse_cpu_bf16
 from precision_doctor.search.objective import Objective
 
@@ -156,7 +155,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         raise InputError("a task metric on recorded results is not supported yet: score the "
                          "recording with `diagnose` alone, or run the metric live")
     precision = parse_precision(target)
-    deploy = parse_engine(engine)
+    conv_bias = conv_bias_of(engine)  # an unknown engine is refused before any loading
     # before any loading: a threshold without a metric is refused, as fix refuses it
     objective = (build_objective(None, metric, threshold, precision)
                  if metric or threshold is not None else None)
@@ -171,7 +170,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         refuse_cpu_bf16(runner, proto, other, "diagnose")
     cpu_note = cpu_fp16_warning(runner, other, precision)
     candidate = candidate_from_spec(runner, emulated_plan, proto, other,
-                                    deploy.conv_bias if deploy is not None else FUSED)
+                                    conv_bias)
     runs: dict[str, dict[str, list[np.ndarray]]] = {}  # the plain runs, scored again below
     with progress_reporter(progress, quiet) as callback, use_device(resolve_device(device)):
         report = diagnose_model(proto, samples, precision, candidate,

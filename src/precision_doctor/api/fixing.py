@@ -216,10 +216,9 @@ class Fix:
 def _fix_html(fixed: Fix, command: str | None) -> str:
     from precision_doctor.diagnosis.diagnose import diagnose
     from precision_doctor.layerwise.candidates import verified
-    from precision_doctor.precision.conv_bias import FUSED
     from precision_doctor.repair.review import review_fixed_diagnosis
     from precision_doctor.report.html import render_html
-    from precision_doctor.runners.kernels.engines import parse_engine
+    from precision_doctor.runners.kernels.engines import conv_bias_of
 
     result = fixed.result
     assert result is not None and fixed.model is not None and fixed.source is not None
@@ -228,9 +227,8 @@ def _fix_html(fixed: Fix, command: str | None) -> str:
     # run most BF16 models: then its exact emulation, runners.verify)
     verifier = VerifiedBy.from_dict(result.verification) if result.verification else \
         VerifiedBy("ort-cpu-fixed", "ort:cpu", "the default verifier")
-    engine = parse_engine(result.engine or None)
     after = diagnose(fixed.source, list(fixed.samples), parse_precision(result.target),
-                     verified(verifier, fixed.model, engine.conv_bias if engine else FUSED),
+                     verified(verifier, fixed.model, conv_bias_of(result.engine or None)),
                      noise=False, measure_impact=False,
                      model_path=source)
     # the page is headlined by the fix's objective; the default-tolerance diagnosis is

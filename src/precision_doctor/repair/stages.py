@@ -40,7 +40,12 @@ from precision_doctor.precision.writer import write_mixed_precision, written_ops
 from precision_doctor.precision.writer.validate import inferred_dtypes
 from precision_doctor.runners.base import Runner
 from precision_doctor.runners.emulator import EmulatorRunner
-from precision_doctor.runners.kernels.engines import Engine, engine_fp32_nodes, parse_engine
+from precision_doctor.runners.kernels.engines import (
+    Engine,
+    conv_bias_of,
+    engine_fp32_nodes,
+    parse_engine,
+)
 from precision_doctor.runners.ort_shared import shared_cpu
 from precision_doctor.search.bisection import SearchResult, search_fp32_set
 from precision_doctor.search.cost import compute_nodes
@@ -136,7 +141,7 @@ def measure_baseline(request: FixRequest) -> Baseline:
     if near_ties:
         objective = replace(objective, exclude=frozenset(t.index for t in near_ties))
     naive = run_samples(EmulatorRunner(model, PrecisionPlan(request.target),
-                                       conv_bias=conv_bias_of(request)), samples, names)
+                                       conv_bias=conv_bias_of(request.engine)), samples, names)
     return Baseline(reference, objective, tuple(near_ties), naive,
                     objective.score(reference, naive), time.perf_counter() - t0)
 
@@ -260,7 +265,7 @@ def rank(request: FixRequest, baseline: Baseline, rewritten: Rewritten, start: S
     worst = (objective.worst_samples(start_score, RANKING_SAMPLES, len(samples))
              if objective.metric is not None
              else list(range(min(RANKING_SAMPLES, len(samples)))))
-    cand = emulated(start.plan, conv_bias_of(request))
+    cand = emulated(start.plan, conv_bias_of(request.engine))
     lw = compare_layerwise(model, [samples[i].feeds for i in worst], reference_factory,
                            cand.factory, request.target, threshold=1e-2,
                            candidate_graph=cand.graph)
@@ -318,19 +323,12 @@ class PlanOpener:
             else self.runner(written)
 
 
-def conv_bias_of(request: FixRequest) -> str:
-    """How the emulator adds convolution biases for the request's deployment engine
-    (``precision.conv_bias``: ``fused`` without ``--engine``)."""
-    engine = parse_engine(request.engine)
-    return engine.conv_bias if engine is not None else FUSED
-
-
 def open_plan(request: FixRequest, model: onnx.ModelProto, plan: PrecisionPlan,
               threads: int = 0) -> Runner:
     """The runner (not entered) that evaluates ``plan`` on the rewritten ``model``
     (``PlanOpener``)."""
     return PlanOpener(model, request.runner, request.keep_io_types,
-                      conv_bias_of(request))(plan, threads)
+                      conv_bias_of(request.engine))(plan, threads)
 
 
 def search(request: FixRequest, baseline: Baseline, rewritten: Rewritten,
@@ -357,7 +355,7 @@ def search(request: FixRequest, baseline: Baseline, rewritten: Rewritten,
     prefetch = jobs <= 1 and small_in_memory(rewritten.model)
     with shared_cpu() if jobs <= 1 else nullcontext():
         result = search_fp32_set(PlanOpener(rewritten.model, request.runner,
-                                            request.keep_io_types, conv_bias_of(request)),
+                                            request.keep_io_types, conv_bias_of(request.engine)),
                                  request.samples,
                                  baseline.reference, baseline.objective, start.plan, ranking,
                                  request.max_evals, request.progress, jobs, screen, prefetch)

@@ -27,11 +27,14 @@ from precision_doctor.repair.stages import (
     FixRequest,
     Rewritten,
     Searched,
-    conv_bias_of,
     keep_for_engine,
 )
 from precision_doctor.runners.emulator import EmulatorRunner
-from precision_doctor.runners.kernels.engines import describe_engine_nodes, parse_engine
+from precision_doctor.runners.kernels.engines import (
+    conv_bias_of,
+    describe_engine_nodes,
+    parse_engine,
+)
 from precision_doctor.runners.verify import (
     VerifiedBy,
     requested_verification,
@@ -136,7 +139,7 @@ def verify(written: Written, request: FixRequest, baseline: Baseline,
     samples, names, final = request.samples, request.output_names, searched.result.final_outputs
     requested = request.runner(written.model) if request.runner is not None else None
     note = engine_note(request, written)
-    conv_bias = conv_bias_of(request)
+    conv_bias = conv_bias_of(request.engine)
     runner = verifying_runner(written.model, requested, engine=note, conv_bias=conv_bias)
     same = written.plan.fp32_nodes() == searched.result.plan.fp32_nodes()
     if requested is not None and final is not None and same:

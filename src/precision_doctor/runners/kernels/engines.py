@@ -140,6 +140,17 @@ def parse_engine(name: str | None) -> Engine | None:
     return ENGINES[key]
 
 
+def conv_bias_of(name: str | None) -> str:
+    """How the emulation adds an FP16/BF16 convolution's bias for the engine named ``name``
+    (``precision.conv_bias``): that engine's ``conv_bias``, ``fused`` without one.
+
+    Raises:
+        PlanError: Not a known engine.
+    """
+    engine = parse_engine(name)
+    return engine.conv_bias if engine is not None else FUSED
+
+
 def engine_of_runner(spec: str | None) -> str | None:
     """The engine a ``--runner`` spec deploys on: ``ort-cuda`` for ``ort:cuda...``, else None."""
     text = (spec or "").strip().lower()
