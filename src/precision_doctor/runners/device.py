@@ -220,13 +220,18 @@ def _session_on_cuda(ordinal: int) -> bool:
     return CUDA_PROVIDER in session.get_providers()
 
 
-def _runtime_device_count() -> int:
-    """``cudaGetDeviceCount`` of the CUDA runtime ONNX Runtime loaded (0 if not found)."""
+def _cuda_runtimes() -> Iterator[ctypes.CDLL]:
+    """The CUDA runtime libraries that load (the one ONNX Runtime loaded first), newest first."""
     for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so", "cudart64_12.dll"):
         try:
-            lib = ctypes.CDLL(name)
+            yield ctypes.CDLL(name)
         except OSError:
             continue
+
+
+def _runtime_device_count() -> int:
+    """``cudaGetDeviceCount`` of the CUDA runtime ONNX Runtime loaded (0 if not found)."""
+    for lib in _cuda_runtimes():
         count = ctypes.c_int(0)
         if lib.cudaGetDeviceCount(ctypes.byref(count)) == 0:
             return count.value
@@ -254,11 +259,7 @@ def segment_budget(device: Device, host_budget: int) -> int:
 
 def _device_memory(ordinal: int) -> int:
     """Total memory of CUDA device ``ordinal`` in bytes (0 when the runtime cannot say)."""
-    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
+    for lib in _cuda_runtimes():
         free, total, current = ctypes.c_size_t(0), ctypes.c_size_t(0), ctypes.c_int(0)
         if lib.cudaGetDevice(ctypes.byref(current)) != 0:
             return 0
