@@ -123,10 +123,16 @@ def _typed_model(model, dtype: int):
     inits = {t.name: t for t in graph.initializer}
     types.update({n: t.data_type for n, t in inits.items()})
     before, after, changed = [], [], False
+
+    def retyped(name: str, index: int, params) -> bool:
+        """Whether tensor ``name`` (formal ``params[index]``) goes to ``dtype``."""
+        kind = types.get(name)
+        return bool(name) and kind in _NUMERIC and kind != dtype and \
+            want in _allowed(schema, index, params)
+
     for i, x in enumerate(node.input):
         kind = types.get(x)
-        if not x or kind not in _NUMERIC or kind == dtype or \
-                want not in _allowed(schema, i, schema.inputs):
+        if not retyped(x, i, schema.inputs):
             continue
         changed = True
         if x in inits:
@@ -143,8 +149,7 @@ def _typed_model(model, dtype: int):
         node.input[i] = f"{x}__low"
     for o, y in enumerate(node.output):
         kind = types.get(y)
-        if not y or kind not in _NUMERIC or kind == dtype or \
-                want not in _allowed(schema, o, schema.outputs):
+        if not retyped(y, o, schema.outputs):
             continue
         changed = True
         node.output[o] = f"{y}__low"
