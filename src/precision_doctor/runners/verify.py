@@ -11,8 +11,9 @@ verdict. The runner, in this order:
    none for Conv, MatMul, Add, ... in either); otherwise the exact emulation of the written
    model (``WrittenEmulatorRunner``: its Casts, every BF16/FP16 tensor rounded to its format,
    round-to-nearest-even). ONNX Runtime CPU opens an FP16 model whatever its kernels, but runs
-   an FP16 node it has no kernel for in FP32 and removes the Cast pairs it inserted around it,
-   so the FP16 rounding of its outputs is lost: PP-OCRv4 cls written all-FP16 came out 1.1e-6
+   an FP16 node it has no kernel for in FP32, and the FP16 rounding of its outputs is lost
+   (seen in its results; the Cast pairs it inserts around such a node are presumably removed
+   as redundant): PP-OCRv4 cls written all-FP16 came out 1.1e-6
    from FP32 on it, 6.1e-5 in its exact emulation; det 4.6e-3 against 7.8e-3, rec 3.4e-4
    against 6.8e-4 (``benchmarks/fp16_verifiers.py``). Such a run is
    not an FP16 verification.

@@ -122,8 +122,8 @@ def missing_kernels(model: onnx.ModelProto, provider: str = "CPUExecutionProvide
 
     A BF16 node without a kernel stops ONNX Runtime from opening the model; an FP16 one does
     not: ONNX Runtime casts its inputs to FP32, runs the FP32 kernel and drops the FP16
-    rounding of its outputs (it removes the Cast pairs it inserted; measured: PP-OCRv4 cls
-    written in FP16 runs on ONNX Runtime CPU 1.1e-6 from FP32, 6.1e-5 emulated exactly).
+    rounding of its outputs (measured: PP-OCRv4 cls written in FP16 runs on ONNX Runtime CPU
+    1.1e-6 from FP32, 6.1e-5 emulated exactly; ``benchmarks/fp16_verifiers.py``).
 
     Args:
         model: The model to run (e.g. a BF16 or FP16 model written by ``fix``).
