@@ -204,12 +204,16 @@ class _Emulator:
             if p is Precision.TF32:
                 if node.op_type in TF32_OPS and node.domain in ("", "ai.onnx") \
                         and not _depthwise(node):
-                    for i in (0, 1):
-                        v = node.inputs[i] if i < len(node.inputs) else None
-                        if v is not None and self.is_float(v):
-                            node.replace_input_with(i, self.rounded_input(v, p, node))
+                    self._tf32_node(node, p)
                 continue
             self._low_precision_node(node, p)
+
+    def _tf32_node(self, node: ir.Node, p: Precision) -> None:
+        """Round the two multiplicands of a TF32 MatMul/Gemm/Conv."""
+        for i in (0, 1):
+            v = node.inputs[i] if i < len(node.inputs) else None
+            if v is not None and self.is_float(v):
+                node.replace_input_with(i, self.rounded_input(v, p, node))
 
     def _follow_producer(self, node: ir.Node) -> None:
         """A data-movement node: its outputs are in a format when all its float inputs are."""
