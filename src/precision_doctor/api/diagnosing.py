@@ -36,6 +36,7 @@ from precision_doctor.runners.device import resolve_device
 from precision_doctor.runners.device import use as use_device
 from precision_doctor.runners.kernels.engines import conv_bias_of
 from precision_doctor.runners.kernels.registry import cpu_fp16_warning, refuse_cpu_bf16
+from precision_doctor.runners.sessions import switched
 from precision_doctor.search.objective import Objective
 
 
@@ -172,7 +173,8 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
     candidate = candidate_from_spec(runner, emulated_plan, proto, other,
                                     conv_bias)
     runs: dict[str, dict[str, list[np.ndarray]]] = {}  # the plain runs, scored again below
-    with progress_reporter(progress, quiet) as callback, use_device(resolve_device(device)):
+    with progress_reporter(progress, quiet) as callback, use_device(resolve_device(device)), \
+            switched.sessions():
         report = diagnose_model(proto, samples, precision, candidate,
                                 parse_tolerances(tolerance, precision), layerwise=layerwise,
                                 noise=noise, budget_bytes=budget_mb << 20, model_path=path,

@@ -43,6 +43,7 @@ from precision_doctor.runners.kernels.engines import engine_of_runner, parse_eng
 from precision_doctor.runners.kernels.registry import refuse_cpu_bf16
 from precision_doctor.runners.ort import OrtFactory
 from precision_doctor.runners.ort_options import ort_providers
+from precision_doctor.runners.sessions import switched
 from precision_doctor.runners.verify import VerifiedBy
 from precision_doctor.search.evalpool import resolve_jobs
 
@@ -364,7 +365,7 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
         providers, options = ort_providers(runner)
         factory = OrtFactory(tuple(providers), tuple(options), runner)
 
-    with progress_reporter(progress, quiet) as callback, use_device(where):
+    with progress_reporter(progress, quiet) as callback, use_device(where), switched.sessions():
         result = fix_model(proto, samples, precision, objective, keep, force_low,
                            None if rewrites else [], keep_io_types, factory, max_evals,
                            callback, workers, accuracy, engine or None)

@@ -30,6 +30,7 @@ from precision_doctor.runners.emulator import EmulatorRunner, WrittenEmulatorRun
 from precision_doctor.runners.ort import OrtRunner, resolve_provider
 from precision_doctor.runners.ort_options import ort_providers
 from precision_doctor.runners.recorded import RecordedRunner
+from precision_doctor.runners.sessions import switched
 from precision_doctor.runners.tensorrt import TensorRTRunner
 from precision_doctor.runners.verify import VerifiedBy, verified_again
 
@@ -98,8 +99,9 @@ def emulated(plan: PrecisionPlan, conv_bias: str = FUSED) -> Candidate:
         return kept[0][1]
 
     def factory(model: onnx.ModelProto) -> EmulatorRunner:
-        return EmulatorRunner(model, plan, name=name, emulation=emulation(model),
-                              conv_bias=conv_bias)
+        # with a switched session open (a GPU: runners.sessions.switched), the runner takes it
+        ready = None if switched.serves(device.current()) else emulation(model)
+        return EmulatorRunner(model, plan, name=name, emulation=ready, conv_bias=conv_bias)
 
     def graph(model: onnx.ModelProto) -> tuple[onnx.ModelProto, RunnerFactory] | None:
         done = emulation(model)

@@ -46,7 +46,7 @@ from precision_doctor.layerwise.resident import ResidentStats
 from precision_doctor.layerwise.stats import LayerRecord, StatsPool, _Accumulator
 from precision_doctor.runners import device
 from precision_doctor.runners.batching import MAX_BATCH, batch_symbol, groups
-from precision_doctor.runners.ort_shared import shared_cpu
+from precision_doctor.runners.sessions.cpu_arena import shared_cpu
 
 __all__ = ["LAYERWISE_BUDGET", "LayerRecord", "LayerwiseResult", "Progress", "RunnerFactory",
            "WholeGraph", "_Accumulator", "compare_layerwise"]
@@ -176,7 +176,7 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
     side = side_thread() if stats_threads != 1 else None
     # the segments' (or chunks') sessions reuse each other's memory and do not spin while the
     # statistics run; the reference and the candidate run at once on half the cores each
-    # (runners.ort_shared)
+    # (runners.sessions.cpu_arena)
     with shared_cpu(max(1, (os.cpu_count() or 1) // 2) if side is not None else 0):
         try:
             outcome = reason if reason is not None else _by_segments(

@@ -46,7 +46,7 @@ from precision_doctor.runners.kernels.engines import (
     engine_fp32_nodes,
     parse_engine,
 )
-from precision_doctor.runners.ort_shared import shared_cpu
+from precision_doctor.runners.sessions.cpu_arena import shared_cpu
 from precision_doctor.search.bisection import SearchResult, search_fp32_set
 from precision_doctor.search.cost import compute_nodes
 from precision_doctor.search.near_ties import (
@@ -68,7 +68,8 @@ RANKING_SAMPLES = 2  # layerwise ranking uses the worst samples; every evaluatio
 # idle 2-core machine, `fix det.onnx` (3 full images, default tolerance): 256 s wall (495 s CPU,
 # 147M minor page faults), peak RSS 1.26 GB without; 133 s (253 s CPU, 20M faults), 1.97 GB
 # with; the same 9 FP32 nodes. In this process (--jobs 1) the search's sessions share one arena
-# instead (runners.ort_shared: 1.2 GB peak); this per-session arena serves the --jobs workers.
+# instead (runners.sessions.cpu_arena: 1.2 GB peak); this per-session arena serves the --jobs
+# workers.
 SEARCH_ARENA = True
 
 
@@ -349,7 +350,8 @@ def search(request: FixRequest, baseline: Baseline, rewritten: Rewritten,
     def screen(start_outputs: Outputs) -> list[int] | None:
         return at_risk_samples(baseline.reference, start_outputs, baseline.objective)
 
-    # in this process, the evaluations' sessions reuse each other's memory (runners.ort_shared)
+    # in this process, the evaluations' sessions reuse each other's memory
+    # (runners.sessions.cpu_arena)
     # and the next evaluation's runner opens while one runs, where two of them fit in memory
     jobs = request.jobs
     prefetch = jobs <= 1 and small_in_memory(rewritten.model)

@@ -5,7 +5,8 @@ first CUDA device when the installed ONNX Runtime has the CUDA execution provide
 (``onnxruntime-gpu``) and a GPU answers, else the CPU. The CPU-only ``onnxruntime`` wheel never
 lists that provider, so ``auto`` costs nothing there.
 
-``use(device)`` opens a scope (visible from every thread, like ``runners.ort_shared``): inside
+``use(device)`` opens a scope (visible from every thread, like
+``runners.sessions.cpu_arena``): inside
 it, every ``OrtRunner`` built without explicit providers, i.e. the FP32 reference, the
 emulation graph, the layerwise segments and the search's evaluations, runs on that device.
 Runners given providers (``--runner ort:cpu``, the CPU cross-check of the noise floor) keep

@@ -17,26 +17,37 @@ import onnx
 from precision_doctor.graph.segments import is_segment
 from precision_doctor.precision.conv_bias import FUSED
 from precision_doctor.precision.emulate import EmulationInfo, emulate
+from precision_doctor.precision.emulate_switch import SWITCH_INPUT
 from precision_doctor.precision.emulate_written import WrittenEmulationInfo, emulate_written
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.base import Feeds, TensorMeta
 from precision_doctor.runners.ort import OrtRunner
+from precision_doctor.runners.sessions import switched
 
 
 class _OnOrt:
     """What both emulators share: an ONNX Runtime session of their emulation model, opened by
-    their ``__enter__`` into ``self._ort``."""
+    their ``__enter__`` into ``self._ort``; or a shared switched session
+    (``runners.sessions.switched``)
+    with this runner's flags added to every feed (``self._switch``)."""
 
     _ort: OrtRunner | None = None
+    _switch: np.ndarray | None = None
 
     def __exit__(self, *exc: object) -> None:
-        if self._ort is not None:
+        if self._ort is not None and self._switch is None:  # a switched session is shared
             self._ort.__exit__(*exc)
-            self._ort = None
+        self._ort = None
+        self._switch = None
+
+    def _feeds(self, feeds: Feeds) -> Feeds:
+        if self._switch is None:
+            return feeds
+        return {**feeds, SWITCH_INPUT: self._switch}
 
     def input_metadata(self) -> list[TensorMeta]:
         assert self._ort is not None, "use the runner inside a `with` block"
-        return self._ort.input_metadata()
+        return [m for m in self._ort.input_metadata() if m.name != SWITCH_INPUT]
 
     def output_names(self) -> list[str]:
         assert self._ort is not None, "use the runner inside a `with` block"
@@ -45,12 +56,12 @@ class _OnOrt:
     def run(self, feeds: Feeds, output_names: Sequence[str] | None = None
             ) -> dict[str, np.ndarray]:
         assert self._ort is not None, "use the runner inside a `with` block"
-        return self._ort.run(feeds, output_names)
+        return self._ort.run(self._feeds(feeds), output_names)
 
     def run_resident(self, feeds: Feeds, output_names: Sequence[str] | None = None) -> dict:
         """``OrtRunner.run_resident`` of the emulation model (outputs stay on the device)."""
         assert self._ort is not None, "use the runner inside a `with` block"
-        return self._ort.run_resident(feeds, output_names)
+        return self._ort.run_resident(self._feeds(feeds), output_names)
 
 
 class EmulatorRunner(_OnOrt):
@@ -93,6 +104,12 @@ class EmulatorRunner(_OnOrt):
             names = {n.name for n in self.model.graph.node}
             plan = PrecisionPlan(plan.default, {k: v for k, v in plan.overrides.items()
                                                 if k in names})
+        elif self.emulation is None:
+            shared = switched.lookup(self.model, plan.default, self.conv_bias)
+            flags = shared[0].flags(plan) if shared is not None else None
+            if shared is not None and flags is not None:
+                self.info, self._ort, self._switch = shared[0].info, shared[1], flags
+                return self
         emulated, self.info = self.emulation or emulate(self.model, plan, self.conv_bias)
         self._ort = OrtRunner(emulated, name=self.name,
                               intra_op_threads=self.intra_op_threads,

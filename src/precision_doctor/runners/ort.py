@@ -25,8 +25,9 @@ from precision_doctor.graph.external import (
 )
 from precision_doctor.graph.external_files import link_model
 from precision_doctor.graph.load import PROTOBUF_LIMIT, ort_model_source
-from precision_doctor.runners import device, ort_shared
+from precision_doctor.runners import device
 from precision_doctor.runners.base import Feeds, TensorMeta
+from precision_doctor.runners.sessions import cpu_arena
 
 _ORT_TYPES = {
     "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
@@ -82,7 +83,7 @@ class OrtRunner:
             2.3 GB peak RSS with it, 0.9 GB without). On where one session runs many large
             samples: without it each large activation is a fresh mmap, and ``fix``'s emulated
             search spent half its CPU time in page faults (``repair.stages.SEARCH_ARENA``).
-            Turn it on to time CPU inference. Inside ``runners.ort_shared.shared_cpu()``
+            Turn it on to time CPU inference. Inside ``runners.sessions.cpu_arena.shared_cpu()``
             the session allocates from one arena shared with the other sessions instead.
 
     Raises:
@@ -132,8 +133,8 @@ class OrtRunner:
         options.intra_op_num_threads = self.intra_op_threads
         options.log_severity_level = 3
         options.enable_cpu_mem_arena = self.cpu_mem_arena
-        if ort_shared.active():
-            ort_shared.share_in(options)
+        if cpu_arena.active():
+            cpu_arena.share_in(options)
         try:
             source = self._source(ort, options)
             session = self._session = ort.InferenceSession(

@@ -48,6 +48,7 @@ from precision_doctor.runners.batching import batches_on, iter_batched
 from precision_doctor.runners.device import CPU, Device, pool_devices
 from precision_doctor.runners.device import current as current_device
 from precision_doctor.runners.device import use as use_device
+from precision_doctor.runners.sessions import switched
 
 # plan -> a runner of the plan, not entered; with --jobs > 1 it is called as
 # ``open_plan(plan, threads)`` (ONNX Runtime intra-op threads per worker session)
@@ -109,6 +110,8 @@ def _spawned_worker(open_plan: OpenPlan, samples: Sequence, names: Sequence[str]
                    plan=None, runner=None)
     scope = _WORKER["device"] = use_device(devices.get())  # kept: the scope ends with it
     scope.__enter__()  # the worker's sessions run on its device until it exits
+    shared = _WORKER["switched"] = switched.sessions()  # one switched emulation per worker
+    shared.__enter__()
 
 
 def _worker_run(plan: PrecisionPlan, index: int) -> tuple[int, Outputs1]:

@@ -37,9 +37,11 @@ from precision_doctor.layerwise.compare import LayerwiseResult
 from precision_doctor.precision.conv_bias import FUSED
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
 from precision_doctor.runners.device import CPU
+from precision_doctor.runners.device import current as current_device
 from precision_doctor.runners.device import use as use_device
 from precision_doctor.runners.emulator import EmulatorRunner
-from precision_doctor.runners.ort_shared import shared_cpu
+from precision_doctor.runners.sessions import switched
+from precision_doctor.runners.sessions.cpu_arena import shared_cpu
 from precision_doctor.search.bisection import search_fp32_set
 from precision_doctor.search.cost import compute_nodes
 from precision_doctor.search.objective import Objective, Outputs, sample_error
@@ -149,11 +151,14 @@ def attribute(model: onnx.ModelProto, samples: Sequence, reference: Outputs,
         if progress:
             progress("attribution", done, total)
 
+    # its evaluations run 2 samples: on a GPU, opening a CUDA session per plan cost more than
+    # the runs saved (PP-OCRv4 rec, 256 strips, on an H100: 70.8 s on the GPU, 35.7 s on its
+    # CPU; BENCHMARKS.md), so without a switched session (one for every plan:
+    # runners.sessions.switched) they run on the CPU whatever the device
+    here = current_device()
+    where = here if switched.serves(here) else CPU
     try:
-        # its evaluations run 2 samples: on a GPU, opening a CUDA session per plan costs more
-        # than the runs save (PP-OCRv4 rec, 256 strips, on an H100: 70.8 s on the GPU, 35.7 s
-        # on its CPU; BENCHMARKS.md), so they run on the CPU whatever the device
-        with shared_cpu(), use_device(CPU):
+        with shared_cpu(), use_device(where):
             result = search_fp32_set(open_plan, sub, ref, objective, plan, ranking, max_evals,
                                      report, seconds=max(seconds, MIN_SECONDS))
     except TargetNotMetError:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from tiny_models import conv_bn, random_samples
 
-from precision_doctor.runners import ort_shared
 from precision_doctor.runners.ort import OrtRunner
+from precision_doctor.runners.sessions import cpu_arena
 
 
 def test_shared_sessions_give_the_same_outputs_and_scopes_nest():
@@ -14,14 +14,14 @@ def test_shared_sessions_give_the_same_outputs_and_scopes_nest():
     feeds = random_samples((1, 3, 8, 8), 1)[0].feeds
     with OrtRunner(model) as runner:
         alone = runner.run(feeds)
-    assert not ort_shared.active()
-    with ort_shared.shared_cpu():
-        with ort_shared.shared_cpu():
-            assert ort_shared.active()
+    assert not cpu_arena.active()
+    with cpu_arena.shared_cpu():
+        with cpu_arena.shared_cpu():
+            assert cpu_arena.active()
             with OrtRunner(model) as first, OrtRunner(model) as second:
                 shared = [first.run(feeds), second.run(feeds)]
-        assert ort_shared.active()  # the outer scope is still open
-    assert not ort_shared.active()
+        assert cpu_arena.active()  # the outer scope is still open
+    assert not cpu_arena.active()
     for out in shared:
         assert out.keys() == alone.keys()
         for name in alone:
@@ -31,7 +31,7 @@ def test_shared_sessions_give_the_same_outputs_and_scopes_nest():
 def test_a_session_outlives_its_scope():
     model = conv_bn()
     feeds = random_samples((1, 3, 8, 8), 1)[0].feeds
-    with ort_shared.shared_cpu():
+    with cpu_arena.shared_cpu():
         runner = OrtRunner(model).__enter__()
     try:
         out = runner.run(feeds)  # the arena was shrunk, not freed: the session still runs
