@@ -3,8 +3,12 @@
 For every case, four fresh subprocesses run one after the other on the same machine: diagnose
 on the CPU (ONNX Runtime CPU, all cores), diagnose on CUDA, fix on the CPU, fix on CUDA
 (``--device cpu`` / ``--device cuda``; everything else at its defaults: FP16 target, default
-tolerance, layerwise on, noise floor on, ``--jobs 1``). Wall time is the API call's; the
-process's own total (imports, CUDA start) is reported beside it. Peak GPU memory is the
+tolerance, layerwise on, noise floor on, ``--jobs 1``). Wall time is the API call's, with the
+package's modules imported before the clock starts (``imports_s``: 3.6 to 4.5 s on the GPU
+machine of 2026-11-25, whose read-only site-packages make every process compile onnx-ir's
+sympy from source, a cost of that machine, not of a diagnosis, paid alike by both devices;
+before session 7 it was inside the wall time); the process's own total (imports, CUDA start)
+is reported beside it. Peak GPU memory is the
 device's used memory (NVML, polled every 20 ms) above what it was before the process started.
 Then the answers are compared: verdict, assessment kind, main findings (kind, node), fix plan
 FP32 nodes, and each output's relative L2 (GPU/CPU ratio, the issue asks for <= 1.1x).
@@ -56,6 +60,20 @@ checkout's ``src`` over its copy)::
 
     run  export PYTHONPATH=/tmp/site:$PWD/src && python3 benchmarks/gpu_pipeline.py \
         --assets /tmp/pipe --cases calib256,det --tasks diagnose --out $OUT/pipe_c.json
+
+Sessions 7 and 8 (2026-11-26): a fresh checkout repacks the wheel (``gpu_setup.sh pack``), so
+each ``part N`` call also carries ``.gpu/ort.sha256`` (the sums it checks against); then::
+
+    run  export PYTHONPATH=/tmp/site:$PWD/src && python3 benchmarks/gpu_pipeline.py \
+        --assets /tmp/pipe --cases det --out $OUT/det.json
+    run  ... --cases calib256 --devices cuda --tasks diagnose --out $OUT/calib_cuda.json
+    run kind=nvidia-h100-x2 (after its own four setup calls) \
+         ... --cases calib256 --devices cuda --tasks fix --jobs 1,2 --out $OUT/jobs.json
+
+``--jobs 1,2`` times ``fix`` once per value (keys ``fix_cuda``, ``fix_cuda_j2``) and compares
+the answers of ``--jobs N`` with ``--jobs 1``; GPU memory is polled on every visible GPU
+(``gpu_peak_mib_per_device``). Give each call a ``timeout`` below the device time left: a cut
+call returns nothing of the case it was in.
 
 ``--devices cuda`` re-runs the GPU side alone (when the CPU path did not change);
 ``PD_PROFILE_DIR=$OUT`` writes each run's cProfile (it slows Python-heavy stages several
@@ -238,30 +256,33 @@ def prepare(assets: Path, ml_a: Path) -> None:
 
 
 # --------------------------------------------------------------------------- one measurement
-def run_one(assets: Path, case: str, device: str, task: str) -> dict:
+def run_one(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> dict:
     """One diagnose or fix (in this process); returns what the comparison needs. With
     ``PD_PROFILE_DIR`` set, the call runs under cProfile and the 40 costliest functions
     (cumulative) are written there as ``<case>_<device>_<task>.txt``."""
     folder = os.environ.get("PD_PROFILE_DIR")
     if not folder:
-        return _run_one(assets, case, device, task)
+        return _run_one(assets, case, device, task, jobs)
     import cProfile
     import io
     import pstats
 
     profile = cProfile.Profile()
-    result = profile.runcall(_run_one, assets, case, device, task)
+    result = profile.runcall(_run_one, assets, case, device, task, jobs)
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(40)
     Path(folder, f"{case}_{device}_{task}.txt").write_text(text.getvalue())
     return result
 
 
-def _run_one(assets: Path, case: str, device: str, task: str) -> dict:
+def _run_one(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> dict:
     import numpy as np
 
+    t = time.perf_counter()
     import precision_doctor as pd
+    import precision_doctor.api  # noqa: F401 - imported before the clock (see the docstring)
 
+    imports = time.perf_counter() - t
     model, data, pre = CASES[case]
     kw = dict(preprocess=pre, device=device, quiet=True)
     if case == "calib256":
@@ -281,8 +302,8 @@ def _run_one(assets: Path, case: str, device: str, task: str) -> dict:
                 "rel_l2": {o["name"]: o["metrics"]["rel_l2"] for o in r["outputs"]},
                 "noise": r.get("noise"), "timings_s": r.get("timings_s"),
                 "layerwise_chunks": (r.get("layerwise") or {}).get("chunks"),
-                "samples": len(r["samples"])}
-    f = pd.fix(str(assets / model), str(assets / data), **kw)
+                "samples": len(r["samples"]), "imports_s": imports}
+    f = pd.fix(str(assets / model), str(assets / data), jobs=jobs, **kw)
     wall = time.perf_counter() - t
     rep = f.report
     rel = {k: v["rel_l2"] for k, v in rep["after"].items()}
@@ -291,56 +312,67 @@ def _run_one(assets: Path, case: str, device: str, task: str) -> dict:
             "evaluations": rep["search"]["evaluations"], "rel_l2_after": rel,
             "rel_l2_after_emulated": rel_emu, "seconds": rep["seconds"],
             "device": rep.get("device"), "resources": rep.get("resources"),
-            "np": np.__version__}
+            "np": np.__version__, "imports_s": imports, "jobs": jobs}
 
 
 class GpuMemory:
-    """Peak used memory of GPU 0 (NVML) while a block runs, above the level before it."""
+    """Peak used memory of every visible GPU (NVML) while a block runs, above the level
+    before it; ``mib`` is GPU 0's, ``per_device_mib`` each GPU's."""
 
     def __init__(self) -> None:
-        self.peak = self.base = 0
         self._stop = threading.Event()
+        self._read = None
         try:
             import pynvml
             pynvml.nvmlInit()
-            self._h = pynvml.nvmlDeviceGetHandleByIndex(0)
-            self._read = lambda: pynvml.nvmlDeviceGetMemoryInfo(self._h).used
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
+                       for i in range(pynvml.nvmlDeviceGetCount())]
+            self._read = lambda: [pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles]
         except Exception:  # noqa: BLE001 - no GPU: nothing to measure
-            self._read = None
+            pass
 
     def __enter__(self) -> GpuMemory:
         if self._read is not None:
-            self.base = self.peak = self._read()
+            self.base = self.read_now = self._read()
+            self.peak = list(self.base)
             self._t = threading.Thread(target=self._poll, daemon=True)
             self._t.start()
         return self
 
     def _poll(self) -> None:
         while not self._stop.wait(0.02):
-            self.peak = max(self.peak, self._read())
+            self.peak = [max(a, b) for a, b in zip(self.peak, self._read())]
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
 
     @property
+    def per_device_mib(self) -> list[float] | None:
+        if self._read is None:
+            return None
+        return [(p - b) / 2**20 for p, b in zip(self.peak, self.base)]
+
+    @property
     def mib(self) -> float | None:
-        return None if self._read is None else (self.peak - self.base) / 2**20
+        per = self.per_device_mib
+        return per[0] if per else None
 
 
-def measure(assets: Path, case: str, device: str, task: str) -> dict:
+def measure(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> dict:
     """``run_one`` in a fresh subprocess, with its GPU memory and total time."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(assets / "src"), env.get("PYTHONPATH", "")])
     t = time.perf_counter()
     with GpuMemory() as mem:
         proc = subprocess.run([sys.executable, str(HERE), "--assets", str(assets), "--one",
-                               f"{case},{device},{task}"], capture_output=True, text=True,
+                               f"{case},{device},{task},{jobs}"], capture_output=True, text=True,
                               env=env)
     total = time.perf_counter() - t
     if proc.returncode != 0:
         return {"error": proc.stderr[-3000:], "process_s": total}
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result.update(process_s=total, gpu_peak_mib=mem.mib)
+    result.update(process_s=total, gpu_peak_mib=mem.mib,
+                  gpu_peak_mib_per_device=mem.per_device_mib)
     return result
 
 
@@ -403,12 +435,15 @@ def main() -> None:
     parser.add_argument("--tasks", default="diagnose,fix")
     parser.add_argument("--devices", default="cpu,cuda",
                         help="cuda alone: a GPU-only re-run (its CPU side from an earlier run)")
+    parser.add_argument("--jobs", default="1",
+                        help="fix's --jobs, a comma list: 1,2 times each (cuda: one worker "
+                             "process per GPU); keys fix_<device>_j<N> for N > 1")
     parser.add_argument("--no-src", action="store_true",
                         help="pack without src/tests/benchmarks (the run uses the checkout's)")
     args = parser.parse_args()
     if args.one:
-        case, device, task = args.one.split(",")
-        print(json.dumps(run_one(args.assets, case, device, task), default=str))
+        case, device, task, jobs = args.one.split(",")
+        print(json.dumps(run_one(args.assets, case, device, task, int(jobs)), default=str))
         return
     if args.pack:
         pack(args.pack, args.shared, args.wheels, args.alsa)
@@ -421,13 +456,21 @@ def main() -> None:
         row = results["cases"][case] = {
             "weights_mib": model_bytes(args.assets / CASES[case][0]) / 2**20}
         for task in args.tasks.split(","):
-            for device in args.devices.split(","):
-                row[f"{task}_{device}"] = r = measure(args.assets, case, device, task)
-                print(case, task, device, f"{r.get('wall_s', 0):.1f} s",
+            runs = [(device, int(j)) for device in args.devices.split(",")
+                    for j in (args.jobs.split(",") if task == "fix" else ["1"])]
+            for device, jobs in runs:
+                key = f"{task}_{device}" + (f"_j{jobs}" if jobs > 1 else "")
+                row[key] = r = measure(args.assets, case, device, task, jobs)
+                print(case, task, device, f"jobs={jobs}", f"{r.get('wall_s', 0):.1f} s",
                       json.dumps(r.get("timings_s") or r.get("seconds")),
                       json.dumps(r, default=str)[:1200], flush=True)
             if f"{task}_cpu" in row and f"{task}_cuda" in row:
                 row[f"{task}_same"] = compare(row[f"{task}_cpu"], row[f"{task}_cuda"], task)
+            for key in [k for k in row if k.startswith(f"{task}_cuda_j")]:
+                if f"{task}_cuda" in row:  # --jobs N against --jobs 1 on the GPU
+                    row[f"{key}_same"] = compare(row[f"{task}_cuda"], row[key], task)
+                    print(case, key, "vs jobs=1:", f"{row[f'{task}_cuda'].get('wall_s', 0):.1f}"
+                          f" / {row[key].get('wall_s', 0):.1f} s", row[f"{key}_same"], flush=True)
         if args.out:
             args.out.write_text(json.dumps(results, indent=1, default=str))
     print("\ncase      task      CPU s   GPU s  speedup  GPU peak MiB (weights)  same answers")

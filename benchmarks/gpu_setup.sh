@@ -67,8 +67,9 @@ pack() {
   cat "$dest/ort.sha256"
 }
 
-# sha256 of the parts and of the joined stream, as `pack` last wrote them (onnxruntime-gpu 1.31.1,
-# repacked 2026-11-25 in session 6: xz output is not byte-identical across packs; re-pinned)
+# sha256 of the parts and of the joined stream: from .gpu/ort.sha256 when it travels with the
+# part (carry it beside .gpu/oN: a fresh checkout repacks, and xz output is not byte-identical
+# across packs), else as `pack` last wrote them in session 6 (onnxruntime-gpu 1.31.1, 2026-11-25)
 expected() {  # expected part N | expected stream
   case $1 in
     part) sed -n "s/^part$2 //p" <<< "$SUMS" ;;
@@ -84,6 +85,7 @@ part3 7171402e2b9a408c93c4ec5ac5174559a19f593fbde5acf866a89628d3c627f4
 stream 62519a11b3ecb9e1a75ea74c2007a3868856d21593e8f8551a1b1c8706e1921c 202641108 4
 EOF
 )
+[[ -f .gpu/ort.sha256 ]] && SUMS=$(cat .gpu/ort.sha256)
 
 append_part() {
   local n=$1 src=".gpu/o$1/part" sum want
