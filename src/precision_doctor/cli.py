@@ -160,7 +160,8 @@ def fix_command(
     quiet: bool = typer.Option(False, "--quiet", "-q"),
     jobs: str = typer.Option("1", "--jobs", "-j", help="Worker processes running calibration "
                              "samples in parallel (one ONNX Runtime session each), or 'auto' "
-                             "(one per core; on CUDA one per GPU); same result for any value"),
+                             "(one per core; 1 on CUDA, where N > 1 starts one worker per "
+                             "GPU, measured slower than one); same result for any value"),
     device: str = DEVICE_OPTION,
     labels: Optional[Path] = LABELS_OPTION,
 ) -> None:

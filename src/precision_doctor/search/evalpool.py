@@ -68,9 +68,13 @@ def usable_cores() -> int:
 
 def resolve_jobs(jobs: int | str, samples: int, device: Device = CPU) -> int:
     """Worker count for ``--jobs``: an integer >= 1, or ``auto`` = usable cores / ONNX Runtime
-    threads per worker (1), capped at the number of samples. On CUDA: one worker per device of
-    ``runners.device.pool_devices`` (``auto``: every visible GPU for ``cuda``, one for
-    ``cuda:N``), at most ``jobs``.
+    threads per worker (1), capped at the number of samples. On CUDA, ``auto`` is 1 (this
+    process, whose GPU runs the samples of an evaluation batched): a pool of one worker per
+    GPU, one sample per task, took 1.8x the time of one process on 2 H100s (``fix`` of
+    PP-OCRv4 rec on 256 strips, 299 vs 164 s, 2026-11-26, BENCHMARKS.md). An explicit
+    ``jobs`` > 1 on CUDA asks for that pool: one worker per device of
+    ``runners.device.pool_devices`` (every visible GPU for ``cuda``, one for ``cuda:N``), at
+    most ``jobs``.
 
     Raises:
         InputError: Not a positive integer nor ``auto``.
@@ -85,8 +89,9 @@ def resolve_jobs(jobs: int | str, samples: int, device: Device = CPU) -> int:
     if not auto and int(jobs) < 1:
         raise InputError(f"--jobs must be >= 1 (got {jobs})")
     if device.is_cuda:
-        wanted = 1 << 30 if auto else int(jobs)
-        return max(1, min(len(pool_devices(device, wanted)), wanted, max(samples, 1)))
+        if auto:
+            return 1
+        return max(1, min(len(pool_devices(device, int(jobs))), int(jobs), max(samples, 1)))
     if auto:
         return max(1, min(usable_cores(), samples))
     return min(int(jobs), max(samples, 1))
