@@ -83,21 +83,36 @@ def compute_metrics(reference: Sequence[np.ndarray], candidate: Sequence[np.ndar
     for i, (r, c) in enumerate(zip(reference, candidate)):
         if r.shape != c.shape:
             raise ValueError(f"sample {i}: reference shape {r.shape} != candidate {c.shape}")
-    r = np.concatenate([np.asarray(a, np.float64).ravel() for a in reference])
-    c = np.concatenate([np.asarray(a, np.float64).ravel() for a in candidate])
-    ref_nonfinite = int((~np.isfinite(r)).sum())
-    nan, inf = int(np.isnan(c).sum()), int(np.isinf(c).sum())
-    ok = np.isfinite(r) & np.isfinite(c)
-    rf, cf = r[ok], c[ok]
-    e = np.abs(cf - rf)
-    ref_norm2 = float(np.dot(rf, rf))
-    err_norm2 = float(np.dot(cf - rf, cf - rf))
-    rel_l2 = l2_ratio(err_norm2, ref_norm2, nan + inf)
-    cand_norm2 = float(np.dot(cf, cf))
-    cosine = (float(np.dot(cf, rf)) / math.sqrt(cand_norm2 * ref_norm2)
-              if cand_norm2 > 0 and ref_norm2 > 0 else float(cand_norm2 == ref_norm2))
-    snr = math.inf if err_norm2 == 0 else (10 * math.log10(ref_norm2 / err_norm2)
-                                            if ref_norm2 > 0 else -math.inf)
+    # one sample at a time (float64 copies of one sample, not of all of them), so that large
+    # outputs cost one pass (256 x 40 x 6625 CTC-like scores: 1.6 s instead of 5.3 s, 2 cores)
+    numel = ref_nonfinite = nan = inf = 0
+    ref2 = err2 = cand2 = cross = 0.0
+    ref_max = 0.0
+    errors: list[np.ndarray] = []
+    for ra, ca in zip(reference, candidate):
+        r = np.asarray(ra, np.float64).ravel()
+        c = np.asarray(ca, np.float64).ravel()
+        numel += r.size
+        r_ok, c_ok = np.isfinite(r), np.isfinite(c)
+        if not (r_ok.all() and c_ok.all()):
+            ref_nonfinite += int(r.size - np.count_nonzero(r_ok))
+            nan += int(np.count_nonzero(np.isnan(c)))
+            inf += int(np.count_nonzero(np.isinf(c)))
+            ok = r_ok & c_ok
+            r, c = r[ok], c[ok]
+        d = c - r
+        ref2 += float(np.dot(r, r))
+        err2 += float(np.dot(d, d))
+        cand2 += float(np.dot(c, c))
+        cross += float(np.dot(c, r))
+        if r.size:
+            ref_max = max(ref_max, float(np.max(np.abs(r))))
+        errors.append(np.abs(d, out=d))
+    e = np.concatenate(errors) if errors else np.zeros(0)
+    rel_l2 = l2_ratio(err2, ref2, nan + inf)
+    cosine = (cross / math.sqrt(cand2 * ref2)
+              if cand2 > 0 and ref2 > 0 else float(cand2 == ref2))
+    snr = math.inf if err2 == 0 else (10 * math.log10(ref2 / err2) if ref2 > 0 else -math.inf)
     agreement = None
     if reference and _argmax_applicable(reference[0].shape):
         agree = total = 0
@@ -107,14 +122,13 @@ def compute_metrics(reference: Sequence[np.ndarray], candidate: Sequence[np.ndar
             total += a.size
         agreement = agree / total if total else None
     has = e.size > 0
+    median, p99 = (float(q) for q in np.quantile(e, [0.5, 0.99])) if has else (0.0, 0.0)
     return OutputMetrics(
-        numel=int(r.size),
+        numel=numel,
         max_abs=float(e.max()) if has else 0.0,
         mean_abs=float(e.mean()) if has else 0.0,
-        median_abs=float(np.median(e)) if has else 0.0,
-        p99_abs=float(np.quantile(e, 0.99)) if has else 0.0,
-        rel_l2=rel_l2, cosine=cosine, snr_db=snr,
-        ref_max_abs=float(np.abs(rf).max()) if rf.size else 0.0,
+        median_abs=median, p99_abs=p99,
+        rel_l2=rel_l2, cosine=cosine, snr_db=snr, ref_max_abs=ref_max,
         nan=nan, inf=inf, ref_nonfinite=ref_nonfinite, argmax_agreement=agreement)
 
 
