@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnx
 
+from precision_doctor.api.device import choose_device
 from precision_doctor.api.options import (
     DataLike,
     ModelLike,
@@ -32,7 +33,6 @@ from precision_doctor.jsonable import json_float
 from precision_doctor.layerwise.candidates import Candidate, candidate_from_spec, reference_factory
 from precision_doctor.layerwise.candidates import run_samples as run_all
 from precision_doctor.precision.plan import PrecisionPlan
-from precision_doctor.runners.device import resolve_device
 from precision_doctor.runners.device import use as use_device
 from precision_doctor.runners.kernels.engines import conv_bias_of
 from precision_doctor.runners.kernels.registry import cpu_fp16_warning, refuse_cpu_bf16
@@ -112,7 +112,8 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
             (``Diagnosis.transformer["stress"]``; up to ~26 extra FP32 runs of one sample).
         device: Where the reference, the emulation, the layerwise segments and the impact
             measurements run: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (the first
-            CUDA device when ``onnxruntime-gpu`` and a GPU are present, else the CPU). On
+            CUDA device when ``onnxruntime-gpu`` and a GPU are present and the workload pays
+            for starting CUDA, else the CPU, with a warning saying so: ``api.device``). On
             CUDA the reference is FP32 with TF32 off (``Diagnosis.reference`` says so) and
             the noise floor adds a CPU cross-check (``runners.device``).
         labels: Ground truth (COCO JSON for detection, ``file,class`` CSV for
@@ -173,7 +174,8 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
     candidate = candidate_from_spec(runner, emulated_plan, proto, other,
                                     conv_bias)
     runs: dict[str, dict[str, list[np.ndarray]]] = {}  # the plain runs, scored again below
-    with progress_reporter(progress, quiet) as callback, use_device(resolve_device(device)), \
+    where, device_note = choose_device(device, proto, samples)
+    with progress_reporter(progress, quiet) as callback, use_device(where), \
             switched.sessions():
         report = diagnose_model(proto, samples, precision, candidate,
                                 parse_tolerances(tolerance, precision), layerwise=layerwise,
@@ -186,6 +188,8 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
                                 stress=stress, runs=runs)
         if cpu_note:
             report = replace(report, warnings=(cpu_note, *report.warnings))
+        if device_note:
+            report = replace(report, warnings=(*report.warnings, device_note))
         task = (task_score(proto, samples, candidate, objective, callback, runs)
                 if objective is not None else None)
         measured = None

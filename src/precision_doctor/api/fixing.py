@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 import onnx
 
+from precision_doctor.api.device import choose_device
 from precision_doctor.api.options import (
     DataLike,
     ModelLike,
@@ -37,7 +38,6 @@ from precision_doctor.report.files import (
     write_text_atomic,
 )
 from precision_doctor.report.notebook import fix_summary
-from precision_doctor.runners.device import resolve_device
 from precision_doctor.runners.device import use as use_device
 from precision_doctor.runners.kernels.engines import engine_of_runner, parse_engine
 from precision_doctor.runners.kernels.registry import refuse_cpu_bf16
@@ -317,11 +317,13 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
         jobs: Evaluate samples in this many processes (one ONNX Runtime session each; a
             process pool forked per search), or ``"auto"`` (cores / ORT threads). Results are
             identical for any value; it pays when the machine has cores to spare. On CUDA
-            (``device``), one worker process per visible GPU (``"auto"``: all of them).
+            (``device``), N > 1 starts one worker process per visible GPU; ``"auto"`` is 1
+            there (the pool was measured slower, ``search.evalpool.resolve_jobs``).
         device: Where the reference, the emulated search evaluations and the verification
             run: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (the first CUDA device
-            when ``onnxruntime-gpu`` and a GPU are present, else the CPU); recorded in
-            ``report["device"]``.
+            when ``onnxruntime-gpu`` and a GPU are present and the workload pays for starting
+            CUDA, else the CPU: ``api.device``); recorded in ``report["device"]``, with a
+            ``note`` when ``auto`` kept the CPU.
         labels: Ground truth (COCO JSON for detection, ``file,class`` CSV for
             classification, matched to image samples by file name): the report's
             ``accuracy`` gives the task accuracy of the FP32 model, the naive low precision
@@ -356,7 +358,7 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
     samples = as_samples(data, proto, preprocess, max_samples)
     objective, accuracy = labelled_objective(
         build_objective(tolerance, metric, threshold, precision), proto, samples, labels)
-    where = resolve_device(device)
+    where, device_note = choose_device(device, proto, samples)
     workers = resolve_jobs(jobs, len(samples), where)
     factory = None
     if precision is Precision.BF16:
@@ -372,5 +374,7 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
     report = result.to_dict()
     report["model"] = {"input": path, "output": None}
     report["device"] = where.to_dict()
+    if device_note:
+        report["device"]["note"] = device_note
     return Fix(result.model, result.plan, report, result.rewritten, result, tuple(samples),
                proto)

@@ -52,6 +52,9 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
     assert result is not None
     if not quiet:
         render_fix(result, console)
+        note = fixed.report.get("device", {}).get("note")
+        if note:
+            console.print(note, markup=False, style="yellow")
         for name, path in [("model", output), *side.items()] + (
                 [("html", html_path)] if html_path else []):
             console.print(f"{name}: {path}", markup=False)
