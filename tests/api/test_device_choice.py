@@ -44,3 +44,13 @@ def test_without_a_gpu_auto_is_the_cpu_without_an_estimate(monkeypatch):
     monkeypatch.setattr(choice, "cpu_reference_seconds", lambda *_: 1 / 0)
     assert choice.choose_device("auto", transformer_block(),
                                 random_samples((2, 8, 16), 2)) == (dev.CPU, None)
+
+
+def test_auto_keeps_the_gpu_when_the_cpu_cannot_run_the_model(one_fake_gpu, monkeypatch):
+    from precision_doctor.errors import BackendError
+
+    def cannot(*_):
+        raise BackendError("ort-cpu: no kernel")
+    monkeypatch.setattr(choice, "cpu_reference_seconds", cannot)
+    assert choice.choose_device("auto", transformer_block(),
+                                random_samples((2, 8, 16), 2)) == (dev.Device("cuda", 0), None)

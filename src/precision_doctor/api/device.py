@@ -23,6 +23,7 @@ from typing import Sequence
 
 import onnx
 
+from precision_doctor.errors import PrecisionDoctorError
 from precision_doctor.graph.external import small_in_memory
 from precision_doctor.inputs import Sample
 from precision_doctor.runners.device import CPU, Device, parse_device, resolve_device
@@ -43,19 +44,21 @@ def choose_device(spec: str | Device | None, model: onnx.ModelProto,
 
     Returns:
         ``(device, note)``; the note (None unless ``auto`` kept the CPU) says why and how to
-        force the GPU.
+        force the GPU. When ONNX Runtime CPU cannot run the model, ``auto`` keeps the GPU.
 
     Raises:
         InputError: Unknown spec.
         BackendUnavailable: CUDA was asked for explicitly and cannot run
             (``runners.device.resolve_device``).
-        BackendError: ONNX Runtime CPU cannot run the model (the estimate's run).
     """
     device = resolve_device(spec)
     if not device.is_cuda or not parse_device(spec)[1] or not samples \
             or not small_in_memory(model):
         return device, None
-    seconds = cpu_reference_seconds(model, samples)
+    try:
+        seconds = cpu_reference_seconds(model, samples)
+    except PrecisionDoctorError:  # the CPU cannot run it: the GPU may (its error is the run's)
+        return device, None
     if seconds >= AUTO_CPU_SECONDS:
         return device, None
     return CPU, (f"--device auto ran on the CPU, not {device.label}: the FP32 reference of "
