@@ -43,3 +43,32 @@ def test_tolerance_parse_and_elementwise_share():
     with pytest.raises(ValueError):
         Tolerance.parse("bogus=1")
     assert default_tolerance(Precision.BF16).rel_l2 > default_tolerance(Precision.FP16).rel_l2
+
+
+def test_one_pass_statistics_equal_the_whole_set_definitions():
+    """Per-sample streaming (``compute_metrics``) against the definitions computed over the
+    concatenation of all samples, with NaN/Inf in the reference and the candidate, an empty
+    sample and samples of different shapes."""
+    rng = np.random.default_rng(3)
+    r = [rng.standard_normal((2, 5)).astype(np.float32), np.zeros((0, 5), np.float32),
+         rng.standard_normal((3, 5)).astype(np.float32)]
+    c = [x + np.float32(1e-2) * rng.standard_normal(x.shape).astype(np.float32) for x in r]
+    r[0][0, 1], r[2][1, 3] = np.inf, np.nan       # 2 non-finite reference values
+    c[0][1, 2], c[2][0, 0] = np.nan, -np.inf      # 1 NaN, 1 Inf in the candidate
+    m = compute_metrics(r, c)
+    rr = np.concatenate([x.ravel() for x in r]).astype(np.float64)
+    cc = np.concatenate([x.ravel() for x in c]).astype(np.float64)
+    ok = np.isfinite(rr) & np.isfinite(cc)
+    e = np.abs(cc[ok] - rr[ok])
+    assert (m.numel, m.ref_nonfinite, m.nan, m.inf) == (25, 2, 1, 1)
+    assert math.isinf(m.rel_l2)  # a non-finite candidate fails the relative L2
+    assert m.max_abs == pytest.approx(e.max(), rel=1e-12)
+    assert m.mean_abs == pytest.approx(e.mean(), rel=1e-12)
+    assert m.median_abs == pytest.approx(np.median(e), rel=1e-12)
+    assert m.p99_abs == pytest.approx(np.quantile(e, 0.99), rel=1e-12)
+    assert m.ref_max_abs == pytest.approx(np.abs(rr[ok]).max(), rel=1e-12)
+    d = cc[ok] - rr[ok]
+    cos = np.dot(cc[ok], rr[ok]) / math.sqrt(np.dot(cc[ok], cc[ok]) * np.dot(rr[ok], rr[ok]))
+    assert m.cosine == pytest.approx(cos, rel=1e-12)
+    assert m.snr_db == pytest.approx(10 * math.log10(np.dot(rr[ok], rr[ok]) / np.dot(d, d)),
+                                     rel=1e-12)
