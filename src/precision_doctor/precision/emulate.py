@@ -43,6 +43,7 @@ any size stays a small proto and repeated emulations (search, layerwise) reuse t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, TypeVar
 
 import numpy as np
 import onnx
@@ -83,6 +84,9 @@ class EmulationInfo:
     method: dict[str, str] = field(default_factory=dict)
     unknown_dtype: tuple[str, ...] = ()
     subgraph_nodes: int = 0
+
+
+_E = TypeVar("_E", bound="_Emulator")
 
 
 class _Emulator:
@@ -273,6 +277,18 @@ def emulate(model: onnx.ModelProto, plan: PrecisionPlan, conv_bias: str = FUSED
                                                       "bias added after the rounded Conv")
                                     for conv, add in added.items()})
     model, plan = expand_low_precision_stats(model, plan)  # stash_type=0 LayerNorms
+    out, info, _ = build_emulation(model, lambda m: _Emulator(m, plan))
+    return out, info
+
+
+def build_emulation(model: onnx.ModelProto, make: Callable[[ir.Model], _E]
+                    ) -> tuple[onnx.ModelProto, EmulationInfo, _E]:
+    """Infer ``model``'s types, run the emulator ``make`` builds on it, and serialize the
+    result (shared by ``emulate`` and ``precision.emulate_switch``).
+
+    Raises:
+        UnsupportedModelError: Shape/type inference of the model failed.
+    """
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception as exc:  # inference can fail on custom ops; fall back to the bare model
@@ -280,14 +296,14 @@ def emulate(model: onnx.ModelProto, plan: PrecisionPlan, conv_bias: str = FUSED
             f"ONNX shape inference failed ({exc}); the emulator needs tensor dtypes. Run "
             "onnx.shape_inference or export with value_info.") from exc
     ir_model = ir.serde.deserialize_model(inferred)
-    emulator = _Emulator(ir_model, plan)
+    emulator = make(ir_model)
     emulator.run()
     subgraph_nodes = sum(1 for _ in ir_model.graph.all_nodes()) - len(list(ir_model.graph))
     out = ir.serde.serialize_model(ir_model)
     del out.graph.value_info[:]  # stale after renaming; ORT re-infers
     info = EmulationInfo(emulator.n_act, emulator.n_init, dict(sorted(emulator.methods.items())),
                          tuple(emulator.unknown), subgraph_nodes)
-    return out, info
+    return out, info, emulator
 
 
 def describe_method(model: onnx.ModelProto, precision: Precision) -> str:

@@ -43,10 +43,14 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.formats import Precision
 from precision_doctor.precision.conv_bias import FUSED, SEPARATE, split_conv_bias
-from precision_doctor.precision.emulate import EXACT_OPS, EmulationInfo, _Emulator
+from precision_doctor.precision.emulate import (
+    EXACT_OPS,
+    EmulationInfo,
+    _Emulator,
+    build_emulation,
+)
 from precision_doctor.precision.plan import NodeDecision, PrecisionPlan
 
 SWITCH_INPUT = "pd_keep_fp32"
@@ -99,6 +103,11 @@ class _SwitchEmulator(_Emulator):
         self.low_of: dict[tuple[int, Precision], ir.Value] = {}
         self.switch = ir.Value(name=SWITCH_INPUT, type=ir.TensorType(ir.DataType.BOOL),
                                shape=ir.Shape([None]))
+
+    def run(self) -> None:
+        super().run()
+        self.graph.inputs.append(self.switch)
+        self.switch.shape = ir.Shape([len(self.keys)])
 
     def _keep(self, node: ir.Node) -> ir.Value:
         """The bool scalar ``keep_n`` of ``node``'s switch, computed once before its first
@@ -206,20 +215,5 @@ def emulate_switchable(model: onnx.ModelProto, default: Precision, conv_bias: st
         model, added = split_conv_bias(model, lambda n: True)
         owner = {add: conv for conv, add in added.items()}
         plan = plan.with_overrides({add: NodeDecision(default, "engine") for add in owner})
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception as exc:
-        raise UnsupportedModelError(
-            f"ONNX shape inference failed ({exc}); the emulator needs tensor dtypes. Run "
-            "onnx.shape_inference or export with value_info.") from exc
-    ir_model = ir.serde.deserialize_model(inferred)
-    emulator = _SwitchEmulator(ir_model, plan, owner)
-    emulator.run()
-    ir_model.graph.inputs.append(emulator.switch)
-    emulator.switch.shape = ir.Shape([len(emulator.keys)])
-    subgraph_nodes = sum(1 for _ in ir_model.graph.all_nodes()) - len(list(ir_model.graph))
-    out = ir.serde.serialize_model(ir_model)
-    del out.graph.value_info[:]  # stale after renaming; ORT re-infers
-    info = EmulationInfo(emulator.n_act, emulator.n_init, dict(sorted(emulator.methods.items())),
-                         tuple(emulator.unknown), subgraph_nodes)
+    out, info, emulator = build_emulation(model, lambda m: _SwitchEmulator(m, plan, owner))
     return SwitchableEmulation(out, tuple(emulator.keys), default, conv_bias, info)
