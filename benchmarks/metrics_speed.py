@@ -6,14 +6,17 @@ against its FP16 emulation; the crops are repeated to ``--samples`` samples (def
 size of ``gpu_pipeline.py``'s calib256 case: 256 x 1 x T x 6625 CTC scores), so the statistics
 run at the size where they cost. Both versions run on the same arrays, side by side, 3 times
 each (the first call pays page faults); the best time and the largest relative difference of
-any statistic are printed.
+any statistic are printed. The version before is read from a worktree of commit aa5e532 (the
+last one with whole-set concatenations), as ``diagnose_cost.py`` does:
 
-    PYTHONPATH=src python3 benchmarks/metrics_speed.py [--samples 256]
+    git worktree add /tmp/pd-before aa5e532
+    PYTHONPATH=src python3 benchmarks/metrics_speed.py --before /tmp/pd-before/src
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import sys
 import time
@@ -24,50 +27,20 @@ import numpy as np
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1] / "src"))
 
-from precision_doctor.compare.metrics import (  # noqa: E402
-    OutputMetrics,
-    _argmax_applicable,
-    compute_metrics,
-    l2_ratio,
-)
+from precision_doctor.compare.metrics import compute_metrics  # noqa: E402
 
 SHARED = HERE.parents[2] / "shared"
 
 
-def replaced(reference, candidate) -> OutputMetrics:
-    """``compute_metrics`` as it was before 2026-11-26 (whole-set float64 concatenations)."""
-    r = np.concatenate([np.asarray(a, np.float64).ravel() for a in reference])
-    c = np.concatenate([np.asarray(a, np.float64).ravel() for a in candidate])
-    ref_nonfinite = int((~np.isfinite(r)).sum())
-    nan, inf = int(np.isnan(c).sum()), int(np.isinf(c).sum())
-    ok = np.isfinite(r) & np.isfinite(c)
-    rf, cf = r[ok], c[ok]
-    e = np.abs(cf - rf)
-    ref_norm2 = float(np.dot(rf, rf))
-    err_norm2 = float(np.dot(cf - rf, cf - rf))
-    rel_l2 = l2_ratio(err_norm2, ref_norm2, nan + inf)
-    cand_norm2 = float(np.dot(cf, cf))
-    cosine = (float(np.dot(cf, rf)) / math.sqrt(cand_norm2 * ref_norm2)
-              if cand_norm2 > 0 and ref_norm2 > 0 else float(cand_norm2 == ref_norm2))
-    snr = math.inf if err_norm2 == 0 else (10 * math.log10(ref_norm2 / err_norm2)
-                                            if ref_norm2 > 0 else -math.inf)
-    agreement = None
-    if reference and _argmax_applicable(reference[0].shape):
-        agree = total = 0
-        for ra, ca in zip(reference, candidate):
-            a, b = np.argmax(ra, axis=-1), np.argmax(ca, axis=-1)
-            agree += int((a == b).sum())
-            total += a.size
-        agreement = agree / total if total else None
-    has = e.size > 0
-    return OutputMetrics(
-        numel=int(r.size), max_abs=float(e.max()) if has else 0.0,
-        mean_abs=float(e.mean()) if has else 0.0,
-        median_abs=float(np.median(e)) if has else 0.0,
-        p99_abs=float(np.quantile(e, 0.99)) if has else 0.0,
-        rel_l2=rel_l2, cosine=cosine, snr_db=snr,
-        ref_max_abs=float(np.abs(rf).max()) if rf.size else 0.0,
-        nan=nan, inf=inf, ref_nonfinite=ref_nonfinite, argmax_agreement=agreement)
+def compute_metrics_of(src: Path):
+    """``compute_metrics`` of the tree ``src`` (its ``compare/metrics.py``, loaded apart)."""
+    path = src / "precision_doctor" / "compare" / "metrics.py"
+    spec = importlib.util.spec_from_file_location("metrics_before", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.compute_metrics
 
 
 def outputs(samples: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -93,7 +66,9 @@ def outputs(samples: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=256)
+    parser.add_argument("--before", type=Path, required=True, help="src/ of the tree before")
     args = parser.parse_args()
+    replaced = compute_metrics_of(args.before)
     ref, cand = outputs(args.samples)
     numel = sum(r.size for r in ref)
     print(f"{len(ref)} samples, {numel:,} elements ({ref[0].shape} ...)")

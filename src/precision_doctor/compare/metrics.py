@@ -84,7 +84,8 @@ def compute_metrics(reference: Sequence[np.ndarray], candidate: Sequence[np.ndar
         if r.shape != c.shape:
             raise ValueError(f"sample {i}: reference shape {r.shape} != candidate {c.shape}")
     # one sample at a time (float64 copies of one sample, not of all of them), so that large
-    # outputs cost one pass (256 x 40 x 6625 CTC-like scores: 1.6 s instead of 5.3 s, 2 cores)
+    # outputs cost one pass (256 real rec outputs of 1x40x6625: 1.4-2.2 s instead of 3.3-4.2 s
+    # on 2 cores, benchmarks/metrics_speed.py, BENCHMARKS.md)
     numel = ref_nonfinite = nan = inf = 0
     ref2 = err2 = cand2 = cross = 0.0
     ref_max = 0.0
