@@ -10,9 +10,16 @@ from test_layerwise_segments import residual_model, residual_samples
 from tiny_models import conv_bn, random_samples
 
 from precision_doctor.formats import FORMATS, Precision
+from precision_doctor.graph.outputs import TensorSite
 from precision_doctor.layerwise.candidates import emulated, reference_factory
 from precision_doctor.layerwise.compare import compare_layerwise
-from precision_doctor.layerwise.resident import FIELDS, stats_model
+from precision_doctor.layerwise.resident import (
+    FIELDS,
+    STATS_TEMP_BYTES,
+    ResidentStats,
+    chunk_elements,
+    stats_model,
+)
 from precision_doctor.layerwise.stats import _Accumulator
 from precision_doctor.precision.plan import PrecisionPlan
 
@@ -41,7 +48,8 @@ def test_statistics_graph_matches_the_numpy_accumulator(target, nonfinite):
     host = _Accumulator(None)
     host.add(r, c, fmt.max, fmt.min_subnormal, fmt.min_normal)
     device = _Accumulator(None)
-    device.fold(r.size, dict(zip(FIELDS, session.run(None, {"r": r, "c": c})[0].tolist())))
+    whole = {"r": r, "c": c, "lo": np.array([0]), "hi": np.array([r.size])}
+    device.fold(r.size, dict(zip(FIELDS, session.run(None, whole)[0].tolist())))
     if target is Precision.FP16:  # every count is exercised
         assert host.overflow > 0 and host.flush > 0 and host.subnormal > 0 and host.lost > 0
     for field in COUNTS:
@@ -75,3 +83,35 @@ def test_io_bound_segments_give_the_same_records(case):
             assert math.isclose(getattr(a, field), getattr(b, field), rel_tol=1e-5,
                                 abs_tol=1e-12), (a.tensor, field)
     assert bound.first_divergence == host.first_divergence
+
+
+def test_statistics_in_slices_fold_into_the_whole_tensors_statistics():
+    """``ResidentStats`` reduces a tensor larger than its slice in several runs (here 3 runs of
+    at most 3000 elements for 8400): the same counts and, up to summation order, sums."""
+    fmt = FORMATS[Precision.FP16]
+    r, c = _pair(np.random.default_rng(3), True)
+    host = _Accumulator(None)
+    host.add(r, c, fmt.max, fmt.min_subnormal, fmt.min_normal)
+    pool = ResidentStats([TensorSite("t", "n", "Add", 0, r.size)], fmt)
+    try:
+        pool.chunk = 3000
+        pool.add(["t"], {"t": ort.OrtValue.ortvalue_from_numpy(r)},
+                 {"t": ort.OrtValue.ortvalue_from_numpy(c)})
+        device = pool.accs["t"]
+    finally:
+        pool.close()
+    assert device.numel == r.size
+    for field in COUNTS:
+        assert getattr(device, field) == getattr(host, field), field
+    for field in SUMS:
+        assert math.isclose(getattr(device, field), getattr(host, field), rel_tol=1e-6), field
+
+
+def test_the_slice_keeps_the_graphs_intermediates_within_their_bound():
+    """The bound counts every full-size intermediate (masks 1 byte, float32 4, float64 8 per
+    element): tens of bytes per element, so a slice is millions of elements, not the tensor."""
+    model = stats_model(FORMATS[Precision.FP16])
+    chunk = chunk_elements(model)
+    per_element = STATS_TEMP_BYTES / chunk
+    assert 40 < per_element < 200
+    assert chunk_elements(model, 1) == 1 << 16

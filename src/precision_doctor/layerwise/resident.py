@@ -9,6 +9,13 @@ as ``OrtValue``s, boundary tensors feed the next segment from there, and each co
 (``stats_model``) run in one more session on the same device. Thirteen float64 numbers per
 tensor come back.
 
+The graph reduces a tensor in slices of at most ``chunk_elements()`` elements: its
+intermediates (masks, differences, float64 copies) take up to 131 bytes per element of what it
+is given (counted without buffer reuse), so a whole 500 MB float32 tensor could need 16 GB of
+GPU memory beyond the segment budget. Per slice they stay under ``STATS_TEMP_BYTES`` (2M
+elements a run); the statistics are sums, counts and maxima, so the slices fold in exactly as
+the whole tensor would (up to summation order).
+
 The graph computes exactly the statistics of ``layerwise.stats._Accumulator`` (same element
 sets, same definitions): finite means ``|x| < inf`` (NaN compares false), sums are float64
 (the numpy path sums float32 within blocks of 2^17 elements and float64 across them, so the two
@@ -33,6 +40,12 @@ from precision_doctor.runners.ort import OrtRunner
 FIELDS = ("ref_max", "cand_max", "err_max", "err_sum", "err2", "ref2", "nan", "inf",
           "ref_bad", "overflow", "flush", "subnormal", "lost")
 _OPSET = 18
+# GPU memory of the statistics graph's intermediates in one run (module docstring).
+STATS_TEMP_BYTES = 256 << 20
+# Ops of the statistics graph whose output is not the size of its input.
+_REDUCING = {"ReduceMax", "ReduceSum", "ReduceSumSquare", "Constant", "Reshape", "Concat"}
+_BYTES = {TensorProto.FLOAT: 4, TensorProto.DOUBLE: 8, TensorProto.BOOL: 1,
+          TensorProto.INT64: 8}
 
 
 def stats_model(fmt: FloatFormat) -> onnx.ModelProto:
@@ -43,10 +56,17 @@ def stats_model(fmt: FloatFormat) -> onnx.ModelProto:
             (half of it: flush-to-zero, ONNX ``Cast`` rounding) and smallest normal value.
 
     Returns:
-        A model with inputs ``r``, ``c`` (float32, any shape, the same for both) and output
-        ``s`` (float64[13], in ``FIELDS`` order).
+        A model with inputs ``r``, ``c`` (float32, any shape, the same for both), ``lo``,
+        ``hi`` (int64[1]: the slice ``[lo, hi)`` of both tensors flattened in C order that is
+        reduced) and output ``s`` (float64[13], in ``FIELDS`` order).
     """
     nodes: list[onnx.NodeProto] = []
+    flat = helper.make_tensor("flat", TensorProto.INT64, [1], [-1])
+    nodes.append(helper.make_node("Constant", [], ["flat_shape"], value=flat))
+    for x in ("r", "c"):
+        nodes.append(helper.make_node("Reshape", [x, "flat_shape"], [f"{x}_flat"]))
+        nodes.append(helper.make_node("Slice", [f"{x}_flat", "lo", "hi"], [f"{x}s"],
+                                      name=f"{x}s"))
 
     def op(kind: str, inputs: Sequence[str], out: str, **attrs) -> str:
         nodes.append(helper.make_node(kind, list(inputs), [out], name=out, **attrs))
@@ -67,10 +87,10 @@ def stats_model(fmt: FloatFormat) -> onnx.ModelProto:
     inf, zero = const("inf", float("inf")), const("zero", 0.0)
     top, half_sub = const("fmt_max", fmt.max), const("half_sub", fmt.min_subnormal / 2)
     normal = const("min_normal", fmt.min_normal)
-    ar, ac = op("Abs", ["r"], "ar"), op("Abs", ["c"], "ac")
+    ar, ac = op("Abs", ["rs"], "ar"), op("Abs", ["cs"], "ac")
     r_ok, c_ok = op("Less", [ar, inf], "r_ok"), op("Less", [ac, inf], "c_ok")
     ok = op("And", [r_ok, c_ok], "ok")
-    c_nan = op("Not", [op("Equal", ["c", "c"], "c_eq")], "c_nan")
+    c_nan = op("Not", [op("Equal", ["cs", "cs"], "c_eq")], "c_nan")
     c_inf = op("Equal", [ac, inf], "c_inf")
     r_bad = op("Not", [r_ok], "r_bad")
     over = op("And", [r_ok, op("Greater", [ar, top], "gt_max")], "over")
@@ -80,11 +100,11 @@ def stats_model(fmt: FloatFormat) -> onnx.ModelProto:
     flush = op("And", [nonzero, below_half], "flush")
     subnormal = op("And", [op("Not", [below_half], "at_least_half"), small], "subnormal")
     lost = op("And", [op("And", [ok, op("And", [small, nonzero], "small_nz")], "ok_small"),
-                      op("Equal", ["c", zero], "c_zero")], "lost")
-    d = op("Where", [ok, op("Sub", ["c", "r"], "diff"), zero], "d")
+                      op("Equal", ["cs", zero], "c_zero")], "lost")
+    d = op("Where", [ok, op("Sub", ["cs", "rs"], "diff"), zero], "d")
     ad = op("Abs", [d], "ad")
     d64 = op("Cast", [d], "d64", to=TensorProto.DOUBLE)
-    r64 = op("Cast", [op("Where", [ok, "r", zero], "r_okv")], "r64", to=TensorProto.DOUBLE)
+    r64 = op("Cast", [op("Where", [ok, "rs", zero], "r_okv")], "r64", to=TensorProto.DOUBLE)
     ad64 = op("Cast", [ad], "ad64", to=TensorProto.DOUBLE)
     parts = [
         fmax(op("Where", [r_ok, ar, zero], "ar_ok")),
@@ -103,10 +123,30 @@ def stats_model(fmt: FloatFormat) -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes, "pd_layerwise_stats",
         [helper.make_tensor_value_info("r", TensorProto.FLOAT, None),
-         helper.make_tensor_value_info("c", TensorProto.FLOAT, None)],
+         helper.make_tensor_value_info("c", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("lo", TensorProto.INT64, [1]),
+         helper.make_tensor_value_info("hi", TensorProto.INT64, [1])],
         [helper.make_tensor_value_info("s", TensorProto.DOUBLE, [len(FIELDS)])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)],
                              ir_version=8)
+
+
+def chunk_elements(model: onnx.ModelProto, temp_bytes: int = STATS_TEMP_BYTES) -> int:
+    """Elements per run of the statistics graph ``model`` (``stats_model``) whose
+    intermediates fit ``temp_bytes``: ``temp_bytes`` over the bytes per element of every
+    intermediate the size of the slice (no buffer reuse assumed, so an upper bound; ONNX
+    Runtime's memory planner reuses buffers and needs less). At least 2^16."""
+    typed = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in typed.graph.value_info}
+    full = {"rs", "cs"}
+    per_element = 0
+    for node in typed.graph.node:
+        if node.op_type in _REDUCING or not full.intersection(node.input):
+            continue
+        for out in node.output:
+            full.add(out)
+            per_element += _BYTES.get(types.get(out, TensorProto.DOUBLE), 8)
+    return max(1 << 16, temp_bytes // max(per_element, 1))
 
 
 def is_resident(runner: object) -> bool:
@@ -127,7 +167,9 @@ class ResidentStats(StatsPool):
     def __init__(self, sites: Sequence[TensorSite], fmt: FloatFormat,
                  threads: int | None = None) -> None:
         super().__init__(sites, fmt, threads)
-        self._session = OrtRunner(stats_model(fmt), name="layerwise-stats").__enter__()
+        model = stats_model(fmt)
+        self.chunk = chunk_elements(model)
+        self._session = OrtRunner(model, name="layerwise-stats").__enter__()
 
     def add(self, names: Sequence[str], ref: Mapping[str, object],
             cand: Mapping[str, object]) -> None:
@@ -146,8 +188,12 @@ class ResidentStats(StatsPool):
             size = int(np.prod(_shape(r)))
             if size == 0:
                 continue
-            values = to_host(self._session.run_resident({"r": r, "c": c})["s"])
-            self.accs[n].fold(size, dict(zip(FIELDS, values.tolist())))
+            for lo in range(0, size, self.chunk):
+                hi = min(size, lo + self.chunk)
+                values = to_host(self._session.run_resident(
+                    {"r": r, "c": c, "lo": np.array([lo], np.int64),
+                     "hi": np.array([hi], np.int64)})["s"])
+                self.accs[n].fold(hi - lo, dict(zip(FIELDS, values.tolist())))
         if host_ref:
             super().add(list(host_ref), host_ref, host_cand)
 
