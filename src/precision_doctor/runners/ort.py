@@ -11,7 +11,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -85,6 +85,16 @@ class OrtRunner:
             search spent half its CPU time in page faults (``repair.stages.SEARCH_ARENA``).
             Turn it on to time CPU inference. Inside ``runners.sessions.cpu_arena.shared_cpu()``
             the session allocates from one arena shared with the other sessions instead.
+        arena_shrinkage: On a CUDA device, end every run by giving the device arena's free
+            regions back (ONNX Runtime's run option ``memory.enable_memory_arena_shrinkage``),
+            so that between runs the session holds its weights and no activations. For a
+            session that outlives a stage (``runners.sessions.switched``): measured on an H200
+            (PP-OCRv4 rec, 256 strips, ``benchmarks/gpu_pipeline.py``), the switched emulation
+            kept its batched runs' activations through the layerwise stage, 2.6 GiB of the
+            diagnosis's 12.8 GiB peak. Off by default: it costs a cudaFree/cudaMalloc per
+            run, which sessions of many small runs feel (the same layerwise with every
+            statistics-graph run shrinking: 44.6 vs 15.5 s; with only the segments' runs
+            shrinking: 16.7 vs 16.3 s; ``benchmarks/gpu_memory_probe.py``).
 
     Raises:
         BackendUnavailable: (on ``__enter__``) a requested provider is not available; the
@@ -97,7 +107,7 @@ class OrtRunner:
                  provider_options: Sequence[Mapping[str, str]] | None = None,
                  name: str | None = None, graph_optimization: str = "all",
                  intra_op_threads: int = 0, strict_providers: bool = True,
-                 cpu_mem_arena: bool = False) -> None:
+                 cpu_mem_arena: bool = False, arena_shrinkage: bool = False) -> None:
         self.model = model
         if providers is None:
             providers, provider_options = device.default_providers()
@@ -111,6 +121,8 @@ class OrtRunner:
         self.intra_op_threads = intra_op_threads
         self.strict_providers = strict_providers
         self.cpu_mem_arena = cpu_mem_arena
+        self.arena_shrinkage = arena_shrinkage
+        self._run_options: Any = None  # __enter__ sets it where runs shrink the arena
         self._session = None
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._weights: list = []  # OrtValues ONNX Runtime reads from: alive as long as the session
@@ -151,6 +163,12 @@ class OrtRunner:
             raise BackendUnavailable(
                 f"{self.name}: ONNX Runtime fell back to {used} instead of {self.providers[0]}",
                 provider=self.providers[0])
+        if self.arena_shrinkage and self.providers[0] == device.CUDA_PROVIDER:
+            shrink = ort.RunOptions()
+            shrink.add_run_config_entry(
+                "memory.enable_memory_arena_shrinkage",
+                f"gpu:{int(self.provider_options[0].get('device_id', 0))}")
+            self._run_options = shrink
         return self
 
     def _source(self, ort, options) -> bytes | str:
@@ -208,7 +226,7 @@ class OrtRunner:
         session = self._require()
         names = list(output_names) if output_names else self.output_names()
         try:
-            values = session.run(names, dict(feeds))
+            values = session.run(names, dict(feeds), self._run_options)
         except Exception as exc:
             raise BackendError(f"{self.name}: run failed: {exc}", runner=self.name) from exc
         return dict(zip(names, values))
@@ -247,7 +265,7 @@ class OrtRunner:
                     binding.bind_cpu_input(name, np.ascontiguousarray(value))
             for name in names:
                 binding.bind_output(name, where[0], where[1])
-            session.run_with_iobinding(binding)
+            session.run_with_iobinding(binding, self._run_options)
             values = binding.get_outputs()
         except Exception as exc:
             raise BackendError(f"{self.name}: run failed: {exc}", runner=self.name) from exc

@@ -90,7 +90,9 @@ def lookup(model: onnx.ModelProto, default: Precision, conv_bias: str = FUSED
             built = emulate_switchable(model, default, conv_bias)
             runner = None
             if built is not None:
-                runner = OrtRunner(built.model, name=f"emulate-{default.value}-switched")
+                # it lives through every stage: between runs it keeps no activations
+                runner = OrtRunner(built.model, name=f"emulate-{default.value}-switched",
+                                   arena_shrinkage=True)
                 runner.__enter__()
             e = _entry = _Entry(model, default, conv_bias, where, built, runner)
         if e.emulation is None or e.runner is None:
