@@ -1,19 +1,32 @@
 """Where GPU memory goes in a device-resident layerwise comparison (issue 21).
 
-Measures the GPU's used memory (NVML) while ``compare_layerwise`` runs PP-OCRv4 rec on the
-calibration strips with the statistics on the device (``layerwise.resident``), in variants:
+Measures the GPU's used memory (NVML) and the time while ``compare_layerwise`` runs PP-OCRv4
+rec on the calibration strips on a CUDA device, with the statistics on the device
+(``layerwise.resident``), in variants (one per process: run the script once per variant):
 
-* ``stats``: the statistics session alone, fed device tensors of many sizes in turn;
-* ``host``: layerwise with every tensor copied to the host (the path before ``resident``);
-* ``resident``: segments with I/O binding, boundary tensors kept on the device;
-* ``resident-host-boundaries``: outputs on the device, boundary tensors copied to the host
-  (no device tensor outlives the session that made it).
+* ``plain``: as the package does it;
+* ``host``: every tensor copied to the host and reduced there (the path before ``resident``);
+* ``shrink``: every session gives its free device arena back after each run (ONNX Runtime's
+  run option ``memory.enable_memory_arena_shrinkage``);
+* ``ref-vs-ref``: the reference against itself (no emulation graph);
+* ``serial``: the candidate's runs after the reference's, not beside them on a thread;
+* ``ws32``: cuDNN's convolution workspace limited to 32 MiB (the CUDA EP option
+  ``cudnn_conv_use_max_workspace=0``; its default lets cuDNN pick algorithms that need more);
+* ``half``: the GPU segment budget halved (``runners.device.GPU_SEGMENT_BUDGET``);
+* ``stats``: the statistics session alone, fed device tensors of many sizes in turn.
 
-There (GPU machine, after ``benchmarks/gpu_setup.sh``, with ``.gpu/pipe`` copied to
-``/tmp/pipe`` as ``benchmarks/gpu_pipeline.py`` says)::
+Variants combine with ``+`` (``serial+ws32``). There (GPU machine, after
+``benchmarks/gpu_setup.sh``, with ``.gpu/pipe`` copied to ``/tmp/pipe`` as
+``benchmarks/gpu_pipeline.py`` says)::
 
     export PYTHONPATH=/tmp/site:$PWD/src
-    python3 benchmarks/gpu_memory_probe.py --assets /tmp/pipe --samples 64
+    for v in plain shrink ws32 host half ref-vs-ref serial; do
+        python3 benchmarks/gpu_memory_probe.py --assets /tmp/pipe --samples 256 --variants $v
+    done
+
+Results of 2026-11-25 (before the statistics were sliced):
+``benchmarks/results/gpu_memory_probe_2026-11-25_h100.log``; of 2026-11-26:
+``gpu_memory_probe_2026-11-26_h200.log``.
 """
 
 from __future__ import annotations
@@ -37,7 +50,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--assets", type=Path, default=Path("/tmp/pipe"))
     ap.add_argument("--samples", type=int, default=64)
-    ap.add_argument("--variants", default="stats,host,resident,resident-host-boundaries")
+    ap.add_argument("--variants", default="plain")
     args = ap.parse_args()
     import onnxruntime as ort
 
@@ -72,36 +85,58 @@ def _variant(variant, args, mem, cuda, model, samples, keep) -> None:
     import onnxruntime as ort
 
     from precision_doctor.formats import FORMATS, Precision
+    from precision_doctor.layerwise import compare as lw_compare
     from precision_doctor.layerwise import engines
     from precision_doctor.layerwise.candidates import emulated, reference_factory
     from precision_doctor.layerwise.compare import compare_layerwise
-    from precision_doctor.layerwise.resident import stats_model, to_host
+    from precision_doctor.layerwise.resident import stats_model
     from precision_doctor.precision.plan import PrecisionPlan
     from precision_doctor.runners import device
     from precision_doctor.runners.ort import OrtRunner
 
-    if True:
-        with mem, device.use(cuda):
-            if variant == "stats":
-                rng = np.random.default_rng(0)
-                with OrtRunner(stats_model(FORMATS[Precision.FP16])) as s:
-                    for _ in range(200):
-                        n = int(10 ** rng.uniform(3, 7.3))
-                        r = ort.OrtValue.ortvalue_from_numpy(
-                            rng.standard_normal(n).astype(np.float32), "cuda", 0)
-                        s.run_resident({"r": r, "c": r})["s"].numpy()
-                        del r
-            else:
-                if variant == "resident-host-boundaries":
-                    def host_keep(seg, store, outputs):
-                        keep(seg, store, {k: to_host(v) for k, v in outputs.items()
-                                          if k in seg.carry})
-                    engines._keep = host_keep
-                lw = compare_layerwise(model, samples, reference_factory,
-                                       emulated(PrecisionPlan(Precision.FP16)).factory,
-                                       Precision.FP16, 1e-2, resident=variant != "host")
-                print(variant, "segments", lw.chunks, "records", len(lw.records), flush=True)
+    parts = set(variant.split("+"))
+    if "shrink" in parts:  # the resident runs (what layerwise runs on a GPU) shrink
+        option = ort.RunOptions()
+        option.add_run_config_entry("memory.enable_memory_arena_shrinkage", "gpu:0")
 
+        def shrink_bound(self, feeds, names=None):
+            session = self._require()
+            binding = session.io_binding()
+            for k, v in feeds.items():
+                if isinstance(v, ort.OrtValue):
+                    binding.bind_ortvalue_input(k, v)
+                else:
+                    binding.bind_cpu_input(k, np.ascontiguousarray(v))
+            names = list(names) if names else self.output_names()
+            for n in names:
+                binding.bind_output(n, "cuda", 0)
+            session.run_with_iobinding(binding, option)
+            return dict(zip(names, binding.get_outputs()))
+        OrtRunner.run_resident = shrink_bound
+    if "serial" in parts:
+        engines.side_thread = lw_compare.side_thread = lambda: None
+    if "ws32" in parts:
+        device.CUDA_SESSION_OPTIONS = {**device.CUDA_SESSION_OPTIONS,
+                                       "cudnn_conv_use_max_workspace": "0"}
+    if "half" in parts:
+        device.GPU_SEGMENT_BUDGET //= 2
+    with mem, device.use(cuda):
+        if "stats" in parts:
+            rng = np.random.default_rng(0)
+            with OrtRunner(stats_model(FORMATS[Precision.FP16])) as s:
+                for _ in range(200):
+                    n = int(10 ** rng.uniform(3, 7.3))
+                    r = ort.OrtValue.ortvalue_from_numpy(
+                        rng.standard_normal(n).astype(np.float32), "cuda", 0)
+                    s.run_resident({"r": r, "c": r, "lo": np.array([0]),
+                                    "hi": np.array([n])})["s"].numpy()
+                    del r
+            return
+        candidate = (reference_factory if "ref-vs-ref" in parts
+                     else emulated(PrecisionPlan(Precision.FP16)).factory)
+        lw = compare_layerwise(model, samples, reference_factory, candidate,
+                               Precision.FP16, 1e-2, resident="host" not in parts)
+        print(variant, "segments", lw.chunks, "records", len(lw.records), flush=True)
 
 if __name__ == "__main__":
     main()

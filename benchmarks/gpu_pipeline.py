@@ -75,6 +75,14 @@ the answers of ``--jobs N`` with ``--jobs 1``; GPU memory is polled on every vis
 (``gpu_peak_mib_per_device``). Give each call a ``timeout`` below the device time left: a cut
 call returns nothing of the case it was in.
 
+Session 9 (2026-11-26, one H200): ``.gpu/pipe`` packed without its src/tests/benchmarks (the
+checkout carries them: copy them into /tmp/pipe after the last ``part`` call), ``git archive
+HEAD src`` as ``.gpu/before`` for an A/B; then ``--src /tmp/pipe/src`` (this version) and
+``--src /tmp/before/src`` (the version before) on the same machine, each with its own ``--out``.
+Every run records ``gpu_trace`` (``MemoryTrace``: GPU 0's used memory every 20 ms in the
+measured process and the progress stages, so the peak is placed in a stage); ``--devices auto``
+times ``--device auto``.
+
 ``--devices cuda`` re-runs the GPU side alone (when the CPU path did not change);
 ``PD_PROFILE_DIR=$OUT`` writes each run's cProfile (it slows Python-heavy stages several
 times: time without it).
@@ -284,15 +292,18 @@ def _run_one(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> 
 
     imports = time.perf_counter() - t
     model, data, pre = CASES[case]
-    kw = dict(preprocess=pre, device=device, quiet=True)
+    trace = MemoryTrace()
+    kw = dict(preprocess=pre, device=device, progress=trace.stage)
     if case == "calib256":
         kw["max_samples"] = 256
     t = time.perf_counter()
     if task == "diagnose":
-        d = pd.diagnose(str(assets / model), str(assets / data), **kw)
+        with trace:
+            d = pd.diagnose(str(assets / model), str(assets / data), **kw)
         wall = time.perf_counter() - t
         r = d.to_dict()
         return {"wall_s": wall, "verdict": r["verdict"], "reference": r["reference"],
+                "gpu_trace": trace.summary(),
                 "assessment": (r.get("assessment") or {}).get("kind"),
                 "main_findings": sorted({(f["kind"], f["node"]) for f in r["findings"]
                                          if f.get("group", "main") == "main"}),
@@ -303,7 +314,8 @@ def _run_one(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> 
                 "noise": r.get("noise"), "timings_s": r.get("timings_s"),
                 "layerwise_chunks": (r.get("layerwise") or {}).get("chunks"),
                 "samples": len(r["samples"]), "imports_s": imports}
-    f = pd.fix(str(assets / model), str(assets / data), jobs=jobs, **kw)
+    with trace:
+        f = pd.fix(str(assets / model), str(assets / data), jobs=jobs, **kw)
     wall = time.perf_counter() - t
     rep = f.report
     rel = {k: v["rel_l2"] for k, v in rep["after"].items()}
@@ -312,7 +324,72 @@ def _run_one(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> 
             "evaluations": rep["search"]["evaluations"], "rel_l2_after": rel,
             "rel_l2_after_emulated": rel_emu, "seconds": rep["seconds"],
             "device": rep.get("device"), "resources": rep.get("resources"),
-            "np": np.__version__, "imports_s": imports, "jobs": jobs}
+            "np": np.__version__, "imports_s": imports, "jobs": jobs,
+            "gpu_trace": trace.summary()}
+
+
+class MemoryTrace:
+    """GPU 0's used memory during one call (NVML, every 20 ms, in the calling process), and
+    when each progress stage (``reference``, ``candidate``, ``layerwise``, ``search``,
+    ``attribution``) was first and last reported: the peak is placed in time and by the last
+    stage reported before it (stages without progress, e.g. the noise floor or the impact
+    trials, show as the gap after the stage before them; ``timings_s`` gives their lengths).
+    ``after_mib``: the level once the call returned and Python's garbage was collected (the
+    CUDA context and libraries that stay: what no setting of this package can free)."""
+
+    def __init__(self) -> None:
+        self.marks: dict[str, list[float]] = {}
+        self.series: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._read = None
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self._read = lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+        except Exception:  # noqa: BLE001 - no GPU: nothing to trace
+            pass
+        self.after_mib: float | None = None
+
+    def stage(self, name: str, done: int, total: int) -> None:
+        now = time.perf_counter() - self.t0
+        mark = self.marks.setdefault(name, [now, now])
+        mark[1] = now
+
+    def __enter__(self) -> MemoryTrace:
+        self.t0 = time.perf_counter()
+        if self._read is not None:
+            self.base = self._read()
+            self._t = threading.Thread(target=self._poll, daemon=True)
+            self._t.start()
+        return self
+
+    def _poll(self) -> None:
+        last = None
+        while not self._stop.wait(0.02):
+            used = self._read() - self.base
+            if last is None or abs(used - last) >= 16:
+                self.series.append((round(time.perf_counter() - self.t0, 3), round(used)))
+                last = used
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._read is not None:
+            import gc
+            gc.collect()
+            time.sleep(0.1)
+            self.after_mib = round(self._read() - self.base)
+
+    def summary(self) -> dict | None:
+        if self._read is None or not self.series:
+            return None
+        at, peak = max(self.series, key=lambda p: p[1])
+        before = [(v[0], k) for k, v in self.marks.items() if v[0] <= at]
+        return {"peak_mib": peak, "peak_at_s": at,
+                "peak_after_stage": max(before)[1] if before else "start",
+                "after_mib": self.after_mib,
+                "marks_s": {k: [round(a, 2), round(b, 2)] for k, (a, b) in self.marks.items()},
+                "series": self.series[:: max(1, len(self.series) // 400)]}
 
 
 class GpuMemory:
@@ -358,10 +435,12 @@ class GpuMemory:
         return per[0] if per else None
 
 
-def measure(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> dict:
-    """``run_one`` in a fresh subprocess, with its GPU memory and total time."""
+def measure(assets: Path, case: str, device: str, task: str, jobs: int = 1,
+            src: Path | None = None) -> dict:
+    """``run_one`` in a fresh subprocess (the package from ``src``, default the assets'),
+    with its GPU memory and total time."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(assets / "src"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(src or assets / "src"), env.get("PYTHONPATH", "")])
     t = time.perf_counter()
     with GpuMemory() as mem:
         proc = subprocess.run([sys.executable, str(HERE), "--assets", str(assets), "--one",
@@ -438,6 +517,9 @@ def main() -> None:
     parser.add_argument("--jobs", default="1",
                         help="fix's --jobs, a comma list: 1,2 times each (cuda: one worker "
                              "process per GPU); keys fix_<device>_j<N> for N > 1")
+    parser.add_argument("--src", type=Path,
+                        help="run this package source instead of the assets' (an A/B of two "
+                             "versions: run the script once per version, with --out apart)")
     parser.add_argument("--no-src", action="store_true",
                         help="pack without src/tests/benchmarks (the run uses the checkout's)")
     args = parser.parse_args()
@@ -450,7 +532,8 @@ def main() -> None:
         return
     if args.prepare:
         prepare(args.assets, args.prepare)
-    results = {"date": time.strftime("%Y-%m-%d"), "versions": versions(), "cases": {}}
+    results = {"date": time.strftime("%Y-%m-%d"), "versions": versions(), "cases": {},
+               "src": str(args.src) if args.src else None}
     print(json.dumps(results["versions"]), flush=True)
     for case in args.cases.split(","):
         row = results["cases"][case] = {
@@ -460,7 +543,7 @@ def main() -> None:
                     for j in (args.jobs.split(",") if task == "fix" else ["1"])]
             for device, jobs in runs:
                 key = f"{task}_{device}" + (f"_j{jobs}" if jobs > 1 else "")
-                row[key] = r = measure(args.assets, case, device, task, jobs)
+                row[key] = r = measure(args.assets, case, device, task, jobs, args.src)
                 print(case, task, device, f"jobs={jobs}", f"{r.get('wall_s', 0):.1f} s",
                       json.dumps(r.get("timings_s") or r.get("seconds")),
                       json.dumps(r, default=str)[:1200], flush=True)
