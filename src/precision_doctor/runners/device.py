@@ -25,6 +25,17 @@ CUDA EP documentation):
 * ``arena_extend_strategy=kSameAsRequested``: the device arena grows by what a request needs,
   so the GPU memory of a layerwise segment stays near its live bytes (the segment budget).
 
+Layerwise segments are the exception (``for_layerwise``): there the heuristic's pick can need a
+workspace far beyond the segment's tensors, which ONNX Runtime allocates whatever
+``cudnn_conv_use_max_workspace`` says (it caps only the exhaustive search). Measured on an H200
+(``benchmarks/gpu_segment_memory.py``, 2026-11-26): one CUDA session of PP-OCRv4 rec, batch 6
+(or 1), held 4.2 GiB of GPU memory for 6 MiB of output, all of it from the last 10% of its
+nodes; with ``cudnn_conv_algo_search=EXHAUSTIVE`` and the 32 MiB workspace cap 0.2 GiB, and a
+run took 4.1 instead of 29.5 ms. A layerwise stage runs two such sessions at once, and those
+workspaces were most of a diagnosis's peak (rec on 256 strips: 10.2 GiB). The other stages
+keep the heuristic: with the exhaustive search everywhere, every new session and batch shape
+times its convolutions, and that diagnosis took 136 s instead of 83 s.
+
 The emulation's Cast round trips (FP32 -> FP16/BF16 -> FP32) are exact on the GPU as on the
 CPU (IEEE round-to-nearest-even casts; the FP16 answers of ``benchmarks/gpu_pipeline.py`` agree
 with the CPU's, BENCHMARKS.md). The Veltkamp splits of the TF32 emulation (and of BF16 below
@@ -38,7 +49,7 @@ import ctypes
 import os
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Mapping, Sequence
 
 from precision_doctor.errors import BackendUnavailable, InputError
@@ -63,10 +74,14 @@ class Device:
         index: CUDA device ordinal (as ``CUDA_VISIBLE_DEVICES`` numbers them); None for the
             CPU, or for ``cuda`` without an index (device 0, and every visible device for a
             pool of workers).
+        conv_search: The CUDA EP's ``cudnn_conv_algo_search`` for sessions on this device:
+            ``HEURISTIC``, or ``EXHAUSTIVE`` with cuDNN's workspace capped at 32 MiB
+            (``for_layerwise``; the module docstring says why).
     """
 
     kind: str = "cpu"
     index: int | None = None
+    conv_search: str = "HEURISTIC"
 
     @property
     def is_cuda(self) -> bool:
@@ -90,7 +105,11 @@ class Device:
         """One options dict per entry of ``providers()``."""
         if not self.is_cuda:
             return [{}]
-        return [{"device_id": str(self.ordinal), **CUDA_SESSION_OPTIONS}, {}]
+        options = {"device_id": str(self.ordinal), **CUDA_SESSION_OPTIONS,
+                   "cudnn_conv_algo_search": self.conv_search}
+        if self.conv_search == "EXHAUSTIVE":
+            options["cudnn_conv_use_max_workspace"] = "0"
+        return [options, {}]
 
     def reference_name(self) -> str:
         """Label of the FP32 reference on this device, for reports."""
@@ -101,6 +120,12 @@ class Device:
 
 
 CPU = Device()
+
+
+def for_layerwise(device: Device) -> Device:
+    """The device of layerwise segment sessions: on CUDA, cuDNN's exhaustive search with a
+    32 MiB workspace cap instead of the heuristic (module docstring); the CPU as it is."""
+    return replace(device, conv_search="EXHAUSTIVE") if device.is_cuda else device
 
 
 def parse_device(spec: str | Device | None) -> tuple[Device | None, bool]:
