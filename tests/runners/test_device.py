@@ -46,6 +46,43 @@ def test_cuda_options_turn_tf32_off_and_pick_the_device():
     assert "tf32 off" in d.reference_name() and dev.CPU.reference_name() == "ort-cpu"
 
 
+def test_layerwise_sessions_bound_cudnns_workspace_and_the_rest_keep_the_heuristic():
+    """Segment sessions search convolution algorithms exhaustively within a 32 MiB workspace
+    (the heuristic's pick held 4.2 GiB per PP-OCRv4 rec session); other sessions keep the
+    heuristic; on the CPU nothing changes."""
+    cuda = dev.Device("cuda", 0)
+    segment = dev.for_layerwise(cuda)
+    opts = segment.provider_options()[0]
+    assert opts["cudnn_conv_algo_search"] == "EXHAUSTIVE"
+    assert opts["cudnn_conv_use_max_workspace"] == "0" and opts["use_tf32"] == "0"
+    assert segment.label == cuda.label == "cuda:0"
+    assert "cudnn_conv_use_max_workspace" not in cuda.provider_options()[0]
+    assert dev.for_layerwise(dev.CPU) is dev.CPU
+
+
+def test_layerwise_opens_its_segment_sessions_in_the_bounded_scope(monkeypatch):
+    """compare_layerwise on a (fake) CUDA device: every session it opens sees the
+    exhaustive-search device; after it, the scope is the caller's again."""
+    from precision_doctor.layerwise import compare
+
+    seen = []
+
+    def factory(model):
+        seen.append(dev.current())
+        return OrtRunner(model, ("cpu",))
+
+    model = transformer_block()
+    samples = [dict(s.feeds) for s in random_samples((2, 8, 16), 2)]
+    monkeypatch.setattr(compare, "batched_samples", lambda m, s, sites, b: s)
+    monkeypatch.setattr(dev, "segment_budget", lambda d, b: b)
+    cuda = dev.Device("cuda", 0)
+    with dev.use(cuda):
+        compare.compare_layerwise(model, samples, factory, factory, Precision.FP16, 1e-3,
+                                  resident=False)
+        assert dev.current() is cuda
+    assert seen and all(d.conv_search == "EXHAUSTIVE" and d.is_cuda for d in seen)
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="a CUDA device is present: the error path cannot be seen")
 def test_cuda_asked_for_and_absent_is_one_clear_error():
     assert dev.resolve_device("auto") == dev.CPU
