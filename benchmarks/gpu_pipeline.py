@@ -72,8 +72,8 @@ each ``part N`` call also carries ``.gpu/ort.sha256`` (the sums it checks agains
 
 ``--jobs 1,2`` times ``fix`` once per value (keys ``fix_cuda``, ``fix_cuda_j2``) and compares
 the answers of ``--jobs N`` with ``--jobs 1``; GPU memory is polled on every visible GPU
-(``gpu_peak_mib_per_device``). Give each call a ``timeout`` below the device time left: a cut
-call returns nothing of the case it was in.
+(``gpu_peak_mib_per_device``). Give each call a ``timeout`` below the device time left: the JSON is
+rewritten after every run, so a cut call keeps the runs that finished.
 
 Session 9 (2026-11-26, one H200): ``.gpu/pipe`` packed without its src/tests/benchmarks (the
 checkout carries them: copy them into /tmp/pipe after the last ``part`` call), ``git archive
@@ -547,6 +547,8 @@ def main() -> None:
                 print(case, task, device, f"jobs={jobs}", f"{r.get('wall_s', 0):.1f} s",
                       json.dumps(r.get("timings_s") or r.get("seconds")),
                       json.dumps(r, default=str)[:1200], flush=True)
+                if args.out:  # after every run: a call cut by its time limit keeps the rest
+                    args.out.write_text(json.dumps(results, indent=1, default=str))
             if f"{task}_cpu" in row and f"{task}_cuda" in row:
                 row[f"{task}_same"] = compare(row[f"{task}_cpu"], row[f"{task}_cuda"], task)
             for key in [k for k in row if k.startswith(f"{task}_cuda_j")]:
