@@ -23,7 +23,9 @@ CUDA EP documentation):
   candidates in each new session, and layerwise and the search open many; a different pick
   moves FP32 results by rounding).
 * ``arena_extend_strategy=kSameAsRequested``: the device arena grows by what a request needs,
-  so the GPU memory of a layerwise segment stays near its live bytes (the segment budget).
+  not to the next power of two (PP-OCRv4 det, every tensor of 3 images at 640 on the device:
+  2322 instead of 3224 MiB for 1976 MiB of outputs; ``benchmarks/gpu_segment_memory.py``, H200,
+  2026-11-26).
 
 Layerwise segments are the exception (``for_layerwise``): there the heuristic's pick can need a
 workspace far beyond the segment's tensors, which ONNX Runtime allocates whatever
@@ -81,7 +83,7 @@ class Device:
 
     kind: str = "cpu"
     index: int | None = None
-    conv_search: str = "HEURISTIC"
+    conv_search: str = CUDA_SESSION_OPTIONS["cudnn_conv_algo_search"]
 
     @property
     def is_cuda(self) -> bool:
