@@ -6,8 +6,9 @@ rec on the calibration strips on a CUDA device, with the statistics on the devic
 
 * ``plain``: as the package does it;
 * ``host``: every tensor copied to the host and reduced there (the path before ``resident``);
-* ``shrink``: every session gives its free device arena back after each run (ONNX Runtime's
-  run option ``memory.enable_memory_arena_shrinkage``);
+* ``shrink``: every session gives its free device arena back after each run
+  (``OrtRunner(arena_shrinkage=True)``: ONNX Runtime's run option
+  ``memory.enable_memory_arena_shrinkage``), the statistics graph's included;
 * ``ref-vs-ref``: the reference against itself (no emulation graph);
 * ``serial``: the candidate's runs after the reference's, not beside them on a thread;
 * ``ws32``: cuDNN's convolution workspace limited to 32 MiB (the CUDA EP option
@@ -26,7 +27,8 @@ Variants combine with ``+`` (``serial+ws32``). There (GPU machine, after
 
 Results of 2026-11-25 (before the statistics were sliced):
 ``benchmarks/results/gpu_memory_probe_2026-11-25_h100.log``; of 2026-11-26:
-``gpu_memory_probe_2026-11-26_h200.log``.
+``gpu_memory_probe_2026-11-26_h200.log`` (its ``shrink`` then patched the I/O-bound runs only:
+every run of a layerwise comparison on a GPU).
 """
 
 from __future__ import annotations
@@ -95,24 +97,13 @@ def _variant(variant, args, mem, cuda, model, samples, keep) -> None:
     from precision_doctor.runners.ort import OrtRunner
 
     parts = set(variant.split("+"))
-    if "shrink" in parts:  # the resident runs (what layerwise runs on a GPU) shrink
-        option = ort.RunOptions()
-        option.add_run_config_entry("memory.enable_memory_arena_shrinkage", "gpu:0")
+    if "shrink" in parts:  # every session gives its device arena back after each run
+        enter = OrtRunner.__enter__
 
-        def shrink_bound(self, feeds, names=None):
-            session = self._require()
-            binding = session.io_binding()
-            for k, v in feeds.items():
-                if isinstance(v, ort.OrtValue):
-                    binding.bind_ortvalue_input(k, v)
-                else:
-                    binding.bind_cpu_input(k, np.ascontiguousarray(v))
-            names = list(names) if names else self.output_names()
-            for n in names:
-                binding.bind_output(n, "cuda", 0)
-            session.run_with_iobinding(binding, option)
-            return dict(zip(names, binding.get_outputs()))
-        OrtRunner.run_resident = shrink_bound
+        def shrinking(self):
+            self.arena_shrinkage = True
+            return enter(self)
+        OrtRunner.__enter__ = shrinking
     if "serial" in parts:
         engines.side_thread = lw_compare.side_thread = lambda: None
     if "ws32" in parts:

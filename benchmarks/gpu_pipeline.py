@@ -328,75 +328,13 @@ def _run_one(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> 
             "gpu_trace": trace.summary()}
 
 
-class MemoryTrace:
-    """GPU 0's used memory during one call (NVML, every 20 ms, in the calling process), and
-    when each progress stage (``reference``, ``candidate``, ``layerwise``, ``search``,
-    ``attribution``) was first and last reported: the peak is placed in time and by the last
-    stage reported before it (stages without progress, e.g. the noise floor or the impact
-    trials, show as the gap after the stage before them; ``timings_s`` gives their lengths).
-    ``after_mib``: the level once the call returned and Python's garbage was collected (the
-    CUDA context and libraries that stay: what no setting of this package can free)."""
-
-    def __init__(self) -> None:
-        self.marks: dict[str, list[float]] = {}
-        self.series: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._read = None
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-            self._read = lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
-        except Exception:  # noqa: BLE001 - no GPU: nothing to trace
-            pass
-        self.after_mib: float | None = None
-
-    def stage(self, name: str, done: int, total: int) -> None:
-        now = time.perf_counter() - self.t0
-        mark = self.marks.setdefault(name, [now, now])
-        mark[1] = now
-
-    def __enter__(self) -> MemoryTrace:
-        self.t0 = time.perf_counter()
-        if self._read is not None:
-            self.base = self._read()
-            self._t = threading.Thread(target=self._poll, daemon=True)
-            self._t.start()
-        return self
-
-    def _poll(self) -> None:
-        last = None
-        while not self._stop.wait(0.02):
-            used = self._read() - self.base
-            if last is None or abs(used - last) >= 16:
-                self.series.append((round(time.perf_counter() - self.t0, 3), round(used)))
-                last = used
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._read is not None:
-            import gc
-            gc.collect()
-            time.sleep(0.1)
-            self.after_mib = round(self._read() - self.base)
-
-    def summary(self) -> dict | None:
-        if self._read is None or not self.series:
-            return None
-        at, peak = max(self.series, key=lambda p: p[1])
-        before = [(v[0], k) for k, v in self.marks.items() if v[0] <= at]
-        return {"peak_mib": peak, "peak_at_s": at,
-                "peak_after_stage": max(before)[1] if before else "start",
-                "after_mib": self.after_mib,
-                "marks_s": {k: [round(a, 2), round(b, 2)] for k, (a, b) in self.marks.items()},
-                "series": self.series[:: max(1, len(self.series) // 400)]}
-
-
 class GpuMemory:
-    """Peak used memory of every visible GPU (NVML) while a block runs, above the level
-    before it; ``mib`` is GPU 0's, ``per_device_mib`` each GPU's."""
+    """Peak used memory of every visible GPU (NVML, polled every ``interval`` seconds) while a
+    block runs, above the level before it; ``mib`` is GPU 0's, ``per_device_mib`` each
+    GPU's."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval: float = 0.02) -> None:
+        self.interval = interval
         self._stop = threading.Event()
         self._read = None
         try:
@@ -417,11 +355,16 @@ class GpuMemory:
         return self
 
     def _poll(self) -> None:
-        while not self._stop.wait(0.02):
-            self.peak = [max(a, b) for a, b in zip(self.peak, self._read())]
+        while not self._stop.wait(self.interval):
+            self._sample(self._read())
+
+    def _sample(self, used: list[int]) -> None:
+        self.peak = [max(a, b) for a, b in zip(self.peak, used)]
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        if self._read is not None:
+            self._t.join()
 
     @property
     def per_device_mib(self) -> list[float] | None:
@@ -433,6 +376,58 @@ class GpuMemory:
     def mib(self) -> float | None:
         per = self.per_device_mib
         return per[0] if per else None
+
+
+class MemoryTrace(GpuMemory):
+    """``GpuMemory`` that also keeps GPU 0's used memory over time (every change of 16 MiB
+    or more; in the calling process) and when each progress stage (``reference``,
+    ``candidate``, ``layerwise``, ``search``, ``attribution``) was first and last reported:
+    the peak is placed in time and by the last stage reported before it (stages without
+    progress, e.g. the noise floor or the impact trials, show as the gap after the stage
+    before them; ``timings_s`` gives their lengths). ``after_mib``: the level once the call
+    returned and Python's garbage was collected (the CUDA context and libraries that stay:
+    what no setting of this package can free)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marks: dict[str, list[float]] = {}
+        self.series: list[tuple[float, float]] = []
+        self.after_mib: float | None = None
+
+    def stage(self, name: str, done: int, total: int) -> None:
+        now = time.perf_counter() - self.t0
+        mark = self.marks.setdefault(name, [now, now])
+        mark[1] = now
+
+    def __enter__(self) -> MemoryTrace:
+        self.t0 = time.perf_counter()
+        super().__enter__()
+        return self
+
+    def _sample(self, used: list[int]) -> None:
+        super()._sample(used)
+        mib = (used[0] - self.base[0]) / 2**20
+        if not self.series or abs(mib - self.series[-1][1]) >= 16:
+            self.series.append((round(time.perf_counter() - self.t0, 3), round(mib)))
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        if self._read is not None:
+            import gc
+            gc.collect()
+            time.sleep(0.1)
+            self.after_mib = round((self._read()[0] - self.base[0]) / 2**20)
+
+    def summary(self) -> dict | None:
+        if self._read is None or not self.series:
+            return None
+        at, peak = max(self.series, key=lambda p: p[1])
+        before = [(v[0], k) for k, v in self.marks.items() if v[0] <= at]
+        return {"peak_mib": peak, "peak_at_s": at,
+                "peak_after_stage": max(before)[1] if before else "start",
+                "after_mib": self.after_mib,
+                "marks_s": {k: [round(a, 2), round(b, 2)] for k, (a, b) in self.marks.items()},
+                "series": self.series[:: max(1, len(self.series) // 400)]}
 
 
 def measure(assets: Path, case: str, device: str, task: str, jobs: int = 1,

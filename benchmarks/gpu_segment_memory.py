@@ -38,11 +38,14 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import threading
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_pipeline import GpuMemory  # noqa: E402
 
 VARIANTS = ("plain", "marked", "bound", "bound-nopattern", "bound-basic",
             "bound-nopattern-basic", "bound-pow2", "plain-ws32", "marked-ws32", "plain-b1",
@@ -50,35 +53,6 @@ VARIANTS = ("plain", "marked", "bound", "bound-nopattern", "bound-basic",
 CASES = {"rec": ("models/ppocrv4/rec.onnx", "data/calib256", "ppocr-rec", 6),
          "det": ("models/ppocrv4/det.onnx", "data/ocr/full_images",
                  "ppocr-det:resize=fixed,size=640x640", 3)}
-
-
-class Peak:
-    """GPU 0's used memory above the level at ``__enter__``, polled every 5 ms (MiB)."""
-
-    def __init__(self) -> None:
-        import pynvml
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        self.read = lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
-        self._stop = threading.Event()
-
-    def __enter__(self) -> Peak:
-        self.base = self.peak = self.read()
-        self._t = threading.Thread(target=self._poll, daemon=True)
-        self._t.start()
-        return self
-
-    def _poll(self) -> None:
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, self.read())
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join()
-
-    @property
-    def mib(self) -> float:
-        return round(self.peak - self.base, 1)
 
 
 def run_variant(variant: str, model, marked, feeds: dict, repeat: int) -> dict:
@@ -109,7 +83,7 @@ def run_variant(variant: str, model, marked, feeds: dict, repeat: int) -> dict:
     gc.collect()
     time.sleep(0.2)
     times, out_bytes = [], 0
-    with Peak() as peak:
+    with GpuMemory(interval=0.005) as peak:
         session = ort.InferenceSession(proto.SerializeToString(), options,
                                        providers=cuda.providers(),
                                        provider_options=provider_options)
@@ -132,8 +106,9 @@ def run_variant(variant: str, model, marked, feeds: dict, repeat: int) -> dict:
                 del values
             times.append(time.perf_counter() - t)
         del session
-    return {"variant": variant, "peak_mib": peak.mib, "outputs_mib": round(out_bytes / 2**20, 1),
-            "ratio": round(peak.mib / max(out_bytes / 2**20, 1e-9), 2),
+    mib = round(peak.mib or 0.0, 1)
+    return {"variant": variant, "peak_mib": mib, "outputs_mib": round(out_bytes / 2**20, 1),
+            "ratio": round(mib / max(out_bytes / 2**20, 1e-9), 2),
             "run_s": round(float(np.median(times[1:])), 4), "outputs": len(names)}
 
 
