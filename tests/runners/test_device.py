@@ -354,3 +354,33 @@ def test_what_a_gpu_worker_receives_pickles():
     with dev.use(dev.CPU):
         runner = pickle.loads(pickle.dumps(PlanOpener(model)))(PrecisionPlan(Precision.FP16))
         assert isinstance(runner, EmulatorRunner)
+
+
+def test_batched_runs_group_alternating_shapes_and_keep_the_order():
+    from onnx import TensorProto, helper
+
+    from precision_doctor.runners.batching import run_batched, shape_order
+
+    f = TensorProto.FLOAT
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+        [helper.make_tensor_value_info("x", f, ["batch", "n"])],
+        [helper.make_tensor_value_info("y", f, ["batch", "n"])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.standard_normal((1, 8 if i % 2 == 0 else 4)).astype(np.float32)}
+             for i in range(6)]  # wide, narrow, wide, ...
+    assert shape_order(feeds) == [1, 3, 5, 0, 2, 4]  # each signature together, stable
+    calls = []
+
+    class Counting(OrtRunner):
+        def run(self, feeds, output_names=None):
+            calls.append(tuple(next(iter(feeds.values())).shape))
+            return super().run(feeds, output_names)
+
+    with Counting(model, ("cpu",)) as r:
+        batched = run_batched(r, feeds)
+    # one run per signature (+ the one-sample probe of the first batch), not six
+    assert calls == [(3, 4), (1, 4), (3, 8)]
+    for feed, out in zip(feeds, batched):
+        np.testing.assert_array_equal(out["y"], np.maximum(feed["x"], 0))

@@ -64,7 +64,7 @@ def groups(feeds: Sequence[Mapping[str, np.ndarray]], max_bytes: int = MAX_BATCH
     key_of = None
     size = 0
     for i, f in enumerate(feeds):
-        key = tuple((k, v.shape[1:], v.dtype.str, v.ndim) for k, v in sorted(f.items()))
+        key = _signature(f)
         nbytes = sum(v.nbytes for v in f.values())
         if (out and key == key_of and len(out[-1]) < max_batch
                 and size + nbytes <= max_bytes):
@@ -76,9 +76,28 @@ def groups(feeds: Sequence[Mapping[str, np.ndarray]], max_bytes: int = MAX_BATCH
     return out
 
 
+def _signature(feeds: Mapping[str, np.ndarray]) -> tuple:
+    """What samples in one batch share: each input's name, shape after axis 0, dtype, rank."""
+    return tuple((k, v.shape[1:], v.dtype.str, v.ndim) for k, v in sorted(feeds.items()))
+
+
+def shape_order(feeds: Sequence[Mapping[str, np.ndarray]]) -> list[int]:
+    """Sample indices with equal input signatures (``groups``) next to each other, in their
+    order otherwise (a stable sort)."""
+    return sorted(range(len(feeds)), key=lambda i: _signature(feeds[i]))
+
+
 def run_batched(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],
                 names: Sequence[str] | None = None) -> list[dict[str, np.ndarray]]:
     """``runner.run`` of every sample, with samples grouped into batched runs.
+
+    The samples run in ``shape_order``, so that every input signature is one group (within
+    the limits of ``groups``) however the samples alternate: fewer runs, and fewer changes of
+    input shape, each of which makes ONNX Runtime's CUDA convolutions build their cuDNN plans
+    again (``runners.sessions.switched``; PP-OCRv4 rec's 28 real crops, 4 widths in an order of
+    their own: 5 runs a pass instead of 7, the first batch's one-sample check included, and in
+    a GPU diagnosis 68 instead of 96 runs of the switched emulation after a change of shape,
+    counted by ``benchmarks/shape_replans.py``).
 
     Args:
         runner: An entered runner of a model with a batch symbol (``batch_symbol``).
@@ -86,10 +105,14 @@ def run_batched(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],
         names: Outputs to keep (default: all the run returns).
 
     Returns:
-        One output dict per sample, in order, as ``runner.run(feeds[i])`` would give
-        (up to the rounding of batched kernels).
+        One output dict per sample, in the order of ``feeds``, as ``runner.run(feeds[i])``
+        would give (up to the rounding of batched kernels).
     """
-    return list(iter_batched(runner, feeds, names))
+    order = shape_order(feeds)
+    out: list[dict[str, np.ndarray]] = [{} for _ in feeds]
+    for i, result in zip(order, iter_batched(runner, [feeds[i] for i in order], names)):
+        out[i] = result
+    return out
 
 
 def iter_batched(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],
