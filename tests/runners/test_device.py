@@ -51,13 +51,13 @@ def test_layerwise_sessions_bound_cudnns_workspace_and_the_rest_keep_the_heurist
     (the heuristic's pick held 4.2 GiB per PP-OCRv4 rec session); other sessions keep the
     heuristic; on the CPU nothing changes."""
     cuda = dev.Device("cuda", 0)
-    segment = dev.for_layerwise(cuda)
+    segment = dev.bounded_workspace(cuda)
     opts = segment.provider_options()[0]
     assert opts["cudnn_conv_algo_search"] == "EXHAUSTIVE"
     assert opts["cudnn_conv_use_max_workspace"] == "0" and opts["use_tf32"] == "0"
     assert segment.label == cuda.label == "cuda:0"
     assert "cudnn_conv_use_max_workspace" not in cuda.provider_options()[0]
-    assert dev.for_layerwise(dev.CPU) is dev.CPU
+    assert dev.bounded_workspace(dev.CPU) is dev.CPU
 
 
 def test_layerwise_opens_its_segment_sessions_in_the_bounded_scope(monkeypatch):
