@@ -125,18 +125,11 @@ def iter_batched(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],
             for i in group:
                 yield _keep(runner.run(feeds[i]), names)
             continue
-        rows = [int(next(iter(feeds[i].values())).shape[0]) for i in group]
-        joined = {k: np.concatenate([feeds[i][k] for i in group]) for k in feeds[group[0]]}
-        out = _keep(runner.run(joined), names)
-        split = None
-        if all(np.ndim(v) > 0 and np.shape(v)[0] == sum(rows) for v in out.values()):
-            edges = np.cumsum([0, *rows])
-            split = [{k: v[edges[j]:edges[j + 1]] for k, v in out.items()}
-                     for j in range(len(group))]
+        split = run_group(runner, [feeds[i] for i in group], names)
         if split is not None and not probed:
             probed = True
             alone = _keep(runner.run(feeds[group[0]]), names)
-            if not _same(alone, split[0]):
+            if not same(alone, split[0]):
                 split = None
         if split is None:  # axis 0 is not the sample axis: one at a time from now on
             batching = False
@@ -146,7 +139,22 @@ def iter_batched(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],
         yield from split
 
 
-def _same(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
+def run_group(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],
+              names: Sequence[str] | None = None) -> list[dict[str, np.ndarray]] | None:
+    """One run of ``feeds`` (one group of ``groups``) joined along axis 0, split back per
+    sample; None when an output does not have the joined first dimension (axis 0 is not the
+    sample axis). Unchecked otherwise: ``iter_batched`` also compares its first batch with
+    its first sample alone (``same``)."""
+    rows = [int(next(iter(f.values())).shape[0]) for f in feeds]
+    joined = {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
+    out = _keep(runner.run(joined), names)
+    if not all(np.ndim(v) > 0 and np.shape(v)[0] == sum(rows) for v in out.values()):
+        return None
+    edges = np.cumsum([0, *rows])
+    return [{k: v[edges[j]:edges[j + 1]] for k, v in out.items()} for j in range(len(feeds))]
+
+
+def same(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
     """Whether two runs' outputs agree (shapes; floats within ``PROBE_RTOL`` relative L2)."""
     for k, x in a.items():
         y = b.get(k)

@@ -23,7 +23,6 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from precision_doctor.compare.metrics import relative_l2
 from precision_doctor.diagnosis.assessment import (
     ROUNDING_FACTOR,
     catastrophic_gain,
@@ -37,18 +36,18 @@ from precision_doctor.diagnosis.causes.findings import (
     Finding,
     build_findings,
     group_findings,
+    measured_first,
     rank_findings,
 )
 from precision_doctor.diagnosis.causes.hazards import Hazard
 from precision_doctor.diagnosis.causes.mechanisms import ORDER, name_mechanism, remedy
 from precision_doctor.diagnosis.causes.operands import measure_operands
+from precision_doctor.diagnosis.causes.trials import ImpactTrials
 from precision_doctor.diagnosis.decisions.records import DecisionSummary
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.layerwise.candidates import (
     Candidate,
-    emulated,
     reference_factory,
-    run_samples,
 )
 from precision_doctor.layerwise.compare import LayerwiseResult
 from precision_doctor.layerwise.gain import local_gains
@@ -116,11 +115,10 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     plan = candidate.plan if measure_impact and failing else None
     measure = None
     if plan is not None:
-
-        def measure(nodes: Sequence[str]) -> float:
-            trial = emulated(plan.keep_fp32(nodes, "diagnose"), candidate.conv_bias)
-            outs = run_samples(trial.factory(model), samples, names)
-            return max(relative_l2(reference[n], outs[n]) for n in names)
+        measure = ImpactTrials(model, plan, candidate.conv_bias, samples, reference, names)
+        # what rank_findings and _joint will ask, at once (shape by shape on a GPU)
+        measure.prefetch([findings[i].nodes for i in measured_first(findings)]
+                         + [_remedy_nodes(findings)])
 
     baseline = max((e for e, _ in errors.values()), default=0.0)
     findings = rank_findings(findings, measure, baseline)

@@ -314,6 +314,13 @@ def top_amplifiers(layerwise: LayerwiseResult, inputs_of: Mapping[str, Sequence[
             for g in top_gains(layerwise.records, inputs_of, u, layerwise.threshold, k)]
 
 
+def measured_first(findings: Sequence[Finding], limit: int = MAX_FINDINGS) -> list[int]:
+    """Indices of the findings ``rank_findings`` measures, in its order: errors first, then
+    warnings, then info, each in detection order; at most ``limit``."""
+    rank = {"error": 0, "warning": 1, "info": 2}
+    return sorted(range(len(findings)), key=lambda i: (rank[findings[i].severity], i))[:limit]
+
+
 def rank_findings(findings: Sequence[Finding],
                   measure: Callable[[Sequence[str]], float] | None,
                   baseline_error: float, limit: int = MAX_FINDINGS) -> list[Finding]:
@@ -329,10 +336,9 @@ def rank_findings(findings: Sequence[Finding],
         Ranked findings.
     """
     severity_rank = {"error": 0, "warning": 1, "info": 2}
-    order = sorted(range(len(findings)), key=lambda i: (severity_rank[findings[i].severity], i))
     ranked = list(findings)
     if measure is not None and baseline_error > 0:
-        for i in order[:limit]:
+        for i in measured_first(findings, limit):
             f = findings[i]
             after = measure(f.nodes)
             if math.isinf(baseline_error):

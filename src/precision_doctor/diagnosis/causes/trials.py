@@ -1,0 +1,147 @@
+"""Impact trials: the output error when given nodes run in FP32, one emulated evaluation each,
+remembered, and on a GPU several evaluated together shape by shape.
+
+``ImpactTrials(...)(nodes)`` is ``diagnosis.causes.explain``'s ``measure``: the candidate's plan
+with ``nodes`` kept in FP32, emulated on every sample, and the largest relative L2 error of the
+outputs against the FP32 reference (``compare.metrics.relative_l2``). A node set measured once
+is not measured again (the joint remedy of a single finding is that finding).
+
+On a GPU every trial plan is a feed of the one switched emulation (``runners.sessions.switched``)
+and what costs is a change of input shape: ONNX Runtime's CUDA convolutions build their cuDNN
+plans again at each (0.1-0.4 s a run against 6-38 ms on an unchanged shape, PP-OCRv4 rec on an
+H200, ``benchmarks/gpu_switched_runs.py``). Trials one after the other walk the samples' shapes
+once each; ``prefetch`` walks them once for all its trials: for every group of samples of one
+shape (``runners.batching``), every trial's batched run. The errors are the same numbers:
+outputs come from the same batches, and each sample's squared norms are added in sample order
+as ``relative_l2`` adds them. Where the trials do not share a switched session (the CPU, a
+model without a batch dimension, a plan the switched graph cannot express), ``prefetch`` does
+nothing and each trial runs on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from precision_doctor.compare.metrics import l2_ratio, relative_l2
+from precision_doctor.layerwise.candidates import emulated, float32_outputs, run_samples
+from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.runners import device
+from precision_doctor.runners.batching import batches_on, groups, run_group, same, shape_order
+from precision_doctor.runners.sessions import switched
+
+Outputs = Mapping[str, Sequence[np.ndarray]]
+
+
+class ImpactTrials:
+    """Output error of ``plan`` with given nodes kept in FP32 (see the module docstring).
+
+    Args:
+        model: The FP32 model.
+        plan: The candidate's plan.
+        conv_bias: The candidate's convolution bias model (``precision.conv_bias``).
+        samples: Objects with ``.feeds``.
+        reference: The FP32 reference outputs, one array per sample.
+        names: The outputs compared.
+    """
+
+    def __init__(self, model: onnx.ModelProto, plan: PrecisionPlan, conv_bias: str,
+                 samples: Sequence, reference: Outputs, names: Sequence[str]) -> None:
+        self.model, self.plan, self.conv_bias = model, plan, conv_bias
+        self.samples, self.reference, self.names = samples, reference, list(names)
+        self.errors: dict[frozenset[str], float] = {}
+        self.evaluations = 0
+
+    def _plan(self, nodes: Iterable[str]) -> PrecisionPlan:
+        return self.plan.keep_fp32(list(nodes), "diagnose")
+
+    def __call__(self, nodes: Sequence[str]) -> float:
+        """The largest relative L2 error of the outputs with ``nodes`` in FP32.
+
+        Raises:
+            BackendError: The emulation fails.
+        """
+        key = frozenset(nodes)
+        if key not in self.errors:
+            trial = emulated(self._plan(nodes), self.conv_bias)
+            outs = run_samples(trial.factory(self.model), self.samples, self.names)
+            self.errors[key] = max(relative_l2(self.reference[n], outs[n]) for n in self.names)
+            self.evaluations += 1
+        return self.errors[key]
+
+    def prefetch(self, node_sets: Iterable[Sequence[str]]) -> int:
+        """Measure the node sets not yet measured together, shape by shape, where they share a
+        GPU's switched emulation; returns how many were measured (0: none, each will run on
+        its own when asked).
+
+        Raises:
+            BackendError: The emulation fails.
+        """
+        todo = list(dict.fromkeys(frozenset(n) for n in node_sets if n))
+        todo = [k for k in todo if k not in self.errors]
+        feeds = [s.feeds for s in self.samples]
+        if len(todo) < 2 or not switched.serves(device.current()) \
+                or not batches_on(True, self.model, len(feeds)):
+            return 0
+        with ExitStack() as stack:
+            runners = [stack.enter_context(
+                emulated(self._plan(k), self.conv_bias).factory(self.model)) for k in todo]
+            if any(getattr(r, "_switch", None) is None for r in runners):
+                return 0  # not one shared session: nothing to gain
+            order = shape_order(feeds)
+            terms: dict[str, list[list[tuple[float, float] | float]]] = {
+                n: [[0.0] * len(feeds) for _ in todo] for n in self.names}
+            probed = False
+            for group in groups([feeds[i] for i in order]):
+                members = [order[j] for j in group]
+                for t, runner in enumerate(runners):
+                    results = self._run(runner, [feeds[i] for i in members], probed)
+                    if results is None:
+                        return 0  # axis 0 is not the sample axis: each trial on its own
+                    probed = probed or len(members) > 1
+                    for i, result in zip(members, results):
+                        out = float32_outputs(result, self.names)
+                        for n in self.names:
+                            terms[n][t][i] = self._squares(self.reference[n][i], out[n])
+        for t, key in enumerate(todo):
+            self.errors[key] = max(self._error(terms[n][t]) for n in self.names)
+            self.evaluations += 1
+        return len(todo)
+
+    def _run(self, runner, feeds: Sequence[Mapping[str, np.ndarray]], probed: bool
+             ) -> list[dict[str, np.ndarray]] | None:
+        """One group's outputs per sample: one batched run (checked against its first sample
+        alone the first time, as ``runners.batching.iter_batched`` does), or None."""
+        if len(feeds) == 1:
+            return [runner.run(feeds[0])]
+        split = run_group(runner, feeds, self.names)
+        if split is not None and not probed:
+            alone = runner.run(feeds[0])
+            if not same({n: alone[n] for n in self.names}, split[0]):
+                return None
+        return split
+
+    @staticmethod
+    def _squares(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, float] | float:
+        """``relative_l2``'s terms of one sample: (||c - r||^2, ||r||^2), or inf where the
+        candidate is not finite."""
+        r64, c64 = np.asarray(reference, np.float64), np.asarray(candidate, np.float64)
+        if not np.isfinite(c64).all():
+            return math.inf
+        d = c64 - r64
+        return float(np.vdot(d, d)), float(np.vdot(r64, r64))
+
+    @staticmethod
+    def _error(terms: Sequence) -> float:
+        """``relative_l2`` from per-sample terms, added in sample order as it adds them."""
+        num = den = 0.0
+        for term in terms:
+            if not isinstance(term, tuple):
+                return math.inf
+            num += term[0]
+            den += term[1]
+        return l2_ratio(num, den)
