@@ -85,7 +85,8 @@ times ``--device auto``.
 
 ``--devices cuda`` re-runs the GPU side alone (when the CPU path did not change);
 ``PD_PROFILE_DIR=$OUT`` writes each run's cProfile (it slows Python-heavy stages several
-times: time without it).
+times: time without it; it sees the main thread only); ``PD_ORT_LEDGER=1`` puts every
+session's creation and runs, from every thread, in the JSON (``benchmarks/ort_ledger.py``).
 
 (``gpu_setup.sh``'s ``part``/``install`` do the same with sha256 checks when the lead's
 checkout carries the script. ``--prepare`` joins MiniLM and exports Whisper and MiniLM to ONNX
@@ -267,7 +268,8 @@ def prepare(assets: Path, ml_a: Path) -> None:
 def run_one(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> dict:
     """One diagnose or fix (in this process); returns what the comparison needs. With
     ``PD_PROFILE_DIR`` set, the call runs under cProfile and the 40 costliest functions
-    (cumulative) are written there as ``<case>_<device>_<task>.txt``."""
+    (cumulative) are written there as ``<case>_<device>_<task>.txt``, the whole profile as
+    ``.prof`` beside it (``pstats``: callers, call counts)."""
     folder = os.environ.get("PD_PROFILE_DIR")
     if not folder:
         return _run_one(assets, case, device, task, jobs)
@@ -280,6 +282,7 @@ def run_one(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> d
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(40)
     Path(folder, f"{case}_{device}_{task}.txt").write_text(text.getvalue())
+    profile.dump_stats(str(Path(folder, f"{case}_{device}_{task}.prof")))
     return result
 
 
@@ -293,7 +296,19 @@ def _run_one(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> 
     imports = time.perf_counter() - t
     model, data, pre = CASES[case]
     trace = MemoryTrace()
-    kw = dict(preprocess=pre, device=device, progress=trace.stage)
+    ledger = None
+    if os.environ.get("PD_ORT_LEDGER"):
+        from ort_ledger import OrtLedger
+
+        ledger = OrtLedger()
+        ledger.install()
+
+    def progress(stage: str, done: int, total: int) -> None:
+        trace.stage(stage, done, total)
+        if ledger is not None:
+            ledger.stage(stage, done, total)
+
+    kw = dict(preprocess=pre, device=device, progress=progress)
     if case == "calib256":
         kw["max_samples"] = 256
     t = time.perf_counter()
@@ -313,7 +328,8 @@ def _run_one(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> 
                 "rel_l2": {o["name"]: o["metrics"]["rel_l2"] for o in r["outputs"]},
                 "noise": r.get("noise"), "timings_s": r.get("timings_s"),
                 "layerwise_chunks": (r.get("layerwise") or {}).get("chunks"),
-                "samples": len(r["samples"]), "imports_s": imports}
+                "samples": len(r["samples"]), "imports_s": imports,
+                "ort_ledger": ledger.summary() if ledger else None}
     with trace:
         f = pd.fix(str(assets / model), str(assets / data), jobs=jobs, **kw)
     wall = time.perf_counter() - t
@@ -325,7 +341,7 @@ def _run_one(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> 
             "rel_l2_after_emulated": rel_emu, "seconds": rep["seconds"],
             "device": rep.get("device"), "resources": rep.get("resources"),
             "np": np.__version__, "imports_s": imports, "jobs": jobs,
-            "gpu_trace": trace.summary()}
+            "gpu_trace": trace.summary(), "ort_ledger": ledger.summary() if ledger else None}
 
 
 class GpuMemory:
