@@ -15,6 +15,7 @@ from precision_doctor.cli import app
 from precision_doctor.errors import BackendUnavailable, InputError
 from precision_doctor.formats import Precision
 from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.runners import batching
 from precision_doctor.runners import device as dev
 from precision_doctor.runners.base import TensorMeta
 from precision_doctor.runners.emulator import EmulatorRunner
@@ -251,7 +252,8 @@ def test_batched_runs_give_the_per_sample_outputs():
 def test_search_evaluations_on_a_gpu_run_in_batches_and_stop_early():
     """SampleRunner on a CUDA device batches the evaluation's samples (iter_batched); the
     outputs are the per-sample ones, in the search's order, and a consumer that stops after
-    the first sample leaves the later batches unrun."""
+    the first sample leaves the later batches unrun. The one-sample check of the first batch
+    runs once per model, not once per evaluation."""
     model = transformer_block()
     samples = random_samples((2, 8, 16), 6)
     calls = []
@@ -281,7 +283,8 @@ def test_search_evaluations_on_a_gpu_run_in_batches_and_stop_early():
         first = pool.run(plan, order)
         next(first)
         first.close()
-        assert calls == [12, 2]  # the batch and its one-sample probe; nothing after
+        assert calls == [12]  # the batch (the model's check is kept); nothing after
+        assert batching.checked(model) is True
 
 
 def test_batching_refuses_models_without_a_shared_batch_symbol():
@@ -384,3 +387,22 @@ def test_batched_runs_group_alternating_shapes_and_keep_the_order():
     assert calls == [(3, 4), (1, 4), (3, 8)]
     for feed, out in zip(feeds, batched):
         np.testing.assert_array_equal(out["y"], np.maximum(feed["x"], 0))
+
+
+def test_a_failed_batch_check_is_kept_for_the_model():
+    from precision_doctor.runners.batching import checked, run_batched
+
+    calls = []
+
+    def reversed_rows(f):  # axis 0 keeps its length but is not the sample axis
+        calls.append(f["x"].shape[0])
+        return {"y": np.flip(f["x"], axis=0)}
+
+    runner = FakeRunner([TensorMeta("x", np.dtype(np.float32), (1, 4))], ["y"], reversed_rows)
+    runner.model = object()  # what the verdict is kept for (a runner's .model)
+    feeds = [{"x": np.full((1, 4), i + 1.0, np.float32)} for i in range(3)]
+    assert [float(o["y"][0, 0]) for o in run_batched(runner, feeds)] == [1.0, 2.0, 3.0]
+    assert calls == [3, 1, 1, 1, 1] and checked(runner.model) is False
+    calls.clear()
+    assert [float(o["y"][0, 0]) for o in run_batched(runner, feeds)] == [1.0, 2.0, 3.0]
+    assert calls == [1, 1, 1]  # no batch tried again

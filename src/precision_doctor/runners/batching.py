@@ -8,11 +8,17 @@ and every output is split back by the samples' own first dimensions. Two checks 
 since a symbol does not prove that axis 0 is the sample axis: every output of a batched run
 must have the joined first dimension, and the first batched run is checked against its first
 sample run alone (same values within FP32 kernel differences, ``PROBE_RTOL``). Where either
-fails, the samples run one at a time from then on.
+fails, the samples run one at a time from then on. The second check's verdict is kept per model
+(``checked``): a search's evaluations or the impact trials batch the same model again and again,
+and on a GPU each one-sample check between two batched runs cost two changes of input shape
+(PP-OCRv4 rec on 256 strips: 132 of a diagnosis's 137, counted by
+``benchmarks/shape_replans.py``).
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -28,6 +34,29 @@ MAX_BATCH = 64
 # kernels chosen for another batch size differ by ~1e-6 relative; a split along a wrong axis
 # differs by O(1).
 PROBE_RTOL = 1e-3
+CHECKED_MODELS = 8  # verdicts kept, of the models batched last
+
+_lock = threading.Lock()
+_checked: OrderedDict[int, tuple[object, bool]] = OrderedDict()  # id -> (model, verdict)
+
+
+def checked(model: object) -> bool | None:
+    """Whether batched runs of ``model`` (a runner's ``.model``) passed the one-sample check
+    (True) or failed it (False) in this process; None: not checked yet."""
+    with _lock:
+        entry = _checked.get(id(model))
+        return entry[1] if entry is not None and entry[0] is model else None
+
+
+def remember(model: object, verdict: bool) -> None:
+    """Keep ``model``'s one-sample check verdict (the last ``CHECKED_MODELS`` models)."""
+    if model is None:
+        return
+    with _lock:
+        _checked[id(model)] = (model, verdict)
+        _checked.move_to_end(id(model))
+        while len(_checked) > CHECKED_MODELS:
+            _checked.popitem(last=False)
 
 
 def batch_symbol(model: onnx.ModelProto) -> str | None:
@@ -119,7 +148,9 @@ def iter_batched(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],
                  names: Sequence[str] | None = None) -> Iterator[dict[str, np.ndarray]]:
     """``run_batched`` yielding each sample's outputs in order, one batch run at a time
     (a consumer that stops early, like the search's early stop, runs no further batch)."""
-    batching, probed = True, False
+    model = getattr(runner, "model", None)
+    verdict = checked(model)
+    batching, probed = verdict is not False, verdict is True
     for group in groups(feeds):
         if len(group) == 1 or not batching:
             for i in group:
@@ -131,6 +162,7 @@ def iter_batched(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],
             alone = _keep(runner.run(feeds[group[0]]), names)
             if not same(alone, split[0]):
                 split = None
+            remember(model, split is not None)
         if split is None:  # axis 0 is not the sample axis: one at a time from now on
             batching = False
             for i in group:

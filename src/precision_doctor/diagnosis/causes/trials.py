@@ -31,7 +31,15 @@ from precision_doctor.compare.metrics import l2_ratio, relative_l2
 from precision_doctor.layerwise.candidates import emulated, float32_outputs, run_samples
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners import device
-from precision_doctor.runners.batching import batches_on, groups, run_group, same, shape_order
+from precision_doctor.runners.batching import (
+    batches_on,
+    checked,
+    groups,
+    remember,
+    run_group,
+    same,
+    shape_order,
+)
 from precision_doctor.runners.sessions import switched
 
 Outputs = Mapping[str, Sequence[np.ndarray]]
@@ -93,9 +101,12 @@ class ImpactTrials:
             if any(getattr(r, "_switch", None) is None for r in runners):
                 return 0  # not one shared session: nothing to gain
             order = shape_order(feeds)
+            verdict = checked(self.model)
+            if verdict is False:
+                return 0
             terms: dict[str, list[list[tuple[float, float] | float]]] = {
                 n: [[0.0] * len(feeds) for _ in todo] for n in self.names}
-            probed = False
+            probed = verdict is True
             for group in groups([feeds[i] for i in order]):
                 members = [order[j] for j in group]
                 for t, runner in enumerate(runners):
@@ -122,7 +133,8 @@ class ImpactTrials:
         if split is not None and not probed:
             alone = runner.run(feeds[0])
             if not same({n: alone[n] for n in self.names}, split[0]):
-                return None
+                split = None
+            remember(self.model, split is not None)
         return split
 
     @staticmethod
