@@ -28,7 +28,7 @@ So a signature gets its own session only once it has made the shared one re-plan
 ``REPLANS_FOR_SESSION`` times: 16 re-plans at 0.1-0.4 s cost about what opening a session does.
 Where the order of the runs is known in advance the stages avoid re-plans instead
 (``runners.batching.run_batched`` groups each signature; ``diagnosis.causes.trials`` runs its
-trials shape by shape); a search's evaluations (the attribution's 2 samples of 2 shapes) cannot.
+trials shape by shape); a search's evaluations, chosen as it goes, cannot.
 """
 
 from __future__ import annotations
