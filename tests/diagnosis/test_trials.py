@@ -65,13 +65,14 @@ def test_prefetch_runs_every_trial_shape_by_shape_with_the_same_errors(case, mon
         alone = ImpactTrials(model, plan, "fused", samples, reference, ["y"])
         expected = [alone(s) for s in SETS]
     shapes = []
-    run = switched.ShapeSessions.run
+    run = OrtRunner.run
 
     def counting(self, feeds, output_names=None):
-        shapes.append(feeds["x"].shape)
+        if self.name.endswith("-switched"):
+            shapes.append(feeds["x"].shape)
         return run(self, feeds, output_names)
 
-    monkeypatch.setattr(switched.ShapeSessions, "run", counting)
+    monkeypatch.setattr(OrtRunner, "run", counting)
     with switched.sessions(on_cpu=True):
         trials = ImpactTrials(model, plan, "fused", samples, reference, ["y"])
         assert trials.prefetch(SETS + [["mul"]]) == 4

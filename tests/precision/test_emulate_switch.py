@@ -12,7 +12,6 @@ from onnx import TensorProto, helper
 from real_inputs import real_image
 from tiny_models import make_model, tensor
 
-from precision_doctor.errors import BackendError
 from precision_doctor.formats import Precision
 from precision_doctor.precision.conv_bias import FUSED, SEPARATE
 from precision_doctor.precision.emulate import emulate
@@ -22,9 +21,7 @@ from precision_doctor.precision.emulate_switch import (
     switchable,
 )
 from precision_doctor.precision.plan import NodeDecision, PrecisionPlan
-from precision_doctor.runners.device import CPU
 from precision_doctor.runners.emulator import EmulatorRunner
-from precision_doctor.runners.ort import OrtRunner
 from precision_doctor.runners.sessions import switched
 
 RNG = np.random.default_rng(5)
@@ -150,33 +147,3 @@ def test_real_model_plans_match_their_emulation(shared_dir: Path) -> None:
         for a, b in zip(got, expected):
             np.testing.assert_array_equal(a, b)
 
-
-def test_a_shape_that_keeps_coming_back_gets_its_own_session(monkeypatch) -> None:
-    monkeypatch.setattr(switched, "REPLANS_FOR_SESSION", 3)
-    f = TensorProto.FLOAT
-    nodes = [helper.make_node("Conv", ["x", "W1", "B1"], ["a"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["a"], ["y"], name="relu")]
-    model = make_model(nodes, [helper.make_tensor_value_info("x", f, ["n", 4, "h", "w"])],
-                       [helper.make_tensor_value_info("y", f, ["n", 4, "h", "w"])],
-                       [tensor("W1", RNG.standard_normal((4, 4, 3, 3)).astype(np.float32)),
-                        tensor("B1", RNG.standard_normal(4).astype(np.float32))], opset=17)
-    built = emulate_switchable(model, Precision.FP16)
-    assert built is not None
-    flags = built.flags(PrecisionPlan(Precision.FP16).keep_fp32(["relu"], "t"))
-    a, b, c = (RNG.standard_normal(s).astype(np.float32)
-               for s in [(1, 4, 6, 6), (2, 4, 6, 6), (1, 4, 8, 8)])
-    order = [a, a, b, a, b, c, a, b, a, b, c, a]  # re-plans: b 1, a 1, b 2, c 1, a 2, b 3 ...
-    with switched.ShapeSessions(built.model, "t", CPU, limit=2) as shared:
-        assert shared.sessions() == 1  # the shared one, opened on entry
-        assert shared.output_names() == ["y"]
-        assert [m.name for m in shared.input_metadata()] == ["x", SWITCH_INPUT]
-        got = [shared.run({"x": x, SWITCH_INPUT: flags})["y"] for x in order]
-        assert shared.sessions() == 2  # b's third re-plan gave it its own; then the limit
-        assert list(shared._own) == [(("pd_keep_fp32", flags.shape), ("x", b.shape))]
-        assert shared._replans[(("pd_keep_fp32", flags.shape), ("x", a.shape))] >= 3
-    assert shared.sessions() == 0
-    with pytest.raises(BackendError, match="closed"):
-        shared.run({"x": a, SWITCH_INPUT: flags})
-    with OrtRunner(built.model, ("cpu",)) as plain:
-        for x, y in zip(order, got):
-            np.testing.assert_array_equal(y, plain.run({"x": x, SWITCH_INPUT: flags})["y"])

@@ -81,12 +81,6 @@ def _initializer_bytes(t: onnx.TensorProto) -> int:
     return numel * itemsize
 
 
-def weight_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of the main graph's initializers (``dims`` x element size; external ones
-    included, Constant nodes not)."""
-    return sum(_initializer_bytes(t) for t in model.graph.initializer)
-
-
 def plan_segments(model: onnx.ModelProto, output_bytes: Sequence[int], budget_bytes: int
                   ) -> list[Segment]:
     """Cut the graph greedily into consecutive segments that fit ``budget_bytes``.

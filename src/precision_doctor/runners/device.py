@@ -27,22 +27,19 @@ CUDA EP documentation):
   2322 instead of 3224 MiB for 1976 MiB of outputs; ``benchmarks/gpu_segment_memory.py``, H200,
   2026-11-26).
 
-Two kinds of sessions are the exception (``bounded_workspace``): layerwise segments and the
-switched emulation's sessions of one input shape each (``runners.sessions.switched``). There
-the heuristic's pick can need a workspace far beyond the session's tensors, which ONNX Runtime
-allocates whatever ``cudnn_conv_use_max_workspace`` says (it caps only the exhaustive search).
-Measured on an H200
+Layerwise segments are the exception (``bounded_workspace``): there the heuristic's pick can
+need a workspace far beyond the segment's tensors, which ONNX Runtime allocates whatever
+``cudnn_conv_use_max_workspace`` says (it caps only the exhaustive search). Measured on an H200
 (``benchmarks/gpu_segment_memory.py``, 2026-11-26): one CUDA session of PP-OCRv4 rec, batch 6
 (or 1), held 4.2 GiB of GPU memory for 6 MiB of output, all of it from the last 10% of its
 nodes; with ``cudnn_conv_algo_search=EXHAUSTIVE`` and the 32 MiB workspace cap 0.2 GiB, and a
 run took 4.1 instead of 29.5 ms. A layerwise stage runs two such sessions at once, and those
 workspaces were most of a diagnosis's peak (rec on 256 strips: 10.2 GiB). The other stages
 keep the heuristic: ONNX Runtime's CUDA convolution builds its cuDNN plan again whenever its
-input shape changes (and the exhaustive search then times its candidates again: PP-OCRv4 det,
-3 images at 640, 0.84 s a run with two batch shapes in turn against 9 ms on one, under the
-heuristic 0.10 s; ``benchmarks/gpu_switched_runs.py``), and with the exhaustive search
-everywhere a diagnosis took 136 s instead of 83 s. The switched emulation avoids the shape
-changes by giving a shape that keeps coming back a session of its own.
+input shape changes, and the exhaustive search then times its candidates again (PP-OCRv4 det,
+3 images at 640: 0.7-0.9 s a run with two batch shapes in turn against 9 ms on one; under the
+heuristic 0.10 s; ``benchmarks/gpu_switched_runs.py``); with the exhaustive search everywhere
+a diagnosis took 136 s instead of 83 s.
 
 The emulation's Cast round trips (FP32 -> FP16/BF16 -> FP32) are exact on the GPU as on the
 CPU (IEEE round-to-nearest-even casts; the FP16 answers of ``benchmarks/gpu_pipeline.py`` agree
@@ -131,9 +128,8 @@ CPU = Device()
 
 
 def bounded_workspace(device: Device) -> Device:
-    """The device of layerwise segment sessions and of the switched emulation's sessions of one
-    input shape: on CUDA, cuDNN's exhaustive search with a 32 MiB workspace cap instead of the
-    heuristic (module docstring); the CPU as it is."""
+    """The device of layerwise segment sessions: on CUDA, cuDNN's exhaustive search with a
+    32 MiB workspace cap instead of the heuristic (module docstring); the CPU as it is."""
     return replace(device, conv_search="EXHAUSTIVE") if device.is_cuda else device
 
 

@@ -31,7 +31,7 @@ class _OnOrt:
     (``runners.sessions.switched``)
     with this runner's flags added to every feed (``self._switch``)."""
 
-    _ort: OrtRunner | switched.ShapeSessions | None = None
+    _ort: OrtRunner | None = None
     _switch: np.ndarray | None = None
 
     def __exit__(self, *exc: object) -> None:
@@ -96,7 +96,7 @@ class EmulatorRunner(_OnOrt):
         self.name = name or f"emulate-{plan.default.value}"
         self.intra_op_threads = intra_op_threads
         self.info: EmulationInfo | None = None
-        self._ort: OrtRunner | switched.ShapeSessions | None = None
+        self._ort: OrtRunner | None = None
 
     def __enter__(self) -> EmulatorRunner:
         plan = self.plan
