@@ -11,7 +11,7 @@ sample run alone (same values within FP32 kernel differences, ``PROBE_RTOL``). W
 fails, the samples run one at a time from then on. The second check's verdict is kept per model
 (``checked``): a search's evaluations or the impact trials batch the same model again and again,
 and on a GPU each one-sample check between two batched runs cost two changes of input shape
-(PP-OCRv4 rec on 256 strips: 132 of a diagnosis's 137, counted by
+(PP-OCRv4 rec on 256 strips: 142 of a diagnosis's 157 changes of shape, counted by
 ``benchmarks/shape_replans.py``).
 """
 
