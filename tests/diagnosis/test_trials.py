@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 from tiny_models import make_model, tensor
 
-from precision_doctor.compare.metrics import relative_l2
+from precision_doctor.compare.metrics import l2_terms, relative_l2, relative_l2_of
 from precision_doctor.diagnosis.causes.trials import ImpactTrials
 from precision_doctor.formats import Precision
 from precision_doctor.precision.plan import PrecisionPlan
@@ -85,6 +85,6 @@ def test_prefetch_runs_every_trial_shape_by_shape_with_the_same_errors(case, mon
     # the error is relative_l2's, from per-sample terms added in sample order
     with OrtRunner(model, ("cpu",)) as r:
         same = [r.run(s.feeds)["y"] for s in samples]
-    assert ImpactTrials._error([ImpactTrials._squares(a, b) for a, b in
-                                zip(reference["y"], same)]) == relative_l2(reference["y"], same)
-    assert ImpactTrials._error([(1.0, 4.0), np.inf]) == np.inf
+    assert relative_l2_of([l2_terms(a, b) for a, b in zip(reference["y"], same)]) \
+        == relative_l2(reference["y"], same)
+    assert relative_l2_of([(1.0, 4.0), None]) == np.inf

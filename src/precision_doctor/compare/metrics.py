@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -146,12 +146,26 @@ def l2_ratio(err2: float, ref2: float, nonfinite: int = 0) -> float:
 
 def relative_l2(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]) -> float:
     """Relative L2 error ||c - r|| / ||r|| over all samples (inf if the candidate is not finite)."""
+    return relative_l2_of(l2_terms(r, c) for r, c in zip(reference, candidate))
+
+
+def l2_terms(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, float] | None:
+    """One sample's terms of ``relative_l2``: (||c - r||^2, ||r||^2) in float64; None where the
+    candidate is not finite."""
+    r64, c64 = np.asarray(reference, np.float64), np.asarray(candidate, np.float64)
+    if not np.isfinite(c64).all():
+        return None
+    d = c64 - r64
+    return float(np.vdot(d, d)), float(np.vdot(r64, r64))
+
+
+def relative_l2_of(terms: Iterable[tuple[float, float] | None]) -> float:
+    """``relative_l2`` from per-sample ``l2_terms``, added in the order given (inf at the first
+    None: a candidate that is not finite)."""
     num = den = 0.0
-    for r, c in zip(reference, candidate):
-        r64, c64 = np.asarray(r, np.float64), np.asarray(c, np.float64)
-        if not np.isfinite(c64).all():
+    for term in terms:
+        if term is None:
             return math.inf
-        d = c64 - r64
-        num += float(np.vdot(d, d))
-        den += float(np.vdot(r64, r64))
+        num += term[0]
+        den += term[1]
     return l2_ratio(num, den)

@@ -182,10 +182,10 @@ class ResidentStats(StatsPool):
                 continue
             r, c = ref[n], cand[n]
             if (_dtype(r) != "tensor(float)" or _dtype(c) != "tensor(float)"
-                    or _shape(r) != _shape(c)):
+                    or value_shape(r) != value_shape(c)):
                 host_ref[n], host_cand[n] = to_host(r), to_host(c)
                 continue
-            size = int(np.prod(_shape(r)))
+            size = int(np.prod(value_shape(r)))
             if size == 0:
                 continue
             for lo in range(0, size, self.chunk):
@@ -209,7 +209,8 @@ def _dtype(value: object) -> str:
     return data_type() if callable(data_type) else f"numpy:{np.asarray(value).dtype}"
 
 
-def _shape(value: object) -> tuple[int, ...]:
+def value_shape(value: object) -> tuple[int, ...]:
+    """An array's or an ``onnxruntime.OrtValue``'s shape (``OrtValue.shape`` is a method)."""
     shape = getattr(value, "shape", None)
     return tuple(shape() if callable(shape) else np.shape(np.asarray(value)))
 

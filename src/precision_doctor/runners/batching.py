@@ -156,13 +156,8 @@ def iter_batched(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],
             for i in group:
                 yield _keep(runner.run(feeds[i]), names)
             continue
-        split = run_group(runner, [feeds[i] for i in group], names)
-        if split is not None and not probed:
-            probed = True
-            alone = _keep(runner.run(feeds[group[0]]), names)
-            if not same(alone, split[0]):
-                split = None
-            remember(model, split is not None)
+        split = run_checked(runner, [feeds[i] for i in group], names, model, probed)
+        probed = True
         if split is None:  # axis 0 is not the sample axis: one at a time from now on
             batching = False
             for i in group:
@@ -184,6 +179,21 @@ def run_group(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],
         return None
     edges = np.cumsum([0, *rows])
     return [{k: v[edges[j]:edges[j + 1]] for k, v in out.items()} for j in range(len(feeds))]
+
+
+def run_checked(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],
+                names: Sequence[str] | None, model: object, probed: bool
+                ) -> list[dict[str, np.ndarray]] | None:
+    """``run_group`` of ``feeds`` (two or more samples); unless ``probed``, its first sample is
+    also run alone and compared (``same``), and the verdict kept for ``model`` (``remember``).
+    None: axis 0 is not the sample axis."""
+    split = run_group(runner, feeds, names)
+    if split is not None and not probed:
+        alone = _keep(runner.run(feeds[0]), names)
+        if not same(alone, split[0]):
+            split = None
+        remember(model, split is not None)
+    return split
 
 
 def same(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:

@@ -37,6 +37,7 @@ from precision_doctor.layerwise.gain import top_gains
 
 LOW_HEADROOM_BITS = 2.0  # < 2 bits: a 4x larger input overflows
 MAX_FINDINGS = 12
+SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}  # measuring order; sort tie-break
 MINOR_IMPACT = 0.01  # measured impact below 1% of the output error: the "minor" group
 # Kinds whose cure is the overflow region of the node (``diagnosis.causes.cures``), not the
 # node alone.
@@ -317,8 +318,8 @@ def top_amplifiers(layerwise: LayerwiseResult, inputs_of: Mapping[str, Sequence[
 def measured_first(findings: Sequence[Finding], limit: int = MAX_FINDINGS) -> list[int]:
     """Indices of the findings ``rank_findings`` measures, in its order: errors first, then
     warnings, then info, each in detection order; at most ``limit``."""
-    rank = {"error": 0, "warning": 1, "info": 2}
-    return sorted(range(len(findings)), key=lambda i: (rank[findings[i].severity], i))[:limit]
+    return sorted(range(len(findings)),
+                  key=lambda i: (SEVERITY_RANK[findings[i].severity], i))[:limit]
 
 
 def rank_findings(findings: Sequence[Finding],
@@ -335,7 +336,6 @@ def rank_findings(findings: Sequence[Finding],
     Returns:
         Ranked findings.
     """
-    severity_rank = {"error": 0, "warning": 1, "info": 2}
     ranked = list(findings)
     if measure is not None and baseline_error > 0:
         for i in measured_first(findings, limit):
@@ -348,7 +348,7 @@ def rank_findings(findings: Sequence[Finding],
             ranked[i] = Finding(**{**f.__dict__, "impact": impact,
                                    "evidence": {**f.evidence, "output_error_if_fp32": after}})
     keyed = sorted(range(len(ranked)), key=lambda i: (
-        -(ranked[i].impact or 0.0), severity_rank[ranked[i].severity], i))
+        -(ranked[i].impact or 0.0), SEVERITY_RANK[ranked[i].severity], i))
     return [ranked[i] for i in keyed]
 
 

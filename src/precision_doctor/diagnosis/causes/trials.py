@@ -12,7 +12,7 @@ plans again at each (0.1-0.4 s a run against 6-38 ms on an unchanged shape, PP-O
 H200, ``benchmarks/gpu_switched_runs.py``). Trials one after the other walk the samples' shapes
 once each; ``prefetch`` walks them once for all its trials: for every group of samples of one
 shape (``runners.batching``), every trial's batched run. The errors are the same numbers:
-outputs come from the same batches, and each sample's squared norms are added in sample order
+outputs come from the same batches, and each sample's ``l2_terms`` are added in sample order
 as ``relative_l2`` adds them. Where the trials do not share a switched session (the CPU, a
 model without a batch dimension, a plan the switched graph cannot express), ``prefetch`` does
 nothing and each trial runs on its own.
@@ -20,26 +20,17 @@ nothing and each trial runs on its own.
 
 from __future__ import annotations
 
-import math
 from contextlib import ExitStack
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
 
-from precision_doctor.compare.metrics import l2_ratio, relative_l2
+from precision_doctor.compare.metrics import l2_terms, relative_l2, relative_l2_of
 from precision_doctor.layerwise.candidates import emulated, float32_outputs, run_samples
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners import device
-from precision_doctor.runners.batching import (
-    batches_on,
-    checked,
-    groups,
-    remember,
-    run_group,
-    same,
-    shape_order,
-)
+from precision_doctor.runners.batching import batches_on, checked, groups, run_checked, shape_order
 from precision_doctor.runners.sessions import switched
 
 Outputs = Mapping[str, Sequence[np.ndarray]]
@@ -104,8 +95,8 @@ class ImpactTrials:
             verdict = checked(self.model)
             if verdict is False:
                 return 0
-            terms: dict[str, list[list[tuple[float, float] | float]]] = {
-                n: [[0.0] * len(feeds) for _ in todo] for n in self.names}
+            terms: dict[str, list[list[tuple[float, float] | None]]] = {
+                n: [[None] * len(feeds) for _ in todo] for n in self.names}
             probed = verdict is True
             for group in groups([feeds[i] for i in order]):
                 members = [order[j] for j in group]
@@ -117,43 +108,16 @@ class ImpactTrials:
                     for i, result in zip(members, results):
                         out = float32_outputs(result, self.names)
                         for n in self.names:
-                            terms[n][t][i] = self._squares(self.reference[n][i], out[n])
+                            terms[n][t][i] = l2_terms(self.reference[n][i], out[n])
         for t, key in enumerate(todo):
-            self.errors[key] = max(self._error(terms[n][t]) for n in self.names)
+            self.errors[key] = max(relative_l2_of(terms[n][t]) for n in self.names)
             self.evaluations += 1
         return len(todo)
 
     def _run(self, runner, feeds: Sequence[Mapping[str, np.ndarray]], probed: bool
              ) -> list[dict[str, np.ndarray]] | None:
-        """One group's outputs per sample: one batched run (checked against its first sample
-        alone the first time, as ``runners.batching.iter_batched`` does), or None."""
+        """One group's outputs per sample: one run, batched and checked against its first
+        sample alone the first time (``runners.batching.run_checked``), or None."""
         if len(feeds) == 1:
             return [runner.run(feeds[0])]
-        split = run_group(runner, feeds, self.names)
-        if split is not None and not probed:
-            alone = runner.run(feeds[0])
-            if not same({n: alone[n] for n in self.names}, split[0]):
-                split = None
-            remember(self.model, split is not None)
-        return split
-
-    @staticmethod
-    def _squares(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, float] | float:
-        """``relative_l2``'s terms of one sample: (||c - r||^2, ||r||^2), or inf where the
-        candidate is not finite."""
-        r64, c64 = np.asarray(reference, np.float64), np.asarray(candidate, np.float64)
-        if not np.isfinite(c64).all():
-            return math.inf
-        d = c64 - r64
-        return float(np.vdot(d, d)), float(np.vdot(r64, r64))
-
-    @staticmethod
-    def _error(terms: Sequence) -> float:
-        """``relative_l2`` from per-sample terms, added in sample order as it adds them."""
-        num = den = 0.0
-        for term in terms:
-            if not isinstance(term, tuple):
-                return math.inf
-            num += term[0]
-            den += term[1]
-        return l2_ratio(num, den)
+        return run_checked(runner, feeds, self.names, self.model, probed)
