@@ -55,6 +55,20 @@ CASES = {"rec": ("models/ppocrv4/rec.onnx", "data/calib256", "ppocr-rec", 6),
                  "ppocr-det:resize=fixed,size=640x640", 3)}
 
 
+def load_batch(assets: Path, case: str) -> tuple:
+    """``CASES[case]``'s model and its batch of real samples (one feed dict, joined on axis 0)."""
+    from precision_doctor.graph.load import load_model
+    from precision_doctor.inputs import load as inputs
+    from precision_doctor.runners.ort import OrtRunner
+
+    path, data, pre, batch = CASES[case]
+    model = load_model(assets / path)
+    with OrtRunner(model, ("cpu",)) as r:
+        meta = r.input_metadata()
+    samples = inputs.load_samples(assets / data, meta, pre, max_samples=batch)
+    return model, {k: np.concatenate([s.feeds[k] for s in samples]) for k in samples[0].feeds}
+
+
 def run_variant(variant: str, model, marked, feeds: dict, repeat: int) -> dict:
     import onnxruntime as ort
 
@@ -150,21 +164,14 @@ def main() -> None:
     import onnxruntime as ort
 
     ort.preload_dlls()
-    from precision_doctor.graph.load import load_model
     from precision_doctor.graph.outputs import float_activations, mark_outputs
-    from precision_doctor.inputs import load as inputs
     from precision_doctor.runners import device
-    from precision_doctor.runners.ort import OrtRunner
 
     device.cuda_devices()  # the CUDA context before any measurement
     results = []
     for case in args.cases.split(","):
-        path, data, pre, batch = CASES[case]
-        model = load_model(args.assets / path)
-        with OrtRunner(model, ("cpu",)) as r:
-            meta = r.input_metadata()
-        samples = inputs.load_samples(args.assets / data, meta, pre, max_samples=batch)
-        feeds = {k: np.concatenate([s.feeds[k] for s in samples]) for k in samples[0].feeds}
+        batch = CASES[case][3]
+        model, feeds = load_batch(args.assets, case)
         shapes = {k: v.shape for k, v in feeds.items()}
         marked = mark_outputs(model, [s.name for s in float_activations(model, shapes)])
         for variant in args.variants.split(","):

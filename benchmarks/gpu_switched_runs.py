@@ -42,10 +42,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_pipeline import GpuMemory  # noqa: E402
+from gpu_segment_memory import load_batch  # noqa: E402
 
-CASES = {"rec": ("models/ppocrv4/rec.onnx", "data/calib256", "ppocr-rec", 6),
-         "det": ("models/ppocrv4/det.onnx", "data/ocr/full_images",
-                 "ppocr-det:resize=fixed,size=640x640", 3)}
 SETTINGS = ("heur", "heur+shrink", "exh", "exh+shrink")
 SWITCH_INPUT = "pd_keep_fp32"  # precision.emulate_switch.SWITCH_INPUT (checked in main)
 
@@ -138,25 +136,17 @@ def main() -> None:
 
     ort.preload_dlls()
     from precision_doctor.formats import Precision
-    from precision_doctor.graph.load import load_model
-    from precision_doctor.inputs import load as inputs
     from precision_doctor.precision import emulate_switch
     from precision_doctor.precision.emulate import emulate
     from precision_doctor.precision.emulate_switch import emulate_switchable
     from precision_doctor.precision.plan import PrecisionPlan
     from precision_doctor.runners import device
-    from precision_doctor.runners.ort import OrtRunner
 
     assert emulate_switch.SWITCH_INPUT == SWITCH_INPUT
     device.cuda_devices()  # the CUDA context before any measurement
     rows = []
     for case in args.cases.split(","):
-        path, data, pre, batch = CASES[case]
-        model = load_model(args.assets / path)
-        with OrtRunner(model, ("cpu",)) as r:
-            meta = r.input_metadata()
-        samples = inputs.load_samples(args.assets / data, meta, pre, max_samples=batch)
-        feeds = {k: np.concatenate([s.feeds[k] for s in samples]) for k in samples[0].feeds}
+        model, feeds = load_batch(args.assets, case)
         plan = PrecisionPlan(Precision.FP16)
         for kind in args.models.split(","):
             t = time.perf_counter()

@@ -22,12 +22,6 @@ import time
 from collections import defaultdict
 
 
-def _shape(value) -> tuple:
-    """An array's or an ``OrtValue``'s shape (``OrtValue.shape`` is a method)."""
-    shape = getattr(value, "shape", ())
-    return tuple(shape() if callable(shape) else shape)
-
-
 class OrtLedger:
     """Session and run events of ``OrtRunner``, from every thread.
 
@@ -48,6 +42,7 @@ class OrtLedger:
 
     def install(self) -> None:
         """Wrap ``OrtRunner.__enter__``, ``run`` and ``run_resident`` (for this process)."""
+        from precision_doctor.layerwise.resident import value_shape
         from precision_doctor.runners.ort import OrtRunner
 
         ledger = self
@@ -71,7 +66,7 @@ class OrtLedger:
 
         def timed(method):
             def wrapper(runner, feeds, *args, **kwargs):
-                shapes = tuple(sorted((k, _shape(v)) for k, v in feeds.items()))
+                shapes = tuple(sorted((k, value_shape(v)) for k, v in feeds.items()))
                 t = time.perf_counter()
                 try:
                     return method(runner, feeds, *args, **kwargs)

@@ -30,6 +30,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import precision_doctor as pd
+    from precision_doctor.layerwise.resident import value_shape
     from precision_doctor.runners import device
     from precision_doctor.runners.ort import OrtRunner
 
@@ -46,7 +47,7 @@ def main() -> None:
     def counted(method):
         def wrapper(runner, feeds, *a, **kw):
             if runner.name.endswith("-switched"):
-                key = tuple(sorted((k, _shape(v)) for k, v in feeds.items()))
+                key = tuple(sorted((k, value_shape(v)) for k, v in feeds.items()))
                 label = ", ".join(f"{k}{list(s)}" for k, s in key if k != "pd_keep_fp32")
                 runs[label] += 1
                 if last.get(id(runner), key) != key:
@@ -65,12 +66,6 @@ def main() -> None:
             for label in sorted(runs)]
     print(json.dumps({"runs": sum(runs.values()), "after_a_change": sum(changes.values()),
                       "by_shape": rows}, indent=1))
-
-
-def _shape(value) -> tuple:
-    """An array's or an ``onnxruntime.OrtValue``'s shape (``OrtValue.shape`` is a method)."""
-    shape = getattr(value, "shape", ())
-    return tuple(shape() if callable(shape) else shape)
 
 
 if __name__ == "__main__":
