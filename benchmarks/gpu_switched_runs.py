@@ -11,13 +11,13 @@ type; nodes ONNX Runtime placed on the CPU, and the copies between host and devi
 
 Models: ``fp32`` (the model), ``plan`` (``precision.emulate.emulate`` of the all-FP16 plan),
 ``switched`` (``precision.emulate_switch``, every switch off = the same plan). Settings:
-``heur`` / ``exh`` (cuDNN's algorithm search: the package's heuristic, or exhaustive with the
-32 MiB workspace cap of ``runners.device.bounded_workspace``), ``+shrink`` (the run option that
-gives the arena back after each run, as the switched session has it), ``+flip`` (switched
-only: every run another plan, each node's switch drawn at random with probability 0.1, seeded,
-as a search's or an attribution's evaluations feed it), ``+alt`` (every other run on the batch's
-first 2 samples: two input shapes in turn, as a diagnosis's stages feed one shared session).
-Batches: rec, 6 of the
+``heur`` / ``exh`` (cuDNN's algorithm search: the heuristic, or exhaustive with the 32 MiB
+workspace cap, the package's choice since 2026-11-27, ``runners.device``), ``+shrink`` (the run
+option that gives the arena back after each run, as the switched session has it), ``+flip``
+(switched only: every run another plan, each node's switch drawn at random with probability
+0.1, seeded, as a search's or an attribution's evaluations feed it), ``+alt`` (every other run
+on the batch's first 2 samples: two input shapes in turn, as a diagnosis's stages feed one
+shared session). Batches: rec, 6 of the
 256 strips (48x320) and det, 3 images at 640x640.
 
 There (GPU machine, after ``benchmarks/gpu_setup.sh`` and ``.gpu/pipe`` copied to
@@ -55,8 +55,10 @@ def run_setting(proto, feeds: dict, setting: str, repeat: int, profile: bool) ->
     from precision_doctor.runners import device
 
     cuda = device.Device("cuda", 0)
-    if setting.startswith("exh"):
-        cuda = device.bounded_workspace(cuda)
+    provider_options = cuda.provider_options()
+    if setting.startswith("heur"):
+        provider_options[0] = {**provider_options[0], "cudnn_conv_algo_search": "HEURISTIC"}
+        del provider_options[0]["cudnn_conv_use_max_workspace"]
     options = ort.SessionOptions()
     options.log_severity_level = 3
     folder = tempfile.mkdtemp() if profile else None
@@ -77,7 +79,7 @@ def run_setting(proto, feeds: dict, setting: str, repeat: int, profile: bool) ->
         t = time.perf_counter()
         session = ort.InferenceSession(proto.SerializeToString(), options,
                                        providers=cuda.providers(),
-                                       provider_options=cuda.provider_options())
+                                       provider_options=provider_options)
         create = time.perf_counter() - t
         names = [o.name for o in session.get_outputs()]
         for _ in range(repeat):

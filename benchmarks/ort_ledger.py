@@ -42,7 +42,10 @@ class OrtLedger:
 
     def install(self) -> None:
         """Wrap ``OrtRunner.__enter__``, ``run`` and ``run_resident`` (for this process)."""
-        from precision_doctor.layerwise.resident import value_shape
+        try:
+            from precision_doctor.layerwise.resident import value_shape
+        except ImportError:  # versions before 2026-11-27 (an A/B's "before") name it _shape
+            from precision_doctor.layerwise.resident import _shape as value_shape
         from precision_doctor.runners.ort import OrtRunner
 
         ledger = self

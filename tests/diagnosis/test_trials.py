@@ -76,9 +76,10 @@ def test_prefetch_runs_every_trial_shape_by_shape_with_the_same_errors(case, mon
     with switched.sessions(on_cpu=True):
         trials = ImpactTrials(model, plan, "fused", samples, reference, ["y"])
         assert trials.prefetch(SETS + [["mul"]]) == 4
-        # 3 shapes, each one batched run per trial, plus the first batch's one-sample check
-        assert shapes == [(3, 3, 5, 7), (1, 3, 5, 7), *[(3, 3, 5, 7)] * 3,
-                          *[(2, 3, 5, 9)] * 4, *[(1, 3, 5, 11)] * 4]
+        # 3 shapes, the largest first, each one batched run per trial, plus the first batch's
+        # one-sample check
+        assert shapes == [*[(1, 3, 5, 11)] * 4, (2, 3, 5, 9), (1, 3, 5, 9), *[(2, 3, 5, 9)] * 3,
+                          *[(3, 3, 5, 7)] * 4]
         got = [trials(s) for s in SETS]
     assert trials.evaluations == 4
     np.testing.assert_allclose(got, expected, rtol=1e-6)

@@ -177,9 +177,7 @@ def compare_layerwise(model: onnx.ModelProto, samples: Sequence[dict[str, np.nda
     # the segments' (or chunks') sessions reuse each other's memory and do not spin while the
     # statistics run; the reference and the candidate run at once on half the cores each
     # (runners.sessions.cpu_arena)
-    # on a GPU, segment sessions bound cuDNN's workspace (runners.device.bounded_workspace)
-    with device.use(device.bounded_workspace(device.current())), \
-            shared_cpu(max(1, (os.cpu_count() or 1) // 2) if side is not None else 0):
+    with shared_cpu(max(1, (os.cpu_count() or 1) // 2) if side is not None else 0):
         try:
             outcome = reason if reason is not None else _by_segments(
                 model, samples, make_reference, make_candidate, all_sites, sites, stats,

@@ -111,9 +111,21 @@ def _signature(feeds: Mapping[str, np.ndarray]) -> tuple:
 
 
 def shape_order(feeds: Sequence[Mapping[str, np.ndarray]]) -> list[int]:
-    """Sample indices with equal input signatures (``groups``) next to each other, in their
-    order otherwise (a stable sort)."""
-    return sorted(range(len(feeds)), key=lambda i: _signature(feeds[i]))
+    """Sample indices with equal input signatures (``groups``) next to each other, the largest
+    samples first, in their order otherwise (a stable sort).
+
+    Largest first: a session's memory arena (ONNX Runtime's BFC arena, on the CPU and on CUDA)
+    then grows once, for the largest tensors and workspaces, and the smaller ones that follow
+    fit in the chunks they free; in increasing order every new size is a new extension. PP-OCRv4
+    rec on its 28 crops (4 widths), the FP32 reference on an H200 under cuDNN's heuristic:
+    8.1 instead of 10.9 GiB peak (BENCHMARKS.md, "Session 11").
+    """
+    return sorted(range(len(feeds)), key=lambda i: (-_size(feeds[i]), _signature(feeds[i])))
+
+
+def _size(feeds: Mapping[str, np.ndarray]) -> int:
+    """Elements of one sample (all inputs), without its batch dimension."""
+    return sum(int(np.prod(v.shape[1:], dtype=np.int64)) for v in feeds.values())
 
 
 def run_batched(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],

@@ -18,28 +18,29 @@ CUDA EP documentation):
 * ``use_tf32=0``: the reference is FP32. ONNX Runtime enables TF32 on Ampere and later unless
   told otherwise, which rounds MatMul/Conv inputs to 10 mantissa bits (~5e-4 relative): that
   would be a candidate, not a reference (field report 3).
-* ``cudnn_conv_algo_search=HEURISTIC``: cuDNN's heuristic picks one algorithm per shape
-  without timing them, so every session picks the same one (the exhaustive default times
-  candidates in each new session, and layerwise and the search open many; a different pick
-  moves FP32 results by rounding).
+* ``cudnn_conv_algo_search=EXHAUSTIVE`` with ``cudnn_conv_use_max_workspace=0``: cuDNN times
+  the convolution algorithms that fit a 32 MiB workspace and keeps the fastest, per session and
+  input shape. cuDNN's heuristic picks without timing, but its picks can need a workspace far
+  beyond the tensors, which ONNX Runtime allocates whatever ``cudnn_conv_use_max_workspace``
+  says (it caps only the exhaustive search): one CUDA session of PP-OCRv4 rec at batch 6 held
+  4.2 GiB for 6 MiB of output under the heuristic, 0.2 GiB under the capped exhaustive search,
+  whose runs took 4.1 instead of 29.5 ms (``benchmarks/gpu_segment_memory.py``, H200,
+  2026-11-26). The exhaustive search times its candidates again at every new session and input
+  shape (PP-OCRv4 det at 640: 0.7-0.9 s a run with two batch shapes in turn, against 0.10 s
+  under the heuristic; ``benchmarks/gpu_switched_runs.py``), which made it the slower choice
+  while a diagnosis's stages changed shape at most runs. Since they run shape by shape
+  (``runners.batching``), the capped exhaustive search everywhere measured (H200, 2026-11-27,
+  BENCHMARKS.md "Session 11"): rec on its 28 crops 38.5 s and 5.0 GiB peak (heuristic 39.4 s,
+  10.0 GiB), on 256 strips 45.8 s and 4.0 GiB (58.4 s, 4.6 GiB), ``fix`` on the 28 crops 85.8 s
+  and 2.3 GiB (86.6 s, 8.0 GiB), the same verdicts, findings and fix plans; det (3 images at
+  640, two sessions' first timings) 2-3 s slower: diagnose 13.0 s (11.1-11.8), fix 13.4-14.7 s
+  (10.7-11.1). Which algorithm the timing picks may differ between sessions, which moves FP32
+  results by rounding only (calib256's relative L2 identical to 17 digits across runs; rec's
+  minor findings' impacts, 2e-5 to 1.4e-3, within 9%).
 * ``arena_extend_strategy=kSameAsRequested``: the device arena grows by what a request needs,
   not to the next power of two (PP-OCRv4 det, every tensor of 3 images at 640 on the device:
   2322 instead of 3224 MiB for 1976 MiB of outputs; ``benchmarks/gpu_segment_memory.py``, H200,
   2026-11-26).
-
-Layerwise segments are the exception (``bounded_workspace``): there the heuristic's pick can
-need a workspace far beyond the segment's tensors, which ONNX Runtime allocates whatever
-``cudnn_conv_use_max_workspace`` says (it caps only the exhaustive search). Measured on an H200
-(``benchmarks/gpu_segment_memory.py``, 2026-11-26): one CUDA session of PP-OCRv4 rec, batch 6
-(or 1), held 4.2 GiB of GPU memory for 6 MiB of output, all of it from the last 10% of its
-nodes; with ``cudnn_conv_algo_search=EXHAUSTIVE`` and the 32 MiB workspace cap 0.2 GiB, and a
-run took 4.1 instead of 29.5 ms. A layerwise stage runs two such sessions at once, and those
-workspaces were most of a diagnosis's peak (rec on 256 strips: 10.2 GiB). The other stages
-keep the heuristic: ONNX Runtime's CUDA convolution builds its cuDNN plan again whenever its
-input shape changes, and the exhaustive search then times its candidates again (PP-OCRv4 det,
-3 images at 640: 0.7-0.9 s a run with two batch shapes in turn against 9 ms on one; under the
-heuristic 0.10 s; ``benchmarks/gpu_switched_runs.py``); with the exhaustive search everywhere
-a diagnosis took 136 s instead of 83 s.
 
 The emulation's Cast round trips (FP32 -> FP16/BF16 -> FP32) are exact on the GPU as on the
 CPU (IEEE round-to-nearest-even casts; the FP16 answers of ``benchmarks/gpu_pipeline.py`` agree
@@ -54,7 +55,7 @@ import ctypes
 import os
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
 from precision_doctor.errors import BackendUnavailable, InputError
@@ -66,7 +67,7 @@ INSTALL_HINT = ("install the GPU extra (pip install 'precision-doctor[gpu]', i.e
                 "on a machine with an NVIDIA GPU; or use --device cpu")
 # CUDA EP options of every session on a CUDA device (module docstring says why).
 CUDA_SESSION_OPTIONS: Mapping[str, str] = {
-    "use_tf32": "0", "cudnn_conv_algo_search": "HEURISTIC",
+    "use_tf32": "0", "cudnn_conv_algo_search": "EXHAUSTIVE", "cudnn_conv_use_max_workspace": "0",
     "arena_extend_strategy": "kSameAsRequested"}
 
 
@@ -79,14 +80,10 @@ class Device:
         index: CUDA device ordinal (as ``CUDA_VISIBLE_DEVICES`` numbers them); None for the
             CPU, or for ``cuda`` without an index (device 0, and every visible device for a
             pool of workers).
-        conv_search: The CUDA EP's ``cudnn_conv_algo_search`` for sessions on this device:
-            ``HEURISTIC``, or ``EXHAUSTIVE`` with cuDNN's workspace capped at 32 MiB
-            (``bounded_workspace``; the module docstring says why).
     """
 
     kind: str = "cpu"
     index: int | None = None
-    conv_search: str = CUDA_SESSION_OPTIONS["cudnn_conv_algo_search"]
 
     @property
     def is_cuda(self) -> bool:
@@ -110,11 +107,7 @@ class Device:
         """One options dict per entry of ``providers()``."""
         if not self.is_cuda:
             return [{}]
-        options = {"device_id": str(self.ordinal), **CUDA_SESSION_OPTIONS,
-                   "cudnn_conv_algo_search": self.conv_search}
-        if self.conv_search == "EXHAUSTIVE":
-            options["cudnn_conv_use_max_workspace"] = "0"
-        return [options, {}]
+        return [{"device_id": str(self.ordinal), **CUDA_SESSION_OPTIONS}, {}]
 
     def reference_name(self) -> str:
         """Label of the FP32 reference on this device, for reports."""
@@ -125,12 +118,6 @@ class Device:
 
 
 CPU = Device()
-
-
-def bounded_workspace(device: Device) -> Device:
-    """The device of layerwise segment sessions: on CUDA, cuDNN's exhaustive search with a
-    32 MiB workspace cap instead of the heuristic (module docstring); the CPU as it is."""
-    return replace(device, conv_search="EXHAUSTIVE") if device.is_cuda else device
 
 
 def parse_device(spec: str | Device | None) -> tuple[Device | None, bool]:

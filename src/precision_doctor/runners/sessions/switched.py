@@ -18,8 +18,8 @@ shape by shape where they can (``runners.batching.run_batched``, ``diagnosis.cau
 One session per input shape was measured and not kept: opening one takes 2.0-3.6 s (3520
 nodes for rec); on rec's 28 crops and on det that cost more than the re-plans it saved, and on
 rec's 256 strips what it saved came from the batch checks now done once per model (BENCHMARKS.md,
-"Session 10"). It keeps cuDNN's heuristic: a search's evaluations, ordered as the search goes,
-still change shape often, and a re-plan under the exhaustive search costs 0.4-1.0 s.
+"Session 10"). A search's evaluations, ordered as the search goes, still change shape often:
+under cuDNN's exhaustive search (``runners.device``) such a re-plan costs 0.4-1.0 s.
 """
 
 from __future__ import annotations
