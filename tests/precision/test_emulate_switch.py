@@ -129,6 +129,30 @@ def test_runners_share_one_session_inside_the_scope() -> None:
         assert runner._switch is None
 
 
+def test_one_plan_builds_its_own_emulation_and_keeps_the_shared_session() -> None:
+    """A stage that runs one plan of another model (marked outputs) inside ``one_plan`` gets
+    a per-plan emulation, with the same values, and the open switched session stays."""
+    from precision_doctor.graph.outputs import mark_outputs
+
+    model = conv_net()
+    plan = PrecisionPlan(Precision.FP16)
+    marked = mark_outputs(model, ["y"])
+    with EmulatorRunner(marked, plan) as runner:
+        expected = runner.run({"x": X})["y"]
+    with switched.sessions(on_cpu=True):
+        with EmulatorRunner(model, plan) as runner:
+            shared = runner._ort
+        with switched.one_plan():
+            assert not switched.serves(switched.device.current())
+            with EmulatorRunner(marked, plan) as runner:
+                assert runner._switch is None and runner._ort is not shared
+                np.testing.assert_array_equal(runner.run({"x": X})["y"], expected)
+        assert switched.serves(switched.device.current())
+        assert switched._entry is not None and switched._entry.model is model
+        with EmulatorRunner(model, plan) as runner:
+            assert runner._ort is shared
+
+
 def test_real_model_plans_match_their_emulation(shared_dir: Path) -> None:
     """PP-OCRv4 cls: all-FP16 and 10%-FP32 plans equal their per-plan emulation exactly (at
     the basic optimization level, where ONNX Runtime fuses no FP32 nodes)."""

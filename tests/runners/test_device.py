@@ -396,3 +396,18 @@ def test_a_failed_batch_check_is_kept_for_the_model():
     calls.clear()
     assert [float(o["y"][0, 0]) for o in run_batched(runner, feeds)] == [1.0, 2.0, 3.0]
     assert calls == [1, 1, 1]  # no batch tried again
+
+
+def test_gpu_segment_budget_leaves_room_for_the_sessions_and_statistics(monkeypatch):
+    """On a GPU a segment's outputs get 3/4 of min(4 GiB, a quarter of the device); the rest
+    is for the arena's rounding and the statistics' temporaries. The CPU keeps the host
+    budget; a host budget above that wins."""
+    cuda = dev.Device("cuda", 0)
+    monkeypatch.setattr(dev, "_device_memory", lambda ordinal: 80 << 30)
+    assert dev.segment_budget(cuda, 256 << 20) == 3 << 30
+    monkeypatch.setattr(dev, "_device_memory", lambda ordinal: 8 << 30)
+    assert dev.segment_budget(cuda, 256 << 20) == int(1.5 * (1 << 30))
+    assert dev.segment_budget(cuda, 2 << 30) == 2 << 30
+    assert dev.segment_budget(dev.CPU, 256 << 20) == 256 << 20
+    monkeypatch.setattr(dev, "_device_memory", lambda ordinal: 0)  # the runtime cannot say
+    assert dev.segment_budget(cuda, 256 << 20) == 256 << 20

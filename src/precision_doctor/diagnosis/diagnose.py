@@ -59,6 +59,7 @@ from precision_doctor.layerwise.recording import (
     recorded_layerwise,
     recording_section,
 )
+from precision_doctor.runners.sessions import switched
 
 Progress = Callable[[str, int, int], None]
 NOISE_MULTIPLE_OK = 2.0  # an error within 2x the FP32 noise floor is not a precision finding
@@ -288,7 +289,8 @@ def _rewritten_run(model, samples, out_names, ref, candidate: Candidate, toleran
         if not applied:
             return None
         fused = emulated_fused(model, candidate.plan, rewritten_model)
-        outs = run_samples(fused.factory(model), samples, out_names)
+        with switched.one_plan():  # one plan of another model: not worth a switched session
+            outs = run_samples(fused.factory(model), samples, out_names)
     except PrecisionDoctorError as exc:
         warnings.append(f"the rewritten model's emulation did not run: "
                         f"{str(exc).splitlines()[0]}")

@@ -46,6 +46,7 @@ from precision_doctor.runners.kernels.engines import (
     engine_fp32_nodes,
     parse_engine,
 )
+from precision_doctor.runners.sessions import switched
 from precision_doctor.runners.sessions.cpu_arena import shared_cpu
 from precision_doctor.search.bisection import SearchResult, search_fp32_set
 from precision_doctor.search.cost import compute_nodes
@@ -141,8 +142,12 @@ def measure_baseline(request: FixRequest) -> Baseline:
     near_ties = find_near_ties(model, samples, reference, objective)
     if near_ties:
         objective = replace(objective, exclude=frozenset(t.index for t in near_ties))
-    naive = run_samples(EmulatorRunner(model, PrecisionPlan(request.target),
-                                       conv_bias=conv_bias_of(request.engine)), samples, names)
+    # one plan of the model as given; the search runs the rewritten copy (``rewrite``), whose
+    # switched session this one would only delay
+    with switched.one_plan():
+        naive = run_samples(EmulatorRunner(model, PrecisionPlan(request.target),
+                                           conv_bias=conv_bias_of(request.engine)),
+                            samples, names)
     return Baseline(reference, objective, tuple(near_ties), naive,
                     objective.score(reference, naive), time.perf_counter() - t0)
 

@@ -256,23 +256,29 @@ def _runtime_device_count() -> int:
     return 0
 
 
-# Layerwise comparison with the tensors on the GPU (``layerwise.resident``): the outputs of a
-# segment for both runners, for a batch of samples, stay within this many bytes of GPU memory,
-# and within a quarter of the device's memory (the weights, the CUDA context, cuDNN's
-# workspaces and the statistics' temporaries take the rest).
+# Layerwise comparison with the tensors on the GPU (``layerwise.resident``): what a segment
+# holds in GPU memory, for both runners and a batch of samples, stays within this many bytes,
+# and within a quarter of the device's memory (the weights, the CUDA context and the other
+# stages' sessions take the rest). Of it, the segment's outputs get GPU_OUTPUT_SHARE; the rest
+# is for what the sessions hold beyond their outputs (ONNX Runtime's arena rounds blocks up:
+# PP-OCRv4 det at 640 held 2322 MiB for 1976 MiB of outputs, 1.18x, H200,
+# benchmarks/gpu_segment_memory.py; cuDNN's workspace is capped at 32 MiB a convolution) and
+# for the statistics' temporaries (layerwise.resident reduces in slices of at most 256 MiB).
 GPU_SEGMENT_BUDGET = 4 << 30
+GPU_OUTPUT_SHARE = 0.75
 
 
 def segment_budget(device: Device, host_budget: int) -> int:
     """Bytes of one layerwise segment's outputs (both runners, one batch) on ``device``: the
-    host budget on the CPU; on a GPU ``min(GPU_SEGMENT_BUDGET, total memory / 4)`` (the CUDA
-    runtime's ``cudaMemGetInfo``), never less than the host budget."""
+    host budget on the CPU; on a GPU ``GPU_OUTPUT_SHARE`` of ``min(GPU_SEGMENT_BUDGET, total
+    memory / 4)`` (the CUDA runtime's ``cudaMemGetInfo``), so that the segment's sessions and
+    statistics stay within that minimum; never less than the host budget."""
     if not device.is_cuda:
         return host_budget
     total = _device_memory(device.ordinal)
     if not total:
         return host_budget
-    return max(host_budget, min(GPU_SEGMENT_BUDGET, total // 4))
+    return max(host_budget, int(GPU_OUTPUT_SHARE * min(GPU_SEGMENT_BUDGET, total // 4)))
 
 
 def _device_memory(ordinal: int) -> int:

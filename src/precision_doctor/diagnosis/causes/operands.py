@@ -20,6 +20,7 @@ from precision_doctor.graph.constants import constant_values
 from precision_doctor.graph.load import opset_of
 from precision_doctor.graph.outputs import mark_outputs
 from precision_doctor.runners.base import Runner
+from precision_doctor.runners.sessions import switched
 
 MAX_NODES = 24
 RunnerFactory = Callable[[onnx.ModelProto], Runner]
@@ -89,7 +90,9 @@ def measure_operands(model: onnx.ModelProto, nodes: Sequence[str],
     names = [o.name for o in marked.graph.output]
     inputs = {k: np.asarray(v) for k, v in feeds.items()}  # graph inputs cannot be marked
     ref = {**inputs, **_run(reference(marked), feeds, names)}
-    cand = {**inputs, **_run(candidate(marked), feeds, names)} if candidate is not None else {}
+    with switched.one_plan():  # one run of one plan: not worth a switched session
+        cand = ({**inputs, **_run(candidate(marked), feeds, names)}
+                if candidate is not None else {})
     opset = opset_of(model)
     consumers: dict[str, list[str]] = {}
     for n in chosen:
