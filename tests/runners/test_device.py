@@ -320,6 +320,33 @@ def test_layerwise_on_a_gpu_folds_batches_as_its_samples():
         assert b.ref_max_abs == pytest.approx(a.ref_max_abs, rel=1e-6)
 
 
+def test_layerwise_batches_are_capped_per_input_shape():
+    """A wider sample holds more activations: its batches are smaller, whatever the shape of
+    the first sample (which sizes ``sites``)."""
+    from onnx import TensorProto, helper
+
+    from precision_doctor.graph.outputs import float_activations
+    from precision_doctor.layerwise.compare import batched_samples
+
+    f = TensorProto.FLOAT
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+        [helper.make_tensor_value_info("x", f, ["batch", "n"])],
+        [helper.make_tensor_value_info("y", f, ["batch", "n"])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    narrow = [{"x": np.full((1, 8), i, np.float32)} for i in range(4)]
+    wide = [{"x": np.full((1, 32), i, np.float32)} for i in range(4)]
+    feeds = narrow + wide
+    sites = float_activations(model, {"x": (1, 8)})
+    # 512 bytes: narrow samples (2 runners x 32 bytes) fit 8 at once, wide ones (2 x 128) 2
+    batches = batched_samples(model, feeds, sites, 512)
+    assert [b["x"].shape for b in batches] == [(4, 8), (2, 32), (2, 32)]
+    np.testing.assert_array_equal(np.concatenate([b["x"][:, 0] for b in batches]),
+                                  [0, 1, 2, 3, 0, 1, 2, 3])
+    # no shape fits twice: every sample alone, the list as given
+    assert batched_samples(model, feeds, sites, 100) is feeds
+
+
 def test_a_batch_whose_first_sample_disagrees_runs_one_at_a_time():
     from precision_doctor.runners.batching import run_batched
 

@@ -223,15 +223,35 @@ def batched_samples(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarr
     in exactly as its B samples would (up to summation order). A batch of B fits the
     budget when B times a sample's floating activations, for both runners, does: then the
     whole model is one segment of B samples, in one session per runner, instead of one run
-    per sample and segment. Models whose samples do not fit twice in the budget, or without
-    a batch dimension (``batch_symbol``), run sample by sample.
+    per sample and segment. Each input shape gets its own cap: ``sites`` (estimated at
+    ``samples[0]``'s shapes) size the samples of that shape, the others are estimated at
+    their own (a text line twice as wide holds twice the activations). Samples whose shape
+    does not fit twice in the budget, and models without a batch dimension
+    (``batch_symbol``), run sample by sample.
     """
-    per_sample = sum(node_output_bytes(model, sites))
-    cap = min(MAX_BATCH, budget_bytes // max(1, 2 * per_sample))
-    if cap < 2 or len(samples) < 2 or batch_symbol(model) is None:
+    if len(samples) < 2 or batch_symbol(model) is None:
         return samples
-    return [{k: np.concatenate([samples[i][k] for i in group]) for k in samples[group[0]]}
-            for group in groups(samples, max_batch=cap)]
+    caps: dict[tuple, int] = {}
+
+    def cap_of(sample: dict[str, np.ndarray]) -> int:
+        shapes = {k: tuple(v.shape) for k, v in sample.items()}
+        key = tuple(sorted(shapes.items()))
+        if key not in caps:
+            same = shapes == {k: tuple(v.shape) for k, v in samples[0].items()}
+            per_sample = sum(node_output_bytes(
+                model, sites if same else float_activations(model, shapes)))
+            caps[key] = min(MAX_BATCH, budget_bytes // max(1, 2 * per_sample))
+        return caps[key]
+
+    batches: list[list[int]] = []
+    for group in groups(samples):
+        cap = cap_of(samples[group[0]]) if len(group) > 1 else 1
+        cap = cap if cap >= 2 else 1
+        batches.extend(group[i:i + cap] for i in range(0, len(group), cap))
+    if len(batches) == len(samples):
+        return samples
+    return [{k: np.concatenate([samples[i][k] for i in batch]) for k in samples[batch[0]]}
+            for batch in batches]
 
 
 def _by_segments(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]],
