@@ -426,14 +426,14 @@ def test_a_failed_batch_check_is_kept_for_the_model():
 
 
 def test_gpu_segment_budget_leaves_room_for_the_sessions_and_statistics(monkeypatch):
-    """On a GPU a segment's outputs get 3/4 of min(4 GiB, a quarter of the device); the rest
-    is for the arena's rounding and the statistics' temporaries. The CPU keeps the host
-    budget; a host budget above that wins."""
+    """On a GPU a segment's sessions (1.5x their outputs) and statistics (256 MiB) fit
+    min(4 GiB, a quarter of the device). The CPU keeps the host budget; a host budget above
+    that wins."""
     cuda = dev.Device("cuda", 0)
     monkeypatch.setattr(dev, "_device_memory", lambda ordinal: 80 << 30)
-    assert dev.segment_budget(cuda, 256 << 20) == 3 << 30
+    assert dev.segment_budget(cuda, 256 << 20) == 2560 << 20
     monkeypatch.setattr(dev, "_device_memory", lambda ordinal: 8 << 30)
-    assert dev.segment_budget(cuda, 256 << 20) == int(1.5 * (1 << 30))
+    assert dev.segment_budget(cuda, 256 << 20) == int(((2048 - 256) << 20) / 1.5)
     assert dev.segment_budget(cuda, 2 << 30) == 2 << 30
     assert dev.segment_budget(dev.CPU, 256 << 20) == 256 << 20
     monkeypatch.setattr(dev, "_device_memory", lambda ordinal: 0)  # the runtime cannot say

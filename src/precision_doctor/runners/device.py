@@ -259,26 +259,30 @@ def _runtime_device_count() -> int:
 # Layerwise comparison with the tensors on the GPU (``layerwise.resident``): what a segment
 # holds in GPU memory, for both runners and a batch of samples, stays within this many bytes,
 # and within a quarter of the device's memory (the weights, the CUDA context and the other
-# stages' sessions take the rest). Of it, the segment's outputs get GPU_OUTPUT_SHARE; the rest
-# is for what the sessions hold beyond their outputs (ONNX Runtime's arena rounds blocks up:
-# PP-OCRv4 det at 640 held 2322 MiB for 1976 MiB of outputs, 1.18x, H200,
-# benchmarks/gpu_segment_memory.py; cuDNN's workspace is capped at 32 MiB a convolution) and
-# for the statistics' temporaries (layerwise.resident reduces in slices of at most 256 MiB).
+# stages' sessions take the rest). The statistics' temporaries take up to GPU_STATS_BYTES of it
+# (layerwise.resident reduces in slices of at most 256 MiB); the segment's sessions hold
+# GPU_HELD_PER_OUTPUT times the bytes of their outputs (ONNX Runtime's arena rounds blocks up,
+# the emulation graph keeps its rounded copies): measured on an H100 (BENCHMARKS.md, "Session
+# 11"), a layerwise stage rose 4.35 GiB for 3.04 GiB of estimated outputs (PP-OCRv4 rec, 5 text
+# lines at 48x320), 3.9 GiB for 2.6 GiB (det, 2 images at 640): 1.43x and 1.5x.
 GPU_SEGMENT_BUDGET = 4 << 30
-GPU_OUTPUT_SHARE = 0.75
+GPU_STATS_BYTES = 256 << 20
+GPU_HELD_PER_OUTPUT = 1.5
 
 
 def segment_budget(device: Device, host_budget: int) -> int:
     """Bytes of one layerwise segment's outputs (both runners, one batch) on ``device``: the
-    host budget on the CPU; on a GPU ``GPU_OUTPUT_SHARE`` of ``min(GPU_SEGMENT_BUDGET, total
-    memory / 4)`` (the CUDA runtime's ``cudaMemGetInfo``), so that the segment's sessions and
-    statistics stay within that minimum; never less than the host budget."""
+    host budget on the CPU; on a GPU, the outputs whose sessions and statistics fit
+    ``min(GPU_SEGMENT_BUDGET, total memory / 4)`` (the CUDA runtime's ``cudaMemGetInfo``):
+    ``(that - GPU_STATS_BYTES) / GPU_HELD_PER_OUTPUT``, 2.5 GiB on a GPU of 16 GiB or more;
+    never less than the host budget."""
     if not device.is_cuda:
         return host_budget
     total = _device_memory(device.ordinal)
     if not total:
         return host_budget
-    return max(host_budget, int(GPU_OUTPUT_SHARE * min(GPU_SEGMENT_BUDGET, total // 4)))
+    held = min(GPU_SEGMENT_BUDGET, total // 4)
+    return max(host_budget, int((held - GPU_STATS_BYTES) / GPU_HELD_PER_OUTPUT))
 
 
 def _device_memory(ordinal: int) -> int:
