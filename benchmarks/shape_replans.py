@@ -6,8 +6,9 @@ the order of the shapes its stages feed the shared switched session. That order 
 whatever runs the sessions; this script reproduces it without a GPU: ``diagnose`` (or ``fix``)
 runs with ``--device cuda``'s control flow (batching of equal shapes, the switched scope), but
 every session on ONNX Runtime CPU. It prints, per input-shape signature, the switched
-session's runs and those that followed a run of another shape (a re-plan on the GPU). Not a
-timing: the CPU runs the switched graph several times slower than its per-plan emulation.
+session's runs and those that followed a run of another shape (a re-plan on the GPU), and the
+answer (fix: the FP32 nodes; diagnose: the verdict) to compare two versions. Not a timing:
+the CPU runs the switched graph several times slower than its per-plan emulation.
 
     python benchmarks/shape_replans.py ../shared/models/ppocrv4/det.onnx \\
         ../shared/data/ocr/full_images --preprocess ppocr-det:resize=fixed,size=640x640
@@ -61,10 +62,14 @@ def main() -> None:
     kw = {"preprocess": args.preprocess, "device": "cuda"}
     if args.max_samples:
         kw["max_samples"] = args.max_samples
-    (pd.diagnose if args.task == "diagnose" else pd.fix)(args.model, args.data, **kw)
+    result = (pd.diagnose if args.task == "diagnose" else pd.fix)(args.model, args.data, **kw)
+    # the answer, to compare two versions' control flows
+    answer = ({"fp32_nodes": sorted(result.fp32_nodes), "passed": result.passed}
+              if args.task == "fix" else {"verdict": result.verdict})
     rows = [{"shapes": label, "runs": runs[label], "after_a_change": changes[label]}
             for label in sorted(runs)]
-    print(json.dumps({"runs": sum(runs.values()), "after_a_change": sum(changes.values()),
+    print(json.dumps({"answer": answer, "runs": sum(runs.values()),
+                      "after_a_change": sum(changes.values()),
                       "by_shape": rows}, indent=1))
 
 

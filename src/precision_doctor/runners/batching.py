@@ -123,6 +123,28 @@ def shape_order(feeds: Sequence[Mapping[str, np.ndarray]]) -> list[int]:
     return sorted(range(len(feeds)), key=lambda i: (-_size(feeds[i]), _signature(feeds[i])))
 
 
+def shapes_together(feeds: Sequence[Mapping[str, np.ndarray]], order: Sequence[int]
+                    ) -> list[int]:
+    """``order`` with the samples of each input signature together, the signatures in the order
+    of their first sample in ``order``, each signature's samples in their order there.
+
+    For a search's evaluation on a GPU, whose ``order`` puts the samples most likely to fail
+    first (for its early stop): the first sample keeps its place, and a batched run
+    (``iter_batched``) then takes every sample of its shape at once instead of changing shape
+    at most samples, each change a new cuDNN plan in every convolution
+    (``runners.sessions.switched``). An evaluation that fails on its first sample still stops
+    after one run.
+
+    Args:
+        feeds: One feed dict per sample.
+        order: Indices into ``feeds``.
+    """
+    first: dict[tuple, int] = {}
+    for rank, i in enumerate(order):
+        first.setdefault(_signature(feeds[i]), rank)
+    return sorted(order, key=lambda i: first[_signature(feeds[i])])
+
+
 def _size(feeds: Mapping[str, np.ndarray]) -> int:
     """Elements of one sample (all inputs), without its batch dimension."""
     return sum(int(np.prod(v.shape[1:], dtype=np.int64)) for v in feeds.values())

@@ -44,7 +44,7 @@ from precision_doctor.errors import BackendError, InputError
 from precision_doctor.layerwise.candidates import float32_outputs
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.base import Runner
-from precision_doctor.runners.batching import batches_on, iter_batched
+from precision_doctor.runners.batching import batches_on, iter_batched, shapes_together
 from precision_doctor.runners.device import CPU, Device, pool_devices
 from precision_doctor.runners.device import current as current_device
 from precision_doctor.runners.device import use as use_device
@@ -222,7 +222,8 @@ class SampleRunner:
 
     def run(self, plan: PrecisionPlan, order: Sequence[int]
             ) -> Generator[tuple[int, Outputs1], None, None]:
-        """Outputs of ``plan`` on the samples ``order`` names, yielded in that order.
+        """Outputs of ``plan`` on the samples ``order`` names, yielded in that order (batched on
+        a GPU: in ``runners.batching.shapes_together`` of it).
 
         The runner is taken (or opened) when this is called, so a ``prepare`` right after
         concerns the evaluation after this one. Stop iterating to stop the evaluation (with a
@@ -241,8 +242,9 @@ class SampleRunner:
                   ) -> Generator[tuple[int, Outputs1], None, None]:
         try:
             if batches_on(self.device.is_cuda, getattr(runner, "model", None), len(order)):
-                # on a GPU: samples of equal shapes in one run (runners.batching); an early
-                # stop wastes at most the rest of one batch
+                # on a GPU: samples of equal shapes together and in one run (runners.batching);
+                # an early stop wastes at most the rest of one batch
+                order = shapes_together([s.feeds for s in self.samples], order)
                 feeds = [self.samples[i].feeds for i in order]
                 for i, result in zip(order, iter_batched(runner, feeds, self.names)):
                     yield i, float32_outputs(result, self.names)
