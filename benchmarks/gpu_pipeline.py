@@ -83,6 +83,11 @@ Every run records ``gpu_trace`` (``MemoryTrace``: GPU 0's used memory every 20 m
 measured process and the progress stages, so the peak is placed in a stage); ``--devices auto``
 times ``--device auto``.
 
+Session 11 (2026-11-27, an H200 then H100s): each A/B carried ``git archive <before> src`` as
+``.gpu/beforeN`` and ran both versions on the same warm machine, GPU side only, e.g.
+``--src /tmp/old/src --cases det --devices cuda --tasks diagnose,fix --out $OUT/det_old.json``
+(``$OUT`` file names must be plain: one with ``+`` did not come back).
+
 ``--devices cuda`` re-runs the GPU side alone (when the CPU path did not change);
 ``PD_PROFILE_DIR=$OUT`` writes each run's cProfile (it slows Python-heavy stages several
 times: time without it; it sees the main thread only); ``PD_ORT_LEDGER=1`` puts every
