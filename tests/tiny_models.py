@@ -29,6 +29,14 @@ def make_model(nodes, inputs, outputs, initializers=(), opset=13, metadata=None)
     return model
 
 
+def relu_batch():
+    """``y = Relu(x)``, both float32 ``[batch, n]``: one tensor per sample, any width."""
+    f = TensorProto.FLOAT
+    return make_model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                      [helper.make_tensor_value_info("x", f, ["batch", "n"])],
+                      [helper.make_tensor_value_info("y", f, ["batch", "n"])], opset=17)
+
+
 def tensor(name, array):
     return numpy_helper.from_array(np.asarray(array, np.float32), name)
 

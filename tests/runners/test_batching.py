@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from tiny_models import random_samples, transformer_block
+from tiny_models import random_samples, relu_batch, transformer_block
 
 from precision_doctor.formats import Precision
 from precision_doctor.precision.plan import PrecisionPlan
@@ -79,16 +79,9 @@ def test_a_gpu_evaluation_runs_each_shape_at_once_from_its_first_sample():
     """The search's order alternates two input shapes; on a GPU an evaluation runs the first
     sample's shape first (all its samples, in their order), then the other: one run per
     shape, not one per change of shape. Stopping after the first sample runs one batch."""
-    from onnx import TensorProto, helper
-
     from precision_doctor.runners.batching import shapes_together
 
-    f = TensorProto.FLOAT
-    model = helper.make_model(helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
-        [helper.make_tensor_value_info("x", f, ["batch", "n"])],
-        [helper.make_tensor_value_info("y", f, ["batch", "n"])]),
-        opset_imports=[helper.make_opsetid("", 17)])
+    model = relu_batch()
     samples = [SimpleNamespace(feeds={"x": np.full((1, 8 if i % 2 else 4), i, np.float32)})
                for i in range(6)]  # 4 wide, 8 wide, 4, 8, ...
     order = [3, 0, 5, 2, 1, 4]
@@ -161,17 +154,10 @@ def test_layerwise_on_a_gpu_folds_batches_as_its_samples():
 def test_layerwise_batches_are_capped_per_input_shape():
     """A wider sample holds more activations: its batches are smaller, whatever the shape of
     the first sample (which sizes ``sites``)."""
-    from onnx import TensorProto, helper
-
     from precision_doctor.graph.outputs import float_activations
     from precision_doctor.layerwise.compare import batched_samples
 
-    f = TensorProto.FLOAT
-    model = helper.make_model(helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
-        [helper.make_tensor_value_info("x", f, ["batch", "n"])],
-        [helper.make_tensor_value_info("y", f, ["batch", "n"])]),
-        opset_imports=[helper.make_opsetid("", 17)])
+    model = relu_batch()
     narrow = [{"x": np.full((1, 8), i, np.float32)} for i in range(4)]
     wide = [{"x": np.full((1, 32), i, np.float32)} for i in range(4)]
     feeds = narrow + wide
@@ -197,16 +183,9 @@ def test_a_batch_whose_first_sample_disagrees_runs_one_at_a_time():
 
 
 def test_batched_runs_group_alternating_shapes_and_keep_the_order():
-    from onnx import TensorProto, helper
-
     from precision_doctor.runners.batching import run_batched, shape_order
 
-    f = TensorProto.FLOAT
-    model = helper.make_model(helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
-        [helper.make_tensor_value_info("x", f, ["batch", "n"])],
-        [helper.make_tensor_value_info("y", f, ["batch", "n"])]),
-        opset_imports=[helper.make_opsetid("", 17)])
+    model = relu_batch()
     rng = np.random.default_rng(3)
     feeds = [{"x": rng.standard_normal((1, 8 if i % 2 == 0 else 4)).astype(np.float32)}
              for i in range(6)]  # wide, narrow, wide, ...
