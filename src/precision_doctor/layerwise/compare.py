@@ -231,15 +231,15 @@ def batched_samples(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarr
     """
     if len(samples) < 2 or batch_symbol(model) is None:
         return samples
+    first = {k: tuple(v.shape) for k, v in samples[0].items()}  # the shapes ``sites`` are at
     caps: dict[tuple, int] = {}
 
     def cap_of(sample: dict[str, np.ndarray]) -> int:
         shapes = {k: tuple(v.shape) for k, v in sample.items()}
         key = tuple(sorted(shapes.items()))
         if key not in caps:
-            same = shapes == {k: tuple(v.shape) for k, v in samples[0].items()}
             per_sample = sum(node_output_bytes(
-                model, sites if same else float_activations(model, shapes)))
+                model, sites if shapes == first else float_activations(model, shapes)))
             caps[key] = min(MAX_BATCH, budget_bytes // max(1, 2 * per_sample))
         return caps[key]
 
