@@ -1,11 +1,12 @@
 """Run the samples of one search evaluation, in this process or across a process pool.
 
-``--jobs N`` starts N worker processes (forked, so each inherits the model, the samples and
-the plan -> runner function without pickling them). Per evaluation, samples are handed out in
-waves of N in the search's sample order, one sample per worker; each worker keeps one ONNX
-Runtime session per plan (opened on its first sample of that plan). Results are consumed in the
-sample order, so every decision (pass/fail, which sample stopped an evaluation, the sample
-order) is the same for any N; only the work done past a stop within a wave is wasted.
+On the CPU, ``--jobs N`` starts N worker processes (forked, so each inherits the model, the
+samples and the plan -> runner function without pickling them). Per evaluation, samples are
+handed out in waves of N in the search's sample order, one sample per worker; each worker keeps
+one ONNX Runtime session per plan (opened on its first sample of that plan). Results are
+consumed in the sample order, so every decision (pass/fail, which sample stopped an
+evaluation, the sample order) is the same for any N; only the work done past a stop within a
+wave is wasted.
 
 In this process (``jobs`` = 1) the search can say which plan it will most likely evaluate next
 (``prepare``): its runner is opened on a thread while the current plan runs. Opening a runner
@@ -16,11 +17,8 @@ instead of taking turns (fix on PP-OCRv4 det: 0.25 s of each ~0.9 s evaluation).
 Each worker's session gets ``cores // N`` ONNX Runtime intra-op threads (at least 1) so the
 pool does not oversubscribe the cores.
 
-On CUDA (``runners.device``) there is one worker per GPU: worker k runs its sessions on its own
-device. CUDA cannot be used in a process forked after the parent initialized it (the parent's
-reference ran on the GPU), so these workers are spawned, not forked: the plan -> runner function,
-the samples and the output names are pickled to each worker once, at its start (the fix's
-``open_plan`` is a module-level callable object for that reason).
+On CUDA (``runners.device``) there is one worker per GPU (``search.devicepool``): an evaluation
+is cut into the batches one GPU would run, and the batches are spread over the GPUs.
 
 The decisions are the same for any N as long as the engine's outputs do not depend on its thread
 count: measured 2026-11-24 with ONNX Runtime 1.32 CPU, PP-OCRv4 det and rec (plain and emulated
@@ -33,22 +31,19 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.pool
 import os
-import pickle
 from concurrent.futures import Future, ThreadPoolExecutor
-from multiprocessing.queues import Queue
 from typing import Callable, Generator, Sequence
 
 import numpy as np
 
-from precision_doctor.errors import BackendError, InputError
+from precision_doctor.errors import InputError
 from precision_doctor.layerwise.candidates import float32_outputs
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.base import Runner
 from precision_doctor.runners.batching import batches_on, iter_batched, shapes_together
 from precision_doctor.runners.device import CPU, Device, pool_devices
 from precision_doctor.runners.device import current as current_device
-from precision_doctor.runners.device import use as use_device
-from precision_doctor.runners.sessions import switched
+from precision_doctor.search.devicepool import DevicePool
 
 # plan -> a runner of the plan, not entered; with --jobs > 1 it is called as
 # ``open_plan(plan, threads)`` (ONNX Runtime intra-op threads per worker session)
@@ -69,9 +64,9 @@ def usable_cores() -> int:
 def resolve_jobs(jobs: int | str, samples: int, device: Device = CPU) -> int:
     """Worker count for ``--jobs``: an integer >= 1, or ``auto`` = usable cores / ONNX Runtime
     threads per worker (1), capped at the number of samples. On CUDA, ``auto`` is 1 (this
-    process, whose GPU runs the samples of an evaluation batched): a pool of one worker per
-    GPU, one sample per task, took 1.8x the time of one process on 2 H100s (``fix`` of
-    PP-OCRv4 rec on 256 strips, 299 vs 164 s, 2026-11-26, BENCHMARKS.md). An explicit
+    process, whose GPU runs the samples of an evaluation batched): the pool of one worker per
+    GPU (``search.devicepool``) took 1.35x the time of one process on 2 H200s (``fix`` of
+    PP-OCRv4 rec on 256 strips, 80 vs 59 s, 2026-11-27, BENCHMARKS.md). An explicit
     ``jobs`` > 1 on CUDA asks for that pool: one worker per device of
     ``runners.device.pool_devices`` (every visible GPU for ``cuda``, one for ``cuda:N``), at
     most ``jobs``.
@@ -105,18 +100,6 @@ def _entered(open_plan: OpenPlan, plan: PrecisionPlan) -> Runner:
     runner = _open(open_plan, plan, 0)
     runner.__enter__()
     return runner
-
-
-def _spawned_worker(open_plan: OpenPlan, samples: Sequence, names: Sequence[str],
-                    devices: Queue, threads: int) -> None:
-    """Initializer of a spawned (device) worker: its state, and its own device for good."""
-    _WORKER.clear()
-    _WORKER.update(open_plan=open_plan, samples=samples, names=list(names), threads=threads,
-                   plan=None, runner=None)
-    scope = _WORKER["device"] = use_device(devices.get())  # kept: the scope ends with it
-    scope.__enter__()  # the worker's sessions run on its device until it exits
-    shared = _WORKER["switched"] = switched.sessions()  # one switched emulation per worker
-    shared.__enter__()
 
 
 def _worker_run(plan: PrecisionPlan, index: int) -> tuple[int, Outputs1]:
@@ -157,6 +140,7 @@ class SampleRunner:
         self.jobs = (min(jobs, len(self.devices)) if self.device.is_cuda else jobs) \
             if method in multiprocessing.get_all_start_methods() else 1
         self._pool: multiprocessing.pool.Pool | None = None
+        self._devices: DevicePool | None = None
         self._opener = ThreadPoolExecutor(1) if prefetch and self.jobs <= 1 else None
         self._ahead: tuple[PrecisionPlan, Future] | None = None
 
@@ -172,6 +156,9 @@ class SampleRunner:
             self._pool.terminate()
             self._pool.join()
             self._pool = None
+        if self._devices is not None:
+            self._devices.close()
+            self._devices = None
 
     def prepare(self, plan: PrecisionPlan) -> None:
         """Start opening ``plan``'s runner on a thread (a hint: ``run`` of another plan
@@ -200,24 +187,9 @@ class SampleRunner:
         runner.__exit__(None, None, None)
 
     def _start(self) -> None:
-        threads = max(1, usable_cores() // self.jobs)
-        if self.device.is_cuda:
-            ctx = multiprocessing.get_context("spawn")
-            devices = ctx.Queue()
-            for d in self.devices[:self.jobs]:
-                devices.put(d)
-            try:
-                self._pool = ctx.Pool(self.jobs, _spawned_worker,
-                                      (self.open_plan, self.samples, self.names, devices,
-                                       threads))
-            except (pickle.PicklingError, AttributeError, TypeError) as exc:
-                raise BackendError(f"--jobs {self.jobs} on {self.device.label}: the evaluation "
-                                   f"cannot be sent to a spawned worker ({exc}); use --jobs 1",
-                                   device=self.device.label) from exc
-            return
         _WORKER.clear()
         _WORKER.update(open_plan=self.open_plan, samples=self.samples, names=self.names,
-                       threads=threads, plan=None, runner=None)
+                       threads=max(1, usable_cores() // self.jobs), plan=None, runner=None)
         self._pool = multiprocessing.get_context("fork").Pool(self.jobs)
 
     def run(self, plan: PrecisionPlan, order: Sequence[int]
@@ -236,6 +208,12 @@ class SampleRunner:
         if self.jobs <= 1:
             return self._run_here(self._take_ahead(plan) or _entered(self.open_plan, plan),
                                   order)
+        if self.device.is_cuda:
+            if self._devices is None:
+                self._devices = DevicePool(self.open_plan, self.samples, self.names,
+                                           self.devices[:self.jobs],
+                                           max(1, usable_cores() // self.jobs))
+            return self._devices.run(plan, order)
         return self._run_pool(plan, order)
 
     def _run_here(self, runner: Runner, order: Sequence[int]
