@@ -306,6 +306,8 @@ def _run_one(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> 
         from ort_ledger import OrtLedger
 
         ledger = OrtLedger()
+        if os.environ["PD_ORT_LEDGER"] == "mem":
+            ledger.record_memory()
         ledger.install()
 
     def progress(stage: str, done: int, total: int) -> None:
@@ -334,7 +336,8 @@ def _run_one(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> 
                 "noise": r.get("noise"), "timings_s": r.get("timings_s"),
                 "layerwise_chunks": (r.get("layerwise") or {}).get("chunks"),
                 "samples": len(r["samples"]), "imports_s": imports,
-                "ort_ledger": ledger.summary() if ledger else None}
+                "ort_ledger": ledger.summary() if ledger else None,
+                "ort_memory_top": ledger.memory_top() if ledger else None}
     with trace:
         f = pd.fix(str(assets / model), str(assets / data), jobs=jobs, **kw)
     wall = time.perf_counter() - t
@@ -346,7 +349,8 @@ def _run_one(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> 
             "rel_l2_after_emulated": rel_emu, "seconds": rep["seconds"],
             "device": rep.get("device"), "resources": rep.get("resources"),
             "np": np.__version__, "imports_s": imports, "jobs": jobs,
-            "gpu_trace": trace.summary(), "ort_ledger": ledger.summary() if ledger else None}
+            "gpu_trace": trace.summary(), "ort_ledger": ledger.summary() if ledger else None,
+            "ort_memory_top": ledger.memory_top() if ledger else None}
 
 
 class GpuMemory:

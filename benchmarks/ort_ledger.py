@@ -13,6 +13,11 @@ exhaustive search, or the heuristic's workspace allocation) and the lazy loading
 ``summary()`` in the run's JSON as ``ort_ledger``: per runner name, the sessions opened, their
 creation seconds, runs, run seconds, first-run seconds and distinct input shapes, sorted by
 total seconds.
+
+``PD_ORT_LEDGER=mem`` also reads GPU 0's used memory (NVML) before and after every run and
+session creation; ``memory_top()`` gives the events that left the most memory in use (with
+runner, stage, thread and input shapes), as ``ort_memory_top`` in the JSON: where a peak that
+the poller sees comes from.
 """
 
 from __future__ import annotations
@@ -36,9 +41,48 @@ class OrtLedger:
             "sessions": 0, "create_s": 0.0, "runs": 0, "run_s": 0.0, "first_runs": 0,
             "first_run_s": 0.0, "shapes": set(), "stages": set()})
         self._seen: dict[int, set] = {}
+        self._events: list[dict] = []
+        self._nvml = None  # a device handle when memory is recorded
 
     def stage(self, name: str, done: int, total: int) -> None:
         self.stage_name = name
+
+    def record_memory(self) -> None:
+        """Read GPU 0's used memory around every run and session creation (NVML)."""
+        import pynvml
+
+        pynvml.nvmlInit()
+        self._nvml = pynvml.nvmlDeviceGetHandleByIndex(0)
+
+    def _used_mib(self) -> float | None:
+        if self._nvml is None:
+            return None
+        import pynvml
+
+        return pynvml.nvmlDeviceGetMemoryInfo(self._nvml).used / 2**20
+
+    def _event(self, what: str, runner, shapes, before: float | None) -> None:
+        after = self._used_mib()
+        if after is None:
+            return
+        self._events.append({"what": what, "runner": runner.name, "stage": self.stage_name,
+                             "thread": threading.current_thread().name,
+                             "shapes": [[k, list(v)] for k, v in shapes],
+                             "before_mib": round(before or 0.0), "after_mib": round(after)})
+
+    def memory_top(self, count: int = 12, jump_mib: float = 32.0) -> dict:
+        """``top``: the ``count`` events with the most memory in use after them, highest
+        first; ``jumps``: in time order, every event whose used memory differs from the
+        event before it by more than ``jump_mib`` (creations, runs and what came between)."""
+        with self._lock:
+            events = [dict(e, seq=i) for i, e in enumerate(self._events)]
+        jumps, last = [], None
+        for e in events:
+            if last is None or abs(e["after_mib"] - last) > jump_mib \
+                    or abs(e["before_mib"] - last) > jump_mib:
+                jumps.append(e)
+            last = e["after_mib"]
+        return {"top": sorted(events, key=lambda e: -e["after_mib"])[:count], "jumps": jumps}
 
     def install(self) -> None:
         """Wrap ``OrtRunner.__enter__``, ``run`` and ``run_resident`` (for this process)."""
@@ -56,11 +100,12 @@ class OrtLedger:
             return runner.name, provider
 
         def timed_enter(runner):
-            t = time.perf_counter()
+            t, before = time.perf_counter(), ledger._used_mib()
             try:
                 return enter(runner)
             finally:
                 with ledger._lock:
+                    ledger._event("create", runner, (), before)
                     row = ledger._rows[key(runner)]
                     row["sessions"] += 1
                     row["create_s"] += time.perf_counter() - t
@@ -70,12 +115,13 @@ class OrtLedger:
         def timed(method):
             def wrapper(runner, feeds, *args, **kwargs):
                 shapes = tuple(sorted((k, value_shape(v)) for k, v in feeds.items()))
-                t = time.perf_counter()
+                t, before = time.perf_counter(), ledger._used_mib()
                 try:
                     return method(runner, feeds, *args, **kwargs)
                 finally:
                     dt = time.perf_counter() - t
                     with ledger._lock:
+                        ledger._event(method.__name__, runner, shapes, before)
                         row = ledger._rows[key(runner)]
                         seen = ledger._seen.setdefault(id(runner), set())
                         row["runs"] += 1
