@@ -131,11 +131,41 @@ def test_the_pool_removes_its_workers_blocks(two_fake_gpus, tmp_path):
     shm = Path("/dev/shm")
     if not shm.is_dir():
         pytest.skip("no /dev/shm on this system")
-    before = set(os.listdir(shm))
+    def blocks():
+        return {n for n in os.listdir(shm) if n.startswith("psm_")}  # SharedMemory's names
+
+    before = blocks()
     samples = [SimpleNamespace(feeds=f) for f in feeds_of([4, 4, 8, 8])]
     with SampleRunner(LoggedRelu(tmp_path / "log"), samples, ["y"], jobs=2,
                       device=dev.Device("cuda")) as runner:
         got = dict(runner.run(PrecisionPlan(Precision.FP16), [0, 2, 1, 3]))
         assert len(got) == 4
-        assert set(os.listdir(shm)) - before  # the workers' blocks
-    assert not set(os.listdir(shm)) - before
+        assert blocks() - before  # the workers' blocks
+    assert not blocks() - before
+
+
+class DyingRelu(LoggedRelu):
+    """As LoggedRelu, but the worker process ends abruptly (no exception) on a sample of
+    value 3: what a driver crash or the out-of-memory killer does."""
+
+    def __call__(self, plan: PrecisionPlan, threads: int = 0) -> FakeRunner:
+        runner = super().__call__(plan, threads)
+        fn = runner._fn
+
+        def dying(feeds):
+            if (feeds["x"] == 3).any():
+                os._exit(3)
+            return fn(feeds)
+        runner._fn = dying
+        return runner
+
+
+def test_a_worker_that_dies_is_a_clear_error_not_a_hang(two_fake_gpus, tmp_path):
+    from precision_doctor.errors import BackendError
+
+    samples = [SimpleNamespace(feeds=f) for f in feeds_of([2, 3, 4, 5, 6])]
+    with SampleRunner(DyingRelu(tmp_path / "log"), samples, ["y"], jobs=2,
+                      device=dev.Device("cuda")) as runner:
+        with pytest.raises(BackendError, match="cuda:1.*ended") as info:
+            list(runner.run(PrecisionPlan(Precision.FP16), range(5)))
+        assert "--jobs 1" in str(info.value)

@@ -22,8 +22,10 @@ workers copy out and the one parent process that scores them: ``--jobs auto`` on
 
 CUDA cannot be used in a process forked after the parent initialized it, so the workers are
 spawned: the plan -> runner function, the samples and the output names are pickled to each
-worker once, at its start. Each worker is a pool of one process (``multiprocessing.Pool``) on
-its own device, with one switched emulation session (``runners.sessions.switched``) for every
+worker once, at its start. Each worker is an executor of one process
+(``concurrent.futures.ProcessPoolExecutor``: a worker that dies, a driver crash or the
+out-of-memory killer, fails its batch instead of leaving the search waiting forever) on its own
+device, with one switched emulation session (``runners.sessions.switched``) for every
 plan, and its ONNX Runtime sessions share one CPU arena and do not spin
 (``runners.sessions.cpu_arena``, as the in-process search's do), with ``cores // workers``
 intra-op threads.
@@ -33,11 +35,12 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import multiprocessing.pool
 import os
 import pickle
 import time
 from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Generator, Sequence
 
 import numpy as np
@@ -121,6 +124,21 @@ def _release_worker() -> None:
     _STATE["block"].release()
 
 
+def _end(pool: ProcessPoolExecutor) -> None:
+    """Stop ``pool`` now: its process is killed, not waited for (``terminate_workers`` from
+    Python 3.14; before, the executor's process table)."""
+    terminate = getattr(pool, "terminate_workers", None)
+    if terminate is not None:  # pragma: no cover - Python >= 3.14
+        terminate()
+        return
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(timeout=_RELEASE_S)
+
+
 class DevicePool:
     """Worker processes, one per device, that run an evaluation's batches.
 
@@ -137,7 +155,7 @@ class DevicePool:
                  devices: Sequence[Device], threads: int) -> None:
         self.open_plan, self.samples, self.names = open_plan, samples, list(names)
         self.devices, self.threads = list(devices), threads
-        self._pools: list[multiprocessing.pool.Pool] = []
+        self._pools: list[ProcessPoolExecutor] = []
         # batches, samples, MB back, worker run / task seconds, seconds the search waited
         self.stats = dict(batches=0, samples=0, mb=0.0, run_s=0.0, task_s=0.0, wait_s=0.0)
         model = getattr(open_plan, "model", None)
@@ -145,17 +163,30 @@ class DevicePool:
 
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
+        self._pools = [ProcessPoolExecutor(1, mp_context=ctx, initializer=_start_worker,
+                                           initargs=(self.open_plan, self.samples, self.names,
+                                                     device, self.threads))
+                       for device in self.devices]
+
+    def _submit(self, k: int, fn: Callable, *args: object) -> Future:
+        """``fn(*args)`` on worker ``k`` (its process starts on its first task)."""
         try:
-            for device in self.devices:
-                self._pools.append(ctx.Pool(1, _start_worker,
-                                            (self.open_plan, self.samples, self.names, device,
-                                             self.threads)))
+            return self._pools[k].submit(fn, *args)
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             self.close()
-            label = self.devices[0].label if self.devices else "cuda"
+            label = self.devices[k].label
             raise BackendError(f"--jobs {len(self.devices)} on {label}: the evaluation cannot "
                                f"be sent to a spawned worker ({exc}); use --jobs 1",
                                device=label) from exc
+        except BrokenProcessPool as exc:
+            raise self._died(k) from exc
+
+    def _died(self, k: int) -> BackendError:
+        label = self.devices[k].label
+        return BackendError(f"the --jobs worker on {label} ended abruptly (a crash of the "
+                            "engine or the driver, or killed for memory: see the system log); "
+                            "run again with --jobs 1 to see the error in this process",
+                            device=label)
 
     def run(self, plan: PrecisionPlan, order: Sequence[int]
             ) -> Generator[tuple[int, Outputs1], None, None]:
@@ -170,17 +201,20 @@ class DevicePool:
         feeds = [s.feeds for s in self.samples]
         runs = batches(feeds, order, self._batched and len(order) > 1)
         workers = len(self._pools)
-        flight = deque(self._pools[j].apply_async(_run_batch, (plan, runs[j]))
+        flight = deque((j, self._submit(j, _run_batch, plan, runs[j]))
                        for j in range(min(workers, len(runs))))
         for j in range(len(runs)):
-            yield from self._take(flight.popleft())
+            yield from self._take(*flight.popleft())
             if j + workers < len(runs):  # the search wants more: this worker's next batch
-                flight.append(self._pools[j % workers].apply_async(
-                    _run_batch, (plan, runs[j + workers])))
+                k = j % workers
+                flight.append((k, self._submit(k, _run_batch, plan, runs[j + workers])))
 
-    def _take(self, task: multiprocessing.pool.AsyncResult) -> Batch:
+    def _take(self, k: int, task: Future) -> Batch:
         t0 = time.perf_counter()
-        packed, run_s, task_s = task.get()
+        try:
+            packed, run_s, task_s = task.result()
+        except BrokenProcessPool as exc:
+            raise self._died(k) from exc
         batch = take(packed)
         stats = self.stats
         stats["wait_s"] += time.perf_counter() - t0
@@ -195,10 +229,15 @@ class DevicePool:
         """End the workers (their sessions with them) and remove their shared-memory blocks
         (a worker still running a batch the search did not take finishes it first).
         ``PD_POOL_STATS=FILE`` appends ``stats`` to FILE as one JSON line (benchmarks)."""
-        released = [pool.apply_async(_release_worker) for pool in self._pools]
+        released = []
+        for pool in self._pools:
+            try:
+                released.append(pool.submit(_release_worker))
+            except Exception:  # noqa: BLE001 - dead, or could not start: nothing to release
+                pass
         for job in released:
             try:
-                job.get(timeout=_RELEASE_S)
+                job.result(timeout=_RELEASE_S)
             except Exception:  # noqa: BLE001 - a worker that cannot: its tracker removes it
                 pass
         if self._pools and os.environ.get("PD_POOL_STATS"):
@@ -206,7 +245,5 @@ class DevicePool:
                 f.write(json.dumps({"workers": len(self._pools),
                                     **{k: round(v, 3) for k, v in self.stats.items()}}) + "\n")
         for pool in self._pools:
-            pool.terminate()
-        for pool in self._pools:
-            pool.join()
+            _end(pool)
         self._pools = []
