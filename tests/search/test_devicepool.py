@@ -127,6 +127,19 @@ def test_outputs_travel_through_one_reused_shared_memory_block():
     assert not os.path.exists(f"/dev/shm/{name}")
 
 
+def test_without_room_in_dev_shm_a_batch_goes_through_the_pipe(monkeypatch):
+    """A container's /dev/shm (64 MB by default in Docker) may not hold a batch: a block
+    larger than its room would kill the writer with SIGBUS, so the batch is pickled."""
+    from precision_doctor.search import shmtransfer
+
+    monkeypatch.setattr(shmtransfer, "_room", lambda nbytes: False)
+    batch = [(0, {"y": np.ones((4, 4), np.float32)})]
+    block = shmtransfer.WorkerBlock()
+    assert block.put(batch) is batch
+    assert shmtransfer.take(batch) is batch
+    block.release()
+
+
 def test_the_pool_removes_its_workers_blocks(two_fake_gpus, tmp_path):
     shm = Path("/dev/shm")
     if not shm.is_dir():
