@@ -182,3 +182,17 @@ def test_a_worker_that_dies_is_a_clear_error_not_a_hang(two_fake_gpus, tmp_path)
         with pytest.raises(BackendError, match="cuda:1.*ended") as info:
             list(runner.run(PrecisionPlan(Precision.FP16), range(5)))
         assert "--jobs 1" in str(info.value)
+
+
+def test_a_cpu_worker_that_dies_is_a_clear_error_not_a_hang(tmp_path):
+    """The forked CPU pool (--jobs N on the CPU): the out-of-memory killer ending a worker
+    fails the evaluation instead of leaving the search waiting forever."""
+    from precision_doctor.errors import BackendError
+
+    samples = [SimpleNamespace(feeds=f) for f in feeds_of([2, 3, 4, 5, 6])]
+    with SampleRunner(DyingRelu(tmp_path / "log"), samples, ["y"], jobs=2,
+                      device=dev.CPU) as runner:
+        assert runner.jobs == 2
+        with pytest.raises(BackendError, match="ended abruptly") as info:
+            list(runner.run(PrecisionPlan(Precision.FP16), range(5)))
+        assert "--jobs 1" in str(info.value)

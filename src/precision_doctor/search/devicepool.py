@@ -124,7 +124,7 @@ def _release_worker() -> None:
     _STATE["block"].release()
 
 
-def _end(pool: ProcessPoolExecutor) -> None:
+def end_pool(pool: ProcessPoolExecutor) -> None:
     """Stop ``pool`` now: its process is killed, not waited for (``terminate_workers`` from
     Python 3.14; before, the executor's process table)."""
     terminate = getattr(pool, "terminate_workers", None)
@@ -137,6 +137,13 @@ def _end(pool: ProcessPoolExecutor) -> None:
         process.terminate()
     for process in processes:
         process.join(timeout=_RELEASE_S)
+
+
+def worker_died(label: str) -> BackendError:
+    """The error for a ``--jobs`` worker process on ``label`` that ended without an answer."""
+    return BackendError(f"the --jobs worker on {label} ended abruptly (a crash of the engine "
+                        "or the driver, or killed for memory: see the system log); run again "
+                        "with --jobs 1 to see the error in this process", device=label)
 
 
 class DevicePool:
@@ -182,11 +189,7 @@ class DevicePool:
             raise self._died(k) from exc
 
     def _died(self, k: int) -> BackendError:
-        label = self.devices[k].label
-        return BackendError(f"the --jobs worker on {label} ended abruptly (a crash of the "
-                            "engine or the driver, or killed for memory: see the system log); "
-                            "run again with --jobs 1 to see the error in this process",
-                            device=label)
+        return worker_died(self.devices[k].label)
 
     def run(self, plan: PrecisionPlan, order: Sequence[int]
             ) -> Generator[tuple[int, Outputs1], None, None]:
@@ -245,5 +248,5 @@ class DevicePool:
                 f.write(json.dumps({"workers": len(self._pools),
                                     **{k: round(v, 3) for k, v in self.stats.items()}}) + "\n")
         for pool in self._pools:
-            _end(pool)
+            end_pool(pool)
         self._pools = []

@@ -6,7 +6,10 @@ handed out in waves of N in the search's sample order, one sample per worker; ea
 one ONNX Runtime session per plan (opened on its first sample of that plan). Results are
 consumed in the sample order, so every decision (pass/fail, which sample stopped an
 evaluation, the sample order) is the same for any N; only the work done past a stop within a
-wave is wasted.
+wave is wasted. The workers are a ``concurrent.futures.ProcessPoolExecutor``: a worker that
+dies (the out-of-memory killer, a crash in the engine) fails the evaluation with a
+``BackendError`` that names the device; a ``multiprocessing.Pool`` would replace the worker
+and leave the search waiting forever for the sample it was running.
 
 In this process (``jobs`` = 1) the search can say which plan it will most likely evaluate next
 (``prepare``): its runner is opened on a thread while the current plan runs. Opening a runner
@@ -29,9 +32,9 @@ tests/search/test_search_speed.py checks ``jobs=2`` against ``jobs=1`` on a tiny
 from __future__ import annotations
 
 import multiprocessing
-import multiprocessing.pool
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Generator, Sequence
 
 import numpy as np
@@ -43,7 +46,7 @@ from precision_doctor.runners.base import Runner
 from precision_doctor.runners.batching import batches_on, iter_batched, shapes_together
 from precision_doctor.runners.device import CPU, Device, pool_devices
 from precision_doctor.runners.device import current as current_device
-from precision_doctor.search.devicepool import DevicePool
+from precision_doctor.search.devicepool import DevicePool, end_pool, worker_died
 
 # plan -> a runner of the plan, not entered; with --jobs > 1 it is called as
 # ``open_plan(plan, threads)`` (ONNX Runtime intra-op threads per worker session)
@@ -139,7 +142,7 @@ class SampleRunner:
         method = "spawn" if self.device.is_cuda else "fork"
         self.jobs = (min(jobs, len(self.devices)) if self.device.is_cuda else jobs) \
             if method in multiprocessing.get_all_start_methods() else 1
-        self._pool: multiprocessing.pool.Pool | None = None
+        self._pool: ProcessPoolExecutor | None = None
         self._devices: DevicePool | None = None
         self._opener = ThreadPoolExecutor(1) if prefetch and self.jobs <= 1 else None
         self._ahead: tuple[PrecisionPlan, Future] | None = None
@@ -153,8 +156,7 @@ class SampleRunner:
             self._opener.shutdown()
             self._opener = None
         if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
+            end_pool(self._pool)
             self._pool = None
         if self._devices is not None:
             self._devices.close()
@@ -190,7 +192,10 @@ class SampleRunner:
         _WORKER.clear()
         _WORKER.update(open_plan=self.open_plan, samples=self.samples, names=self.names,
                        threads=max(1, usable_cores() // self.jobs), plan=None, runner=None)
-        self._pool = multiprocessing.get_context("fork").Pool(self.jobs)
+        # forked at the first task, before the executor starts its thread (not for "fork":
+        # every worker at once); a worker that dies fails its task (BrokenProcessPool)
+        self._pool = ProcessPoolExecutor(self.jobs,
+                                         mp_context=multiprocessing.get_context("fork"))
 
     def run(self, plan: PrecisionPlan, order: Sequence[int]
             ) -> Generator[tuple[int, Outputs1], None, None]:
@@ -239,8 +244,11 @@ class SampleRunner:
         pool = self._pool
         assert pool is not None
         order = list(order)
-        for start in range(0, len(order), self.jobs):
-            wave = [pool.apply_async(_worker_run, (plan, i))
-                    for i in order[start:start + self.jobs]]
-            for job in wave:
-                yield job.get()
+        try:
+            for start in range(0, len(order), self.jobs):
+                wave = [pool.submit(_worker_run, plan, i)
+                        for i in order[start:start + self.jobs]]
+                for job in wave:
+                    yield job.result()
+        except BrokenProcessPool as exc:
+            raise worker_died(self.device.label) from exc
