@@ -88,6 +88,14 @@ Session 11 (2026-11-27, an H200 then H100s): each A/B carried ``git archive <bef
 ``--src /tmp/old/src --cases det --devices cuda --tasks diagnose,fix --out $OUT/det_old.json``
 (``$OUT`` file names must be plain: one with ``+`` did not come back).
 
+Session 12 (2026-11-27, 2 H200s, then one H100): after the four ``part`` calls,
+``--src $PWD/src --cases calib256 --devices cuda --tasks fix --jobs 2,1`` with
+``PD_POOL_STATS=$OUT/pool_stats.jsonl`` (the GPU pool's counters, ``search.devicepool``), and
+``--src /tmp/before5/src ... --jobs 2`` for the version before; Whisper's memory with
+``PD_ORT_LEDGER=mem`` (``ort_memory_top`` in the JSON: NVML's used memory around every session
+creation and run), after a call carrying ``.gpu/mlA`` and one carrying ``.gpu/mlB`` with
+``--prepare /tmp/mlA --cases whisper --devices cuda --tasks diagnose``.
+
 ``--devices cuda`` re-runs the GPU side alone (when the CPU path did not change);
 ``PD_PROFILE_DIR=$OUT`` writes each run's cProfile (it slows Python-heavy stages several
 times: time without it; it sees the main thread only); ``PD_ORT_LEDGER=1`` puts every
