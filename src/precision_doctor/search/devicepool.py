@@ -43,20 +43,27 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Generator, Sequence
 
-import numpy as np
-
 from precision_doctor.errors import BackendError
 from precision_doctor.layerwise.candidates import float32_outputs
 from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.runners.base import Runner
 from precision_doctor.runners.batching import batches_on, groups, iter_batched, shapes_together
 from precision_doctor.runners.device import Device
 from precision_doctor.runners.device import use as use_device
 from precision_doctor.runners.sessions import switched
 from precision_doctor.runners.sessions.cpu_arena import shared_cpu
-from precision_doctor.search.shmtransfer import Batch, Packed, WorkerBlock, nbytes, take
+from precision_doctor.search.shmtransfer import (
+    Batch,
+    Outputs1,
+    Packed,
+    WorkerBlock,
+    nbytes,
+    take,
+)
 
-OpenPlan = Callable[..., object]
-Outputs1 = dict[str, np.ndarray]
+# plan -> a runner of the plan, not entered; in a worker called as ``open_plan(plan, threads)``
+# (ONNX Runtime intra-op threads per worker session)
+OpenPlan = Callable[..., Runner]
 
 _RELEASE_S = 120  # seconds a worker may take to finish its batch and remove its block
 _STATE: dict = {}  # a worker's own: set by _start_worker in each spawned process
@@ -93,6 +100,20 @@ def _start_worker(open_plan: OpenPlan, samples: Sequence, names: Sequence[str], 
     _STATE["scopes"] = scopes
 
 
+def worker_runner(state: dict, plan: PrecisionPlan) -> Runner:
+    """A pool worker's entered runner of ``plan``: the one it holds (``state["runner"]``), or,
+    when the plan changed, a new one from ``state["open_plan"]`` with ``state["threads"]``
+    intra-op threads (the previous one closed first: one session per worker)."""
+    if state.get("plan") != plan:
+        if state.get("runner") is not None:
+            state["runner"].__exit__(None, None, None)
+            state["runner"] = None
+        opener, threads = state["open_plan"], state["threads"]
+        state["runner"] = (opener(plan, threads) if threads else opener(plan)).__enter__()
+        state["plan"] = plan
+    return state["runner"]
+
+
 def _run_batch(plan: PrecisionPlan, indices: Sequence[int]
                ) -> tuple[Packed | Batch, float, float]:
     """Outputs of ``plan`` on the samples ``indices`` (one batched run where the model
@@ -100,14 +121,7 @@ def _run_batch(plan: PrecisionPlan, indices: Sequence[int]
     the seconds of the run and of the whole task."""
     t0 = time.perf_counter()
     state = _STATE
-    if state["plan"] != plan:
-        if state["runner"] is not None:
-            state["runner"].__exit__(None, None, None)
-            state["runner"] = None
-        opener, threads = state["open_plan"], state["threads"]
-        state["runner"] = (opener(plan, threads) if threads else opener(plan)).__enter__()
-        state["plan"] = plan
-    runner, names = state["runner"], state["names"]
+    runner, names = worker_runner(state, plan), state["names"]
     feeds = [state["samples"][i].feeds for i in indices]
     t1 = time.perf_counter()
     if batches_on(True, getattr(runner, "model", None), len(feeds)):

@@ -35,9 +35,7 @@ import multiprocessing
 import os
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Callable, Generator, Sequence
-
-import numpy as np
+from typing import Generator, Sequence
 
 from precision_doctor.errors import InputError
 from precision_doctor.layerwise.candidates import float32_outputs
@@ -46,12 +44,14 @@ from precision_doctor.runners.base import Runner
 from precision_doctor.runners.batching import batches_on, iter_batched, shapes_together
 from precision_doctor.runners.device import CPU, Device, pool_devices
 from precision_doctor.runners.device import current as current_device
-from precision_doctor.search.devicepool import DevicePool, end_pool, worker_died
-
-# plan -> a runner of the plan, not entered; with --jobs > 1 it is called as
-# ``open_plan(plan, threads)`` (ONNX Runtime intra-op threads per worker session)
-OpenPlan = Callable[..., Runner]
-Outputs1 = dict[str, np.ndarray]
+from precision_doctor.search.devicepool import (
+    DevicePool,
+    OpenPlan,
+    end_pool,
+    worker_died,
+    worker_runner,
+)
+from precision_doctor.search.shmtransfer import Outputs1
 
 _WORKER: dict = {}  # set in the parent right before the fork; workers read their copy
 
@@ -106,15 +106,8 @@ def _entered(open_plan: OpenPlan, plan: PrecisionPlan) -> Runner:
 
 
 def _worker_run(plan: PrecisionPlan, index: int) -> tuple[int, Outputs1]:
-    state = _WORKER
-    if state.get("plan") != plan:
-        if state.get("runner") is not None:
-            state["runner"].__exit__(None, None, None)
-            state["runner"] = None
-        state["runner"] = _open(state["open_plan"], plan, state["threads"]).__enter__()
-        state["plan"] = plan
-    result = state["runner"].run(state["samples"][index].feeds)
-    return index, float32_outputs(result, state["names"])
+    result = worker_runner(_WORKER, plan).run(_WORKER["samples"][index].feeds)
+    return index, float32_outputs(result, _WORKER["names"])
 
 
 class SampleRunner:
@@ -192,8 +185,8 @@ class SampleRunner:
         _WORKER.clear()
         _WORKER.update(open_plan=self.open_plan, samples=self.samples, names=self.names,
                        threads=max(1, usable_cores() // self.jobs), plan=None, runner=None)
-        # forked at the first task, before the executor starts its thread (not for "fork":
-        # every worker at once); a worker that dies fails its task (BrokenProcessPool)
+        # with "fork" the executor starts every worker at the first task, before its own
+        # thread, so each inherits _WORKER; a worker that dies fails its task (BrokenProcessPool)
         self._pool = ProcessPoolExecutor(self.jobs,
                                          mp_context=multiprocessing.get_context("fork"))
 
