@@ -14,12 +14,14 @@ the weights in each precision).
 On CUDA every change of input shape between two runs of the session makes ONNX Runtime's
 convolutions build their cuDNN plans again (0.1-0.4 s a run against 24-106 ms on an unchanged
 shape, PP-OCRv4 rec on an H200, ``benchmarks/gpu_switched_runs.py``), so its callers run it
-shape by shape where they can (``runners.batching.run_batched``, ``diagnosis.causes.trials``).
+shape by shape (``runners.batching.run_batched``, ``diagnosis.causes.trials``, and a search's
+evaluations through ``runners.batching.shapes_together``).
 One session per input shape was measured and not kept: opening one takes 2.0-3.6 s (3520
 nodes for rec); on rec's 28 crops and on det that cost more than the re-plans it saved, and on
 rec's 256 strips what it saved came from the batch checks now done once per model (BENCHMARKS.md,
-"Session 10"). A search's evaluations, ordered as the search goes, still change shape often:
-under cuDNN's exhaustive search (``runners.device``) such a re-plan costs 0.4-1.0 s.
+"Session 10"). Under cuDNN's exhaustive search (``runners.device``) a re-plan costs 0.4-1.0 s;
+a search's evaluations still change shape once per shape they run (``fix`` of rec on its 28
+crops: 123 switched runs instead of 179, 116.2 -> 98.3 s on an H200, BENCHMARKS.md "Session 12").
 """
 
 from __future__ import annotations
