@@ -1,6 +1,6 @@
-"""Every output path of the CLI is checked before any model is loaded: a missing or unwritable
-folder, a folder given as a file, or the input model as the output is one line on stderr naming
-the path, exit code 2, and nothing written."""
+"""Every output path of the CLI is checked before any model is loaded: an unwritable place, a
+folder given as a file, or the input model as the output is one line on stderr naming the path,
+exit code 2, and nothing written. Missing folders of an output are created when it is written."""
 
 import os
 from pathlib import Path
@@ -15,6 +15,8 @@ from precision_doctor.cli import app
 
 runner = CliRunner()
 DATA = "random:seed=0,low=-1,high=1,count=1,shape=x:1x3x8x8"
+PROC = Path("/proc/precision-doctor-missing")  # root may write anywhere but here
+needs_proc = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
 
 
 @pytest.fixture
@@ -65,17 +67,18 @@ def unwritable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder.chmod(0o755)
 
 
-def test_diagnose_html_and_json_in_a_missing_folder(work: Path):
+@needs_proc
+def test_diagnose_html_and_json_in_an_unwritable_place(work: Path):
     for option in ("--html", "--json"):
-        out = work / "no" / "such" / f"r.{option[2:]}"
+        out = PROC / "such" / f"r.{option[2:]}"
         assert_refused(["diagnose", str(work / "bad.onnx"), "--data", DATA, option, str(out)],
-                       out, work, "does not exist")
+                       out, work, "not writable")
 
 
 def test_diagnose_html_in_an_unwritable_folder(work: Path, unwritable: Path):
-    out = unwritable / "r.html"
-    assert_refused(["diagnose", str(work / "bad.onnx"), "--data", DATA, "--html", str(out)],
-                   out, work, "not writable")
+    for out in (unwritable / "r.html", unwritable / "missing" / "r.html"):
+        assert_refused(["diagnose", str(work / "bad.onnx"), "--data", DATA, "--html",
+                        str(out)], out, work, "not writable")
 
 
 def test_diagnose_refuses_the_model_a_folder_and_a_file_as_folder(work: Path):
@@ -89,31 +92,33 @@ def test_diagnose_refuses_the_model_a_folder_and_a_file_as_folder(work: Path):
                    "not a folder")
 
 
+@needs_proc
 def test_fix_output_and_html(work: Path, unwritable: Path):
     bad = str(work / "bad.onnx")
-    out = work / "missing" / "fixed.onnx"
-    assert_refused(["fix", bad, "-o", str(out), "--data", DATA], out, work, "does not exist")
+    out = PROC / "fixed.onnx"
+    assert_refused(["fix", bad, "-o", str(out), "--data", DATA], out, work, "not writable")
     out = unwritable / "fixed.onnx"
     assert_refused(["fix", bad, "-o", str(out), "--data", DATA], out, work, "not writable")
-    html = work / "missing" / "fix.html"
+    html = PROC / "fix.html"
     assert_refused(["fix", bad, "-o", str(work / "fixed.onnx"), "--data", DATA, "--html",
-                    str(html)], html, work, "does not exist")
+                    str(html)], html, work, "not writable")
     model = work / "m.onnx"
     assert_refused(["fix", str(model), "-o", str(model), "--data", DATA, "--force"], model,
                    work, "input")
 
 
+@needs_proc
 def test_audit_json(work: Path):
     layers = work / "layers.json"
     layers.write_text('{"Layers": []}')
-    out = work / "missing" / "audit.json"
-    assert_refused(["audit", str(layers), "--json", str(out)], out, work, "does not exist")
+    out = PROC / "audit.json"
+    assert_refused(["audit", str(layers), "--json", str(out)], out, work, "not writable")
     assert_refused(["audit", str(layers), "--json", str(layers), "--force"], layers, work,
                    "input")
     log = work / "build.log"
     log.write_text("[I] TensorRT version: 10.0.1\n[W] [TRT] Running layernorm after "
                    "self-attention in FP16 may cause overflow.\n")
-    assert_refused(["audit", str(log), "--json", str(out)], out, work, "does not exist")
+    assert_refused(["audit", str(log), "--json", str(out)], out, work, "not writable")
 
 
 def test_inputs_json(work: Path, unwritable: Path):
@@ -122,17 +127,19 @@ def test_inputs_json(work: Path, unwritable: Path):
                    out, work, "not writable")
 
 
+@needs_proc
 def test_demo_out_folder(work: Path):
-    out = work / "missing" / "demo"
-    assert_refused(["demo", "--quick", "--out", str(out)], out, work, "does not exist")
+    out = PROC / "demo"
+    assert_refused(["demo", "--quick", "--out", str(out)], out, work, "not writable")
     assert_refused(["demo", "--quick", "--out", str(work / "m.onnx")], work / "m.onnx", work,
                    "not a folder")
 
 
+@needs_proc
 def test_recipe_collect_out_folder(work: Path, unwritable: Path):
-    out = work / "missing" / "trt"
+    out = PROC / "trt"
     assert_refused(["recipe", "collect", str(work / "bad.onnx"), "--data", DATA, "--out",
-                    str(out)], out, work, "does not exist")
+                    str(out)], out, work, "not writable")
     assert_refused(["recipe", "collect", str(work / "bad.onnx"), "--data", DATA, "--out",
                     str(unwritable)], unwritable, work, "not writable")
 
@@ -144,3 +151,23 @@ def test_a_writable_output_still_works(work: Path):
                               str(out), "--no-noise", "--no-layerwise", "-q"])
     assert res.exit_code in (0, 1), res.output
     assert out.read_text().startswith("{")
+
+
+def test_missing_folders_of_outputs_are_created(work: Path, monkeypatch: pytest.MonkeyPatch):
+    """``-o new/folder/m.onnx`` (relative, as typed), ``--html`` and ``--json`` in folders that
+    do not exist yet: the folders are made and the files written."""
+    monkeypatch.chdir(work)
+    res = runner.invoke(app, ["fix", "m.onnx", "-o", "new/folder/m.onnx", "--data", DATA,
+                              "--html", "html/deeper/fix.html", "-q"])
+    assert res.exit_code in (0, 1), res.output
+    assert onnx.load(str(work / "new" / "folder" / "m.onnx")).graph.node
+    assert (work / "html" / "deeper" / "fix.html").read_text().lstrip().startswith("<")
+    res = runner.invoke(app, ["diagnose", "m.onnx", "--data", DATA, "--json", "j/r.json",
+                              "--html", "h/a/r.html", "--no-noise", "--no-layerwise", "-q"])
+    assert res.exit_code in (0, 1), res.output
+    assert (work / "j" / "r.json").read_text().startswith("{")
+    assert (work / "h" / "a" / "r.html").is_file()
+    res = runner.invoke(app, ["recipe", "collect", "m.onnx", "--data", DATA, "--out",
+                              "trt/new"])
+    assert res.exit_code == 0, res.output
+    assert (work / "trt" / "new" / "collect.sh").is_file()

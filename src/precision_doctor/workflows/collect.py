@@ -39,7 +39,7 @@ def run_collect(model_path: Path, *, data: str, preprocess: str | None, fixed: P
         load_model(fixed)  # fail here, not on the TensorRT machine
     metas = input_metadata(model)
     samples = load_samples(data, metas, preprocess, max_samples)
-    out.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     if inputs.parent == out:
         save_polygraphy_inputs(samples, inputs, overwrite=force)
     dynamic = {m.name for m in metas if m.is_dynamic()}

@@ -153,8 +153,8 @@ def run_demo(out_dir: Path, console: Console, force: bool = False, quick: bool =
     """Diagnose and fix the PP-OCRv4 text detector in FP16 on bundled photos.
 
     Args:
-        out_dir: Folder for the inputs, reports and fixed model (created if missing; its parent
-            folder must exist).
+        out_dir: Folder for the inputs, reports and fixed model (created with its missing
+            parent folders).
         console: Where the progress, the reports and the summary are printed.
         force: Overwrite files of an earlier demo run.
         quick: Photos shrunk to max side 320 and no noise floor (~10 s; for tests).
