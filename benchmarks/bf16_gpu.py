@@ -1,5 +1,5 @@
 """BF16 on real hardware: the models ``fix --target bf16`` wrote on the CPU, run with ONNX
-Runtime CUDA, against the emulated verification ``fix`` used on the CPU (issue 19).
+Runtime CUDA, against the emulated verification ``fix`` used on the CPU.
 
 Acceptance: the written BF16 model runs with ONNX Runtime CUDA, and its relative L2 error vs
 FP32 is within 2x of the emulated verification's (ratio emulated / real in [0.5, 2]).
@@ -17,7 +17,7 @@ FP32 is within 2x of the emulated verification's (ratio emulated / real in [0.5,
        python -P benchmarks/bf16_gpu.py pack --engine ort-cuda --out .gpu/bf16cuda
                                     # fix --engine ort-cuda: written for ONNX Runtime CUDA
 
-   (``-P``: ``benchmarks/transformers.py`` would shadow the ``transformers`` package.) Cases:
+   Cases:
    det (3 full images), rec and cls (8 real crops), minilm (all-MiniLM-L6-v2 opset 14, 2
    batches of 8 sentences), whisper (Whisper tiny.en encoder opset 14, 4 real clips): data and
    models as in ``benchmarks/MODELS.md`` (``export_minilm.py``, ``export_whisper.py``); the

@@ -1,4 +1,4 @@
-"""A model larger than 2 GiB with external data (issue 11): ``diagnose`` and ``fix`` on it.
+"""A model larger than 2 GiB with external data: ``diagnose`` and ``fix`` on it.
 
 The model is generated from a seeded numpy generator: ``--blocks`` (default 18) transformer-like
 blocks, each a decomposed LayerNorm (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add)
@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +39,9 @@ from onnx import TensorProto, helper
 from onnx.external_data_helper import set_external_data
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from common import machine, measure_process, write_results  # noqa: E402
 
 
 def _external(name: str, array: np.ndarray, out, location: str) -> TensorProto:
@@ -115,22 +116,9 @@ def measured(cmd: list[str], log: Path, timeout_s: float) -> dict:
     process) and exit code."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep +
                os.environ.get("PYTHONPATH", ""))
-    with open(log, "w") as out:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() - t0 > timeout_s:
-                proc.kill()
-                pid, status, usage = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.2)
-        wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return {"wall_s": round(wall, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024),
-            "exit": proc.returncode}
+    run = measure_process(cmd, env=env, timeout=timeout_s, log=log)
+    return {"wall_s": round(run["wall_s"], 1), "peak_rss_mib": run["peak_rss_mb"],
+            "exit": run["returncode"]}
 
 
 LOAD_FIXED = """
@@ -169,9 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                f"shape=x:1x{args.seq}x{args.hidden}"
         cli = [sys.executable, "-m", "precision_doctor"]
         results: dict = {"blocks": args.blocks, "weights_gib": round(data_bytes / 2**30, 3),
-                         "samples": args.samples, "machine": f"{platform.machine()}, "
-                         f"{os.cpu_count()} CPU(s), {platform.python_version()}",
-                         "date": time.strftime("%Y-%m-%d")}
+                         "samples": args.samples, "machine": machine()}
         diag = measured([*cli, "diagnose", str(model), "--data", data, "--target", "fp16",
                        "--json", str(folder / "diagnosis.json"), "-q"],
                       folder / "diagnose.log", args.timeout)
@@ -206,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         results["load_fixed"] = load
         print("ONNX Runtime on the fixed model:", json.dumps(load))
         if args.json:
-            args.json.write_text(json.dumps(results, indent=1))
+            write_results(args.json, results)
         ok = diag["exit"] in (0, 1) and fix["exit"] == 0 and load["exit"] == 0 \
             and "fixed.onnx.data" in files
         print("RESULT:", "diagnose and fix completed; fixed model written with external data "

@@ -1,4 +1,4 @@
-"""Detectors (issue 20): precision-doctor ``fix`` against NVIDIA ModelOpt AutoCast on two real
+"""Detectors: precision-doctor ``fix`` against NVIDIA ModelOpt AutoCast on two real
 detectors from PyPI wheels, same photos, same preprocessing, FP16 with FP32 graph I/O.
 
 * YOLOv8n (ultralytics export, raw ``[1, 22, 2100]`` head): ``nudenet==3.4.2``'s ``320n.onnx``,
@@ -45,15 +45,14 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "tests"), str(REPO / "benchmarks")]
 
 import real_detectors as rd  # noqa: E402
+from common import measure_process  # noqa: E402
 
 TOOLS = {"pd box-map": {"metric": "box-map"},
          "pd coco-drop": {"metric": "coco-map-drop", "threshold": 0.001, "labels": True},
@@ -110,15 +109,9 @@ def launch(tool: str, spec: dict, out: Path, python: str) -> dict:
            "--dest", str(out)]
     env = dict(os.environ, PYTHONPATH="" if tool == "autocast" else str(REPO / "src"))
     out.unlink(missing_ok=True)
-    with open(out.with_suffix(".log"), "w") as log:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t0
-    return {"tool": tool, "wall_s": round(wall, 1),
-            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
-            "peak_rss_mb": round(usage.ru_maxrss / 1024),
-            "exit": os.waitstatus_to_exitcode(status)}
+    run = measure_process(cmd, env=env, log=out.with_suffix(".log"))
+    return {"tool": tool, "wall_s": round(run["wall_s"], 1), "cpu_s": round(run["cpu_s"], 1),
+            "peak_rss_mb": run["peak_rss_mb"], "exit": run["returncode"]}
 
 
 def measure(path: Path, spec: dict, sample_list, reference: dict, contexts) -> dict:

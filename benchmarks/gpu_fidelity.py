@@ -1,5 +1,5 @@
 """Emulator fidelity against real FP16/BF16/TF32 hardware (ONNX Runtime CUDA), and the
-FP32-vs-FP32 mismatch of field report 3.
+FP32-vs-FP32 mismatch of ONNX Runtime CUDA (TF32 on by default) against the CPU.
 
 For every model: relative L2 error of the output vs ONNX Runtime CPU FP32, for
   * emulate   : precision-doctor's CPU emulation of the same precision plan,

@@ -1,4 +1,4 @@
-"""``diagnose`` and ``fix`` on the GPU against the same machine's CPU, side by side (issue 21).
+"""``diagnose`` and ``fix`` on the GPU against the same machine's CPU, side by side.
 
 For every case, four fresh subprocesses run one after the other on the same machine: diagnose
 on the CPU (ONNX Runtime CPU, all cores), diagnose on CUDA, fix on the CPU, fix on CUDA
@@ -7,11 +7,11 @@ tolerance, layerwise on, noise floor on, ``--jobs 1``). Wall time is the API cal
 package's modules imported before the clock starts (``imports_s``: 3.6 to 4.5 s on the GPU
 machine of 2026-11-25, whose read-only site-packages make every process compile onnx-ir's
 sympy from source, a cost of that machine, not of a diagnosis, paid alike by both devices;
-before session 7 it was inside the wall time); the process's own total (imports, CUDA start)
+before 2026-11-26 it was inside the wall time); the process's own total (imports, CUDA start)
 is reported beside it. Peak GPU memory is the
 device's used memory (NVML, polled every 20 ms) above what it was before the process started.
 Then the answers are compared: verdict, assessment kind, main findings (kind, node), fix plan
-FP32 nodes, and each output's relative L2 (GPU/CPU ratio, the issue asks for <= 1.1x).
+FP32 nodes, and each output's relative L2 (GPU/CPU ratio, the target is <= 1.1x).
 
 Cases (``--cases``):
 
@@ -53,7 +53,7 @@ of 2026-11-25 (7 calls; a fresh machine takes about 1 minute to start):
     run  export PYTHONPATH=/tmp/site && python3 /tmp/pipe/benchmarks/gpu_pipeline.py \\
         --assets /tmp/pipe --cases calib256,det --out $OUT/r3.json
 
-Session 6 (2026-11-25) ran the OCR cases only: ``--pack .gpu --wheels DIR-WITHOUT-WHEELS``
+The OCR cases only (2026-11-25): ``--pack .gpu --wheels DIR-WITHOUT-WHEELS``
 writes ``.gpu/pipe`` without the transformer assets (23 MiB); then, after the four
 ``gpu_setup.sh part N`` calls (the last also copying ``.gpu/pipe`` to ``/tmp/pipe`` and this
 checkout's ``src`` over its copy)::
@@ -61,7 +61,7 @@ checkout's ``src`` over its copy)::
     run  export PYTHONPATH=/tmp/site:$PWD/src && python3 benchmarks/gpu_pipeline.py \
         --assets /tmp/pipe --cases calib256,det --tasks diagnose --out $OUT/pipe_c.json
 
-Sessions 7 and 8 (2026-11-26): a fresh checkout repacks the wheel (``gpu_setup.sh pack``), so
+From a fresh checkout (2026-11-26): it repacks the wheel (``gpu_setup.sh pack``), so
 each ``part N`` call also carries ``.gpu/ort.sha256`` (the sums it checks against); then::
 
     run  export PYTHONPATH=/tmp/site:$PWD/src && python3 benchmarks/gpu_pipeline.py \
@@ -75,20 +75,20 @@ the answers of ``--jobs N`` with ``--jobs 1``; GPU memory is polled on every vis
 (``gpu_peak_mib_per_device``). Give each call a ``timeout`` below the device time left: the JSON is
 rewritten after every run, so a cut call keeps the runs that finished.
 
-Session 9 (2026-11-26, one H200): ``.gpu/pipe`` packed without its src/tests/benchmarks (the
+An A/B of two versions (2026-11-26, one H200): ``.gpu/pipe`` packed without its src/tests/benchmarks (the
 checkout carries them: copy them into /tmp/pipe after the last ``part`` call), ``git archive
-HEAD src`` as ``.gpu/before`` for an A/B; then ``--src /tmp/pipe/src`` (this version) and
+HEAD src`` as ``.gpu/before``; then ``--src /tmp/pipe/src`` (this version) and
 ``--src /tmp/before/src`` (the version before) on the same machine, each with its own ``--out``.
 Every run records ``gpu_trace`` (``MemoryTrace``: GPU 0's used memory every 20 ms in the
 measured process and the progress stages, so the peak is placed in a stage); ``--devices auto``
 times ``--device auto``.
 
-Session 11 (2026-11-27, an H200 then H100s): each A/B carried ``git archive <before> src`` as
+A/B calls on the GPU side only (2026-11-27, an H200 then H100s): each A/B carried ``git archive <before> src`` as
 ``.gpu/beforeN`` and ran both versions on the same warm machine, GPU side only, e.g.
 ``--src /tmp/old/src --cases det --devices cuda --tasks diagnose,fix --out $OUT/det_old.json``
 (``$OUT`` file names must be plain: one with ``+`` did not come back).
 
-Session 12 (2026-11-27, 2 H200s, then one H100): after the four ``part`` calls,
+The GPU pool and Whisper's memory (2026-11-27, 2 H200s, then one H100): after the four ``part`` calls,
 ``--src $PWD/src --cases calib256 --devices cuda --tasks fix --jobs 2,1`` with
 ``PD_POOL_STATS=$OUT/pool_stats.jsonl`` (the GPU pool's counters, ``search.devicepool``), and
 ``--src /tmp/before5/src ... --jobs 2`` for the version before; Whisper's memory with
@@ -107,7 +107,6 @@ there, with the image's torch and transformers; nothing is downloaded. ``python3
 tests/runners/test_device.py`` in /tmp/pipe runs the GPU test.) Each call must end within 10
 minutes: the CPU side of calib256 alone takes about 3 minutes per task. The table is printed
 last; the JSON (written after each case) holds every report.
-every report.
 """
 
 from __future__ import annotations
@@ -264,8 +263,8 @@ def prepare(assets: Path, ml_a: Path) -> None:
         [str(assets / "py"), str(ml), os.environ.get("PYTHONPATH", "")]),
         HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     out = assets / ".models"
-    # run the exporters from a folder of their own: beside them, benchmarks/transformers.py
-    # would shadow the `transformers` package (sys.path[0] is the script's folder)
+    # run the exporters from a folder of their own (sys.path[0] is the script's folder: only
+    # the exporter and the packages on PYTHONPATH are importable there)
     scripts = Path("/tmp/pd_exporters")
     scripts.mkdir(exist_ok=True)
     for script, extra in (("export_whisper.py", ["--alsa", str(assets / "alsa")]),
@@ -491,7 +490,7 @@ def model_bytes(path: Path) -> int:
 
 
 def compare(cpu: dict, gpu: dict, task: str) -> dict:
-    """The same-answers checks of the issue for one task."""
+    """The same-answers checks for one task (verdict, assessment, findings, plan, rel L2)."""
     if "error" in cpu or "error" in gpu:
         return {"ok": False, "why": "a run failed"}
     key = "rel_l2" if task == "diagnose" else "rel_l2_after_emulated"

@@ -69,7 +69,7 @@ pack() {
 
 # sha256 of the parts and of the joined stream: from .gpu/ort.sha256 when it travels with the
 # part (carry it beside .gpu/oN: a fresh checkout repacks, and xz output is not byte-identical
-# across packs), else as `pack` last wrote them in session 6 (onnxruntime-gpu 1.31.1, 2026-11-25)
+# across packs), else as `pack` last wrote them (onnxruntime-gpu 1.31.1, 2026-11-25)
 expected() {  # expected part N | expected stream
   case $1 in
     part) sed -n "s/^part$2 //p" <<< "$SUMS" ;;

@@ -1,4 +1,4 @@
-"""GPU fidelity and speed on the real transformers (issue 13): emulated vs ONNX Runtime CUDA.
+"""GPU fidelity and speed on the real transformers: emulated vs ONNX Runtime CUDA.
 
 Cases (assets packed by ``--pack`` on the CPU machine into ``.gpu/tr/``, git-ignored):
 

@@ -1,4 +1,4 @@
-"""Layerwise benchmark (issue 11): precision-doctor's layerwise comparison against the two plain
+"""Layerwise benchmark: precision-doctor's layerwise comparison against the two plain
 runs it starts from and against Polygraphy's ``--onnx-outputs mark all``, in one run.
 
 Per model, on the same inputs (one Polygraphy ``--save-inputs`` JSON file that both tools
@@ -24,22 +24,19 @@ size. Models:
   32 channels at 160x160, 2 random samples), the second twice as deep as the first: peak RSS
   of ``diagnose`` should grow < 20% (bounded by one segment, not by the model).
 
-Prints one table and the ratios; writes ``benchmarks/results/layerwise_<date>.json``.
+Prints one table and the ratios; writes ``benchmarks/results/layerwise_<date>_<machine>.json``.
 
 Usage (repo root, ``../shared`` present)::
 
-    PYTHONPATH=src python3 benchmarks/layerwise.py [--skip-polygraphy] [--depth 12]
+    python -m benchmarks run layerwise [--skip-polygraphy] [--depth 12]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,7 +47,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+sys.path[:0] = [str(REPO / "src"), str(REPO / "benchmarks")]
+
+from common import measure_process, results_path, write_results  # noqa: E402
 
 from precision_doctor.graph import input_metadata, load_model  # noqa: E402
 from precision_doctor.inputs import load_samples  # noqa: E402
@@ -87,16 +86,10 @@ def measure(cmd: list[str], log: Path, result: Path | None, ok: tuple[int, ...] 
 
     ``diagnose`` exits 1 when the verdict is "fail" (det in FP16): pass ``ok=(0, 1)``."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    with open(log, "w") as out:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t0
-    code = os.waitstatus_to_exitcode(status)
-    if code not in ok:
-        raise SystemExit(f"{' '.join(cmd)} failed ({code}); see {log}")
-    return {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-            "peak_rss_mb": round(usage.ru_maxrss / 1024),
+    run = measure_process(cmd, env=env, log=log)
+    if run["returncode"] not in ok:
+        raise SystemExit(f"{' '.join(cmd)} failed ({run['returncode']}); see {log}")
+    return {"wall_s": run["wall_s"], "cpu_s": run["cpu_s"], "peak_rss_mb": run["peak_rss_mb"],
             "file_mb": round(result.stat().st_size / 1e6, 3) if result else None}
 
 
@@ -203,7 +196,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3,
                     help="diagnose runs on det for the time ratio (median printed)")
     ap.add_argument("--out", type=Path,
-                    default=REPO / f"benchmarks/results/layerwise_{datetime.date.today()}.json")
+                    default=results_path("layerwise"))
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="pd-layerwise-bench-") as tmp:
@@ -238,12 +231,8 @@ def main() -> None:
         summary["polygraphy_rss_growth_twice_as_deep"] = round(
             deep["polygraphy"]["peak_rss_mb"] / shallow["polygraphy"]["peak_rss_mb"] - 1, 3)
     _print(rows, summary)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs",
-        "load_average_at_end": os.getloadavg(), "rows": rows, "summary": summary},
-        indent=1))
+    write_results(args.out, {"load_average_at_end": os.getloadavg(), "rows": rows,
+                             "summary": summary})
     print(f"written {args.out}")
 
 

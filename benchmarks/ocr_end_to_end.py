@@ -1,4 +1,4 @@
-"""End-to-end OCR check of the FP16 detector written by ``precision-doctor fix`` (issue 3).
+"""End-to-end OCR check of the FP16 detector written by ``precision-doctor fix``.
 
 Runs the real RapidOCR 1.4.4 client (``pip install rapidocr_onnxruntime==1.4.4``, the ``demo``
 extra) on every image of ``shared/data/ocr/full_images`` three times, changing only the detector:
@@ -99,7 +99,7 @@ def naive_fp16(model_path: Path, out: Path) -> Path:
 
 
 def run_fix(model_path: Path, images: Path, out: Path, metric: str) -> tuple[Path, dict]:
-    """``precision-doctor fix`` through the library, as the CLI example in the issue."""
+    """``precision-doctor fix`` through the library, as the README's CLI example runs it."""
     from precision_doctor.repair.pipeline import fix
     from precision_doctor.search.objective import Objective
     from precision_doctor.compare.tasks.registry import get_metric

@@ -1,4 +1,4 @@
-"""Where a diagnosis spends its ONNX Runtime time, session by session, from every thread (issue 21).
+"""Where a diagnosis spends its ONNX Runtime time, session by session, from every thread.
 
 cProfile sees the main thread only, and the package runs its sessions from worker threads (the
 sample pool, the layerwise side thread), so a profile of a GPU diagnosis shows 80% of its time

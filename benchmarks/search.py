@@ -1,4 +1,4 @@
-"""Mixed-precision search benchmark (issue 3): precision-doctor ``fix`` against
+"""Mixed-precision search benchmark: precision-doctor ``fix`` against
 onnxconverter-common ``auto_convert_mixed_precision`` and NVIDIA ModelOpt AutoCast.
 
 Same FP32 model, same real inputs, same accuracy target, FP16 with FP32 graph inputs/outputs:
@@ -43,11 +43,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,7 +81,7 @@ def task_spec(name: str, shared: Path) -> dict:
 
 
 
-# ---------------------------------------------------------------- transformer case (issue 13)
+# ---------------------------------------------------------------- transformer case (Whisper)
 # Whisper tiny.en encoder exported at opset 14 (decomposed LayerNorm) by
 # benchmarks/export_whisper.py, with its 9 real speech clips, both under .models/ (absolute paths:
 # task_spec's `shared / path` keeps them). Its last LayerNorm squares |x - mean| up to 632 on real
@@ -204,29 +201,16 @@ def launch(tool: str, args: argparse.Namespace, timeout_s: float) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO / "src") if tool != "autocast" else "")
     for stale in (args.out / f"{tool}.json", args.out / f"{tool}.onnx"):
         stale.unlink(missing_ok=True)
-    timed_out = False
-    with open(args.out / f"{tool}.log", "w") as log:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() - t0 > timeout_s:
-                os.killpg(proc.pid, signal.SIGKILL)
-                pid, status, usage = os.wait4(proc.pid, 0)
-                timed_out = True
-                break
-            time.sleep(0.2)
-        wall = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from common import measure_process
+
+    run = measure_process(cmd, env=env, timeout=timeout_s, log=args.out / f"{tool}.log")
+    timed_out = run["timed_out"]
     info_path = args.out / f"{tool}.json"
     info = json.loads(info_path.read_text()) if info_path.exists() and not timed_out else {}
-    return {"tool": tool, "wall_s": round(wall, 1),
-            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
-            "peak_rss_mb": round(usage.ru_maxrss / 1024),
-            "exit": proc.returncode, "timed_out": timed_out, **info}
+    return {"tool": tool, "wall_s": round(run["wall_s"], 1), "cpu_s": round(run["cpu_s"], 1),
+            "peak_rss_mb": run["peak_rss_mb"], "exit": run["returncode"], "timed_out": timed_out,
+            **info}
 
 
 def fp32_compute_nodes(model) -> list[str]:

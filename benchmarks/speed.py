@@ -9,7 +9,7 @@ Variants per model (all measured side by side in one run, same inputs):
           LayerNormalization/Softmax in FP32, the classic safe mix)
 Batch 1 and batch 8 (inputs repeated along the batch axis). Median of ``--iters`` runs after
 ``--warmup`` runs; session.run with numpy inputs (host<->device copies included).
-Target (issue 4): mixed keeps >= 95% of the pure-FP16 throughput wherever FP16 beats FP32.
+Target: mixed keeps >= 95% of the pure-FP16 throughput wherever FP16 beats FP32.
 
 Setup as in benchmarks/gpu_fidelity.py; run:
     PYTHONPATH=/tmp/site:$PWD/src python benchmarks/speed.py --out $OUT

@@ -1,4 +1,4 @@
-"""Transformer headroom and stress factor of the real transformers (issue 13), CPU only.
+"""Transformer headroom and stress factor of the real transformers, CPU only.
 
 Models (see benchmarks/MODELS.md for provenance and licences):
 
@@ -11,15 +11,15 @@ Models (see benchmarks/MODELS.md for provenance and licences):
   real 30 s clips.
 
 For each: ``analyze_transformer`` on every sample, then the stress probe on the first sample.
-Writes ``benchmarks/results/transformers_<date>.json`` and prints a Markdown table.
+Writes ``benchmarks/results/transformers_<date>_<machine>.json`` and prints a Markdown table.
 
-    PYTHONPATH=src python3 benchmarks/transformers.py [--models rec,whisper14]
+    python -m benchmarks run transformer_headroom [--models rec,whisper14]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
+import sys
 import json
 import math
 import time
@@ -32,6 +32,9 @@ from precision_doctor.inputs import load_samples
 from precision_doctor.precision.rewrites import apply_rewrites
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from common import results_path, write_results  # noqa: E402
 # ../shared beside the checkout (a worktree under /work/wt has it two levels up)
 SHARED = next((p for p in (REPO.parent / "shared", REPO.parents[1] / "shared") if p.is_dir()),
               REPO.parent / "shared")
@@ -99,8 +102,7 @@ def fmt(x, digits: int = 3) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(CASES))
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results"
-                    / f"transformers_{datetime.date.today().isoformat()}.json")
+    ap.add_argument("--out", type=Path, default=results_path("transformers"))
     args = ap.parse_args()
     rows = []
     for name in args.models.split(","):
@@ -108,7 +110,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "transformer"}, default=str),
               flush=True)
-    args.out.write_text(json.dumps(rows, indent=1, default=str))
+    write_results(args.out, {"rows": rows})
     print("\n| model | blocks | LN (kind) | attn | min residual headroom | min variance headroom "
           "(FP16 stats) | min QK^T headroom | FP16-stats overflow | stress factor (node, kind, "
           "checked) |")

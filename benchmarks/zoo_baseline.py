@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ZOO = REPO / ".models" / "zoo"
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from common import write_results  # noqa: E402
 FIX_METRIC = {  # metric spec and pass mark of `fix` per model (the task's decision)
     "magika": ("top1", None),
     "magika_v1": ("top1", None),
@@ -160,9 +162,7 @@ def main() -> None:
     ap.add_argument("--skip-fix", action="store_true")
     ap.add_argument("--skip-diagnose", action="store_true")
     args = ap.parse_args()
-    result: dict = {"date": time.strftime("%Y-%m-%d"), "machine": platform.platform(),
-                    "python": platform.python_version(), "runner": "emulate (CPU)",
-                    "cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(),
+    result: dict = {"runner": "emulate (CPU)", "load_average_at_start": os.getloadavg(),
                     "diagnose": [], "fix": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -185,8 +185,7 @@ def main() -> None:
                                                               "error")}),
                           flush=True)
     result["load_average_at_end"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

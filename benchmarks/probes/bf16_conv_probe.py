@@ -1,5 +1,5 @@
 """How ONNX Runtime CUDA computes a BF16 / FP16 convolution with a bias, layer by layer, on the
-real activations of a written model (issue 19: "CUDA's BF16 convolutions are 2-5x less exact
+real activations of a written model (it explained a measurement of 2026-11-25: "CUDA's BF16 convolutions are 2-5x less exact
 than FP32 accumulation rounded once" on some layers of PP-OCRv4 cls and PP-LCNet).
 
 Two models of the kernel, both from the same rounded input, weights and bias:
@@ -20,7 +20,7 @@ There (GPU machine, after ``benchmarks/gpu_setup.sh``), on folders packed by
 ``benchmarks/bf16_gpu.py pack --engine ort-cuda``::
 
     export PYTHONPATH=/tmp/site:$PWD/src
-    python3 -P benchmarks/bf16_conv_probe.py .gpu/bf16cuda/cls --samples 2 --out $OUT/probe.json
+    python3 -P benchmarks/probes/bf16_conv_probe.py .gpu/bf16cuda/cls --samples 2 --out $OUT/probe.json
 
 ``--provider cpu`` is a dry run here (ONNX Runtime CPU has no BF16 Conv: the BF16 rows fail
 and say so).
@@ -39,7 +39,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 
 from precision_doctor.graph.outputs import mark_outputs  # noqa: E402

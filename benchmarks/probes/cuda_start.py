@@ -1,4 +1,4 @@
-"""Where a fresh process's first seconds on ONNX Runtime CUDA go (issue 21).
+"""Where a fresh process's first seconds on ONNX Runtime CUDA go.
 
 One fresh process per measurement set, on the real PP-OCRv4 det model and its 3 real images at
 640x640 (the ``det`` case of ``benchmarks/gpu_pipeline.py``). Times, in order, in one process:
@@ -17,7 +17,7 @@ options that bound memory (``cudnn_conv_use_max_workspace=0``, ``gpu_mem_limit``
 There (GPU machine, after ``benchmarks/gpu_setup.sh``; ``.gpu/pipe`` copied to ``/tmp/pipe``)::
 
     export PYTHONPATH=/tmp/site:$PWD/src
-    python3 benchmarks/cuda_start.py --assets /tmp/pipe --out $OUT/cuda_start.json
+    python3 benchmarks/probes/cuda_start.py --assets /tmp/pipe --out $OUT/cuda_start.json
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def one(assets: Path, variant: str) -> dict:
     t = time.perf_counter()
     ort.preload_dlls()
     out["preload_s"] = time.perf_counter() - t
-    sys.path.insert(0, str(HERE.parents[1] / "src"))
+    sys.path.insert(0, str(HERE.parents[2] / "src"))
     from precision_doctor.formats import Precision
     from precision_doctor.graph.load import load_model
     from precision_doctor.inputs import load as inputs

@@ -1,4 +1,4 @@
-"""Where GPU memory goes in a device-resident layerwise comparison (issue 21).
+"""Where GPU memory goes in a device-resident layerwise comparison.
 
 Measures the GPU's used memory (NVML) and the time while ``compare_layerwise`` runs PP-OCRv4
 rec on the calibration strips on a CUDA device, with the statistics on the device
@@ -22,7 +22,7 @@ Variants combine with ``+`` (``serial+ws32``). There (GPU machine, after
 
     export PYTHONPATH=/tmp/site:$PWD/src
     for v in plain shrink ws32 host half ref-vs-ref serial; do
-        python3 benchmarks/gpu_memory_probe.py --assets /tmp/pipe --samples 256 --variants $v
+        python3 benchmarks/probes/gpu_memory_probe.py --assets /tmp/pipe --samples 256 --variants $v
     done
 
 Results of 2026-11-25 (before the statistics were sliced):
@@ -42,8 +42,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1] / "src"))
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[2] / "src"))
+sys.path.insert(0, str(HERE.parents[1]))  # gpu_pipeline
 
 from gpu_pipeline import GpuMemory  # noqa: E402
 

@@ -1,7 +1,7 @@
-"""What one layerwise segment run holds in GPU memory, beyond the outputs it returns (issue 21).
+"""What one layerwise segment run holds in GPU memory, beyond the outputs it returns.
 
-Session 9 found layerwise on a GPU taking about 3x the bytes of the outputs its runs return
-(``benchmarks/gpu_memory_probe.py``: two reference runs of 6 PP-OCRv4 rec strips returned 2.3
+A GPU run of 2026-11-26 found layerwise on a GPU taking about 3x the bytes of the outputs its runs return
+(``benchmarks/probes/gpu_memory_probe.py``: two reference runs of 6 PP-OCRv4 rec strips returned 2.3
 GiB and took 7.4 GiB). Here one ONNX Runtime CUDA session at a time runs a batch a few times,
 in variants of how the session is set up; for each: GPU 0's used memory (NVML, polled every 5
 ms) above the level before the session was created, the bytes of the outputs one run returns,
@@ -30,7 +30,7 @@ There (GPU machine, after ``benchmarks/gpu_setup.sh``, ``.gpu/pipe`` copied to `
 as ``benchmarks/gpu_pipeline.py`` says)::
 
     export PYTHONPATH=/tmp/site:$PWD/src
-    python3 benchmarks/gpu_segment_memory.py --assets /tmp/pipe --out $OUT/seg.json
+    python3 benchmarks/probes/gpu_segment_memory.py --assets /tmp/pipe --out $OUT/seg.json
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from gpu_pipeline import GpuMemory  # noqa: E402
 
 VARIANTS = ("plain", "marked", "bound", "bound-nopattern", "bound-basic",

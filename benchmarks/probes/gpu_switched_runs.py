@@ -1,4 +1,4 @@
-"""Why a run of the switched emulation is slow on CUDA (issue 21).
+"""Why a run of the switched emulation is slow on CUDA.
 
 ``benchmarks/ort_ledger.py`` on an H200 (2026-11-26, ``gpu_pipeline_2026-11-26_h200_ledger_*``)
 put most of a GPU diagnosis of PP-OCRv4 rec in the runs of the shared switched emulation
@@ -24,7 +24,7 @@ There (GPU machine, after ``benchmarks/gpu_setup.sh`` and ``.gpu/pipe`` copied t
 ``/tmp/pipe`` as ``benchmarks/gpu_pipeline.py`` says)::
 
     export PYTHONPATH=/tmp/site:$PWD/src
-    python3 benchmarks/gpu_switched_runs.py --assets /tmp/pipe --profile --out $OUT/sw.json
+    python3 benchmarks/probes/gpu_switched_runs.py --assets /tmp/pipe --profile --out $OUT/sw.json
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from gpu_pipeline import GpuMemory  # noqa: E402
 from gpu_segment_memory import load_batch  # noqa: E402
 

@@ -10,7 +10,7 @@ any statistic are printed. The version before is read from a worktree of commit 
 last one with whole-set concatenations), as ``diagnose_cost.py`` does:
 
     git worktree add /tmp/pd-before aa5e532
-    PYTHONPATH=src python3 benchmarks/metrics_speed.py --before /tmp/pd-before/src
+    PYTHONPATH=src python3 benchmarks/probes/metrics_speed.py --before /tmp/pd-before/src
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1] / "src"))
+sys.path.insert(0, str(HERE.parents[2] / "src"))
 
 from precision_doctor.compare.metrics import compute_metrics  # noqa: E402
 
-SHARED = HERE.parents[2] / "shared"
+SHARED = HERE.parents[3] / "shared"
 
 
 def compute_metrics_of(src: Path):

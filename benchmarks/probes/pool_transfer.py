@@ -6,7 +6,7 @@ worker making such a batch and the parent receiving it, (a) pickled through the 
 (b) through the worker's shared-memory block (``search.shmtransfer``: written by the worker,
 copied out by the parent). Both include making the arrays; the ratio is printed.
 
-Run: ``python benchmarks/pool_transfer.py [--repeat 10]`` (no GPU needed). 2026-11-27, the
+Run: ``python benchmarks/probes/pool_transfer.py [--repeat 10]`` (no GPU needed). 2026-11-27, the
 2-core development machine (Python 3.11): pipe 0.354 s a batch of 65 MiB (183 MiB/s), shared
 memory 0.059 s (1090 MiB/s): 6.0x.
 """

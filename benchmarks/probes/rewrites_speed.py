@@ -5,7 +5,7 @@ Each (tree, model) runs in a fresh subprocess ``--repeat`` times, alternating th
 median is printed with the ratio and the SHA-1 of the rewritten model and of its records.
 
     git worktree add /tmp/pd-before 72e05bd      # the tree before the LayerNorm prefilter
-    python benchmarks/rewrites_speed.py --before /tmp/pd-before/src --repeat 3
+    python benchmarks/probes/rewrites_speed.py --before /tmp/pd-before/src --repeat 3
 
 Models: PP-OCRv4 det/rec/cls from ``../shared`` and the zoo models prepared by
 ``benchmarks/zoo.py`` (``.models/zoo``) where present.
@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("PRECISION_DOCTOR_SHARED") or HERE.parent / "shared")
 ONE = r"""
 import hashlib, json, sys, time

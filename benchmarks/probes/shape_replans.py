@@ -10,7 +10,7 @@ session's runs and those that followed a run of another shape (a re-plan on the 
 answer (fix: the FP32 nodes; diagnose: the verdict) to compare two versions. Not a timing:
 the CPU runs the switched graph several times slower than its per-plan emulation.
 
-    python benchmarks/shape_replans.py ../shared/models/ppocrv4/det.onnx \\
+    python benchmarks/probes/shape_replans.py ../shared/models/ppocrv4/det.onnx \\
         ../shared/data/ocr/full_images --preprocess ppocr-det:resize=fixed,size=640x640
 """
 

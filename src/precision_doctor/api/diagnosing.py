@@ -28,6 +28,7 @@ from precision_doctor.api.results import Diagnosis, convert
 from precision_doctor.diagnosis.diagnose import diagnose as diagnose_model
 from precision_doctor.errors import InputError
 from precision_doctor.formats import Precision
+from precision_doctor.graph.upcast import upcast
 from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import json_float
 from precision_doctor.layerwise.candidates import Candidate, candidate_from_spec, reference_factory
@@ -60,9 +61,14 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
     FP16, flush below the smallest subnormal; TF32 rounds the inputs of MatMul/Gemm/Conv to 10
     mantissa bits), or a real engine.
 
+    A model shipped in FP16/BF16 (weights, inputs/outputs or Casts in that format) is never
+    compared with itself: its reference is its exact FP32 upcast (``graph.upcast``), the whole
+    diagnosis runs on that upcast (its FP16/BF16 inputs take FP32 feeds; FP16 feeds are widened
+    exactly), and ``Diagnosis.model`` says so (``shipped_precision``, ``reference``).
+
     Args:
-        model: The FP32 model: a ``.onnx`` path, an ``onnx.ModelProto`` (not modified) or an
-            ``onnx_ir.Model``.
+        model: The FP32 model (or one shipped in FP16/BF16, see above): a ``.onnx`` path, an
+            ``onnx.ModelProto`` (not modified) or an ``onnx_ir.Model``.
         data: Inputs. What ``--data`` takes: an image file, folder or glob (with
             ``preprocess``), ``.npy``/``.npz`` or a folder of them, Polygraphy inputs JSON,
             or ``"random:seed=0,count=4,shape=x:1x3x224x224"``. Or in memory: a feed dict
@@ -162,6 +168,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
     objective = (build_objective(None, metric, threshold, precision)
                  if metric or threshold is not None else None)
     proto, path = as_model(model)
+    proto, shipped = upcast(proto)  # a model shipped in FP16/BF16: its reference is FP32
     samples = as_samples(data, proto, preprocess, max_samples)
     labelled, accuracy = labelled_objective(objective or Objective(), proto, samples, labels)
     if objective is not None:
@@ -190,6 +197,8 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
             report = replace(report, warnings=(cpu_note, *report.warnings))
         if device_note:
             report = replace(report, warnings=(*report.warnings, device_note))
+        if shipped is not None:
+            report = replace(report, model={**report.model, **shipped.model_info()})
         task = (task_score(proto, samples, candidate, objective, callback, runs)
                 if objective is not None else None)
         measured = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -26,6 +26,7 @@ from precision_doctor.api.results import json_text
 from precision_doctor.errors import InputError
 from precision_doctor.formats import Precision
 from precision_doctor.graph.load import input_metadata
+from precision_doctor.graph.upcast import upcast
 from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import dumps
 from precision_doctor.precision.plan import PrecisionPlan
@@ -236,6 +237,10 @@ def _fix_html(fixed: Fix, command: str | None) -> str:
     # secondary and leaves out the causes the fix removed (folded BatchNorms, FP32 nodes)
     after, resolved = review_fixed_diagnosis(after, fixed.model, result.plan, result.rewrites,
                                              result.writer)
+    shipped = {k: v for k, v in (fixed.report.get("model") or {}).items()
+               if k in ("shipped_precision", "reference")}  # graph.upcast.Upcast.model_info
+    if shipped:
+        after = replace(after, model={**after.model, **shipped})
     ops = {n.name: n.op_type for n in fixed.model.graph.node}
     plan_rows = [{"node": n, "op_type": ops.get(n, ""), "precision": d.precision.value,
                   "reason": d.reason, "detail": d.detail}
@@ -291,7 +296,10 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
 
     Args:
         model: The FP32 model: a ``.onnx`` path, an ``onnx.ModelProto`` (not modified) or an
-            ``onnx_ir.Model``.
+            ``onnx_ir.Model``. A model shipped in FP16/BF16 is fixed from its exact FP32
+            upcast (``graph.upcast``; ``report["model"]["shipped_precision"]`` says so): the
+            written model then has FP32 inputs and outputs, or ``target``'s with
+            ``keep_io_types=False``.
         data: Calibration samples, as for :func:`diagnose` (paths, feed dicts or arrays).
         target: ``"fp16"`` or ``"bf16"``.
         preprocess: Image preprocessing, as for :func:`diagnose`.
@@ -304,7 +312,8 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
         keep: Node names or op types forced to FP32.
         force_low: Node names or op types the search must leave in low precision.
         rewrites: Apply the numerically safe rewrites first.
-        keep_io_types: Keep graph inputs and outputs FP32 (Casts inside the model).
+        keep_io_types: Keep graph inputs and outputs FP32 (Casts inside the model), also for
+            a model shipped with FP16/BF16 inputs and outputs.
         runner: Evaluate candidates with ``"emulate"`` (CPU emulation) or a real engine,
             ``"ort:cpu"``, ``"ort:cuda,tf32=0"`` (decision metrics at exact thresholds depend on
             the engine's rounding: search with the engine you deploy on); the written model is
@@ -355,6 +364,7 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
     engine = engine if engine is not None else engine_of_runner(runner)
     parse_engine(engine)  # an unknown engine fails before the model is read
     proto, path = as_model(model)
+    proto, shipped = upcast(proto)  # a model shipped in FP16/BF16: searched on its FP32 upcast
     samples = as_samples(data, proto, preprocess, max_samples)
     objective, accuracy = labelled_objective(
         build_objective(tolerance, metric, threshold, precision), proto, samples, labels)
@@ -372,7 +382,8 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
                            None if rewrites else [], keep_io_types, factory, max_evals,
                            callback, workers, accuracy, engine or None)
     report = result.to_dict()
-    report["model"] = {"input": path, "output": None}
+    report["model"] = {"input": path, "output": None,
+                       **(shipped.model_info() if shipped is not None else {})}
     report["device"] = where.to_dict()
     if device_note:
         report["device"]["note"] = device_note

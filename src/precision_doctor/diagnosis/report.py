@@ -20,7 +20,10 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 3
                      "task_neutral", "damage", "typical_error", "damage_margin",
                      "destroyed"}],
       "rewritten": {"rewrites": [str], "outputs": [<output>], "verdict"} | null,
-      "model": {"path", "opset", "nodes", "sha256"},
+      "model": {"path", "opset", "nodes", "sha256",
+                "shipped_precision", "reference"},   (the last two only for a model shipped in
+                FP16/BF16: "fp16" | "bf16" | "mixed", and the sentence saying its reference is
+                its FP32 upcast, ``graph.upcast``)
       "target": "fp16", "reference": "ort-cpu", "candidate": "emulate-fp16",
       "samples": [{"name", "shapes": {input: [dims]}}],
       "outputs": [{"name", "passed", "reason", "tolerance": {...}, "metrics": {...},
@@ -135,7 +138,9 @@ class DiagnosisReport:
 
     Attributes:
         verdict: ``pass`` when every output meets its tolerance, else ``fail``.
-        model: ``{"path", "opset", "nodes", "sha256"}`` of the diagnosed model.
+        model: ``{"path", "opset", "nodes", "sha256"}`` of the diagnosed model; for a model
+            shipped in FP16/BF16 also ``shipped_precision`` (``fp16``/``bf16``/``mixed``) and
+            ``reference`` (the headline sentence: the reference is its FP32 upcast).
         target: The precision diagnosed (``fp16``, ``bf16``, ``tf32``, ``fp32``).
         reference: The reference runner's name (``ort-cpu``: ONNX Runtime CPU in FP32).
         candidate: The candidate runner's name (``emulate-fp16``, ``ort-cuda`` ...).

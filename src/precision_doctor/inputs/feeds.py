@@ -7,8 +7,10 @@ Rules of ``check_feeds`` (what is an error and what is fixed silently):
   got); symbolic dims are resolved from the data, and a symbolic name used by several inputs
   (e.g. ``batch``) must get one value;
 - dtype: a value-preserving cast is done (float64 -> float32, int -> float, int64 -> int32 when
-  the values fit, float32 -> float16 when no finite value exceeds 65504); float -> int/bool,
-  and int/float -> bool raise ``InputShapeError``;
+  the values fit, float32 -> float16 when no finite value exceeds 65504, float16/bfloat16 ->
+  float32 exactly: the FP32 upcast of a model shipped in FP16/BF16, ``graph.upcast``, takes
+  FP32 where the shipped model took FP16/BF16 feeds); float -> int/bool, and int/float -> bool
+  raise ``InputShapeError``;
 - NaN/Inf are kept (real data may contain them and the report must show it; count them with
   ``nonfinite_count``) unless *every* value of a float input is NaN, which raises ``InputError``.
 """

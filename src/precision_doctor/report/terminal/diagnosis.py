@@ -101,6 +101,8 @@ def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12
              f"({escape(report.candidate)} vs {escape(report.reference)}, "
              f"{len(report.samples)} sample(s))")
     console.print(Panel(title, expand=False))
+    if report.model.get("reference"):  # shipped in FP16/BF16: graph.upcast.Upcast.statement
+        console.print(Text(report.model["reference"], style="bold yellow"))
     render_assessment(report, console)
 
     console.print(outputs_table(report.outputs))
