@@ -38,6 +38,7 @@ from precision_doctor.precision.plan import NodeDecision, PrecisionPlan, select_
 from precision_doctor.precision.rewrites import RewriteReport, apply_rewrites
 from precision_doctor.precision.writer import write_mixed_precision, written_opset
 from precision_doctor.precision.writer.validate import inferred_dtypes
+from precision_doctor.repair.rewrites_proof import prove_rewrites
 from precision_doctor.runners.base import Runner
 from precision_doctor.runners.emulator import EmulatorRunner
 from precision_doctor.runners.kernels.engines import (
@@ -162,10 +163,20 @@ class Rewritten:
     seconds: float
 
 
-def rewrite(request: FixRequest) -> Rewritten:
-    """Apply the requested rewrites (``request.rewrites``; None = all) to a copy of the model."""
+def rewrite(request: FixRequest, baseline: Baseline | None = None) -> Rewritten:
+    """Apply the requested rewrites (``request.rewrites``; None = all) to a copy of the model,
+    for ``request.target``; the rewrites that are not exact in FP32 (``saturate-constants``)
+    are kept only when measured harmless (``repair.rewrites_proof``: the rewritten model in
+    FP32 against ``baseline.reference``, run here when no baseline is given).
+
+    Raises:
+        BackendError: ONNX Runtime fails on the rewritten model.
+    """
     t0 = time.perf_counter()
-    model, report = apply_rewrites(request.model, request.rewrites)
+    model, report = apply_rewrites(request.model, request.rewrites, target=request.target)
+    model, report = prove_rewrites(request.model, model, report, request.samples,
+                                   request.output_names, request.target, request.rewrites,
+                                   baseline.reference if baseline is not None else None)
     return Rewritten(model, report, time.perf_counter() - t0)
 
 

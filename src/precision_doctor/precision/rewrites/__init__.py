@@ -4,6 +4,8 @@ Each rewrite is an ``onnx_ir`` pass (call it on an ``ir.Model``; it returns the 
 changed, and the records of what it did and why it did not apply elsewhere):
 
 - ``fold-constants``: fold constant subgraphs (onnxscript's constant folder).
+- ``saturate-constants``: clamp a masking constant beyond the target format's range (an
+  attention mask of -FLT_MAX) to +-its largest finite value (needs the target format).
 - ``fold-bias-add``: put a per-channel constant Add after Conv/ConvTranspose into the bias.
 - ``fold-batchnorm``: fold BatchNormalization into the preceding Conv/ConvTranspose/Gemm.
 - ``prescale-attention``: apply the attention's 1/sqrt(d) scale to Q before QK^T.
@@ -22,10 +24,12 @@ from precision_doctor.precision.rewrites.graph_edit import RewritePassResult
 from precision_doctor.precision.rewrites.layernorm import FuseLayerNorm
 from precision_doctor.precision.rewrites.layernorm_stats import LayerNormFp32Stats
 from precision_doctor.precision.rewrites.report import RewriteRecord, RewriteReport
+from precision_doctor.precision.rewrites.saturate import SaturateConstants
 
 __all__ = [
     "REWRITES", "FoldBatchNorm", "FoldBiasAdd", "FoldConstants", "FuseLayerNorm",
     "LayerNormFp32Stats", "PrescaleAttention",
-    "RewritePassResult", "RewriteRecord", "RewriteReport", "apply_rewrites", "convert_opset",
+    "RewritePassResult", "RewriteRecord", "RewriteReport", "SaturateConstants", "apply_rewrites",
+    "convert_opset",
     "fold_batchnorm_params",
 ]

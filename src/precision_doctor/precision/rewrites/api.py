@@ -5,7 +5,9 @@ that hurts in FP16 (see each module's docstring). They run in the order of ``REW
 is also the order that lets them help each other: folded constants expose constant biases,
 ``fold-bias-add`` puts the ConvTranspose bias of PP-OCRv4 det inside the op so that
 ``fold-batchnorm`` can fold the BatchNormalization behind it, and ``fuse-layernorm`` runs last
-because it may raise the opset.
+because it may raise the opset. ``saturate-constants`` depends on the target format and runs
+only when ``apply_rewrites`` is given one (``fix`` does); it is not exact in FP32 (it clamps),
+so ``fix`` measures it (``repair.stages.rewrite``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import onnx_ir as ir
 from onnx import version_converter
 
 from precision_doctor.errors import PlanError
+from precision_doctor.formats import Precision
 from precision_doctor.graph.load import name_nodes, opset_of
 from precision_doctor.precision.rewrites.attention import PrescaleAttention
 from precision_doctor.precision.rewrites.batchnorm import FoldBatchNorm
@@ -26,10 +29,12 @@ from precision_doctor.precision.rewrites.graph_edit import RewritePassResult
 from precision_doctor.precision.rewrites.layernorm import MIN_OPSET, FuseLayerNorm
 from precision_doctor.precision.rewrites.layernorm_stats import LayerNormFp32Stats
 from precision_doctor.precision.rewrites.report import RewriteRecord, RewriteReport
+from precision_doctor.precision.rewrites.saturate import SaturateConstants
 
 # Rule name -> pass factory (each pass returns a ``RewritePassResult``), in run order.
 REWRITES: dict[str, Callable[[], ir.passes.InPlacePass]] = {
     FoldConstants.rule: FoldConstants,
+    SaturateConstants.rule: SaturateConstants,
     FoldBiasAdd.rule: FoldBiasAdd,
     FoldBatchNorm.rule: FoldBatchNorm,
     PrescaleAttention.rule: PrescaleAttention,
@@ -134,7 +139,8 @@ def _keep_value_info(model: onnx.ModelProto, names: set[str]) -> None:
 
 
 def apply_rewrites(model: onnx.ModelProto, rules: Sequence[str] | None = None,
-                   target_opset: int | None = None) -> tuple[onnx.ModelProto, RewriteReport]:
+                   target_opset: int | None = None, target: Precision | None = None
+                   ) -> tuple[onnx.ModelProto, RewriteReport]:
     """Apply numerically safe rewrites to a copy of ``model``.
 
     Args:
@@ -144,6 +150,8 @@ def apply_rewrites(model: onnx.ModelProto, rules: Sequence[str] | None = None,
         target_opset: Convert the model to this default-domain opset first (record
             ``convert-opset``). When None, the opset is raised to 17 only if ``fuse-layernorm``
             finds a LayerNorm to fuse; when below 17, LayerNorms are reported but not fused.
+        target: The reduced format the model is rewritten for (FP16, BF16): the range
+            ``saturate-constants`` clamps masking constants to. None: that rule does nothing.
 
     Returns:
         ``(rewritten model, report)``. The rewritten model keeps graph input/output names and
@@ -166,6 +174,8 @@ def apply_rewrites(model: onnx.ModelProto, rules: Sequence[str] | None = None,
     for rule in selected:
         if rule == FuseLayerNorm.rule:
             ir_model = _fuse_layernorm(ir_model, target_opset, records)
+        elif rule == SaturateConstants.rule:
+            records.extend(_run_pass(SaturateConstants(target), ir_model).records)
         else:
             records.extend(_run_pass(REWRITES[rule](), ir_model).records)
     out = ir.serde.serialize_model(ir_model)

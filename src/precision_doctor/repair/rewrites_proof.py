@@ -1,0 +1,103 @@
+"""The proof that a rewrite which is not exact in FP32 is harmless, before ``fix`` searches.
+
+Most rewrites are exact up to float32 rounding by construction (a folded BatchNorm, a fused
+LayerNorm). ``saturate-constants`` is not: it clamps a -FLT_MAX mask to -65504. It is kept only
+when the rewritten model, run in FP32 on every calibration sample, gives the FP32 reference's
+outputs within ``FP32_REWRITE_RTOL``, with NaN/Inf exactly where the reference has them; else
+the rewrites are run again without it and its records say why it was undone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import numpy as np
+import onnx
+
+from precision_doctor.formats import Precision
+from precision_doctor.layerwise.candidates import reference_factory, run_samples
+from precision_doctor.precision.rewrites import (
+    REWRITES,
+    RewriteRecord,
+    RewriteReport,
+    apply_rewrites,
+)
+
+Outputs = Mapping[str, Sequence[np.ndarray]]
+# Rewrites that are not exact in FP32: measured here before they are used.
+MEASURED_REWRITES = ("saturate-constants",)
+# rel L2 an FP32 output may move by a measured rewrite: 2**-16 = 256 FP32 unit roundoffs
+# (2**-24), 32x below the FP16 unit roundoff (2**-11), so it costs an FP16/BF16 tolerance
+# nothing. The attention of tests/mask_models.py moves 1.8e-7 with every rewrite applied
+# (prescale-attention's reordering; the clamp itself moves it by 0).
+FP32_REWRITE_RTOL = 2.0 ** -16
+
+
+def fp32_drift(reference: Outputs, outputs: Outputs, rtol: float = FP32_REWRITE_RTOL
+               ) -> str | None:
+    """Why ``outputs`` (FP32) are not ``reference`` up to FP32 rounding; None when they are.
+
+    Args:
+        reference: Output name -> one array per sample (the FP32 reference).
+        outputs: The same names and samples, from the rewritten model in FP32.
+        rtol: Largest rel L2 (over all samples of an output) that is not a move.
+
+    Returns:
+        None, or the first output that moved (rel L2 above ``rtol``, or NaN/Inf where the
+        reference is finite), in words.
+    """
+    for name, refs in reference.items():
+        if not refs or np.asarray(refs[0]).dtype.kind != "f":
+            continue
+        ref = np.concatenate([np.asarray(a, np.float64).ravel() for a in refs])
+        out = np.concatenate([np.asarray(a, np.float64).ravel() for a in outputs[name]])
+        if not np.array_equal(np.isfinite(ref), np.isfinite(out)):
+            return f"output '{name}' has NaN/Inf where the FP32 reference is finite"
+        finite = np.isfinite(ref)
+        scale = float(np.linalg.norm(ref[finite])) or 1.0
+        rel = float(np.linalg.norm(out[finite] - ref[finite])) / scale
+        if rel > rtol:
+            return f"output '{name}' moved by rel L2 {rel:.3g} > {rtol:g}"
+    return None
+
+
+def prove_rewrites(original: onnx.ModelProto, rewritten: onnx.ModelProto,
+                   report: RewriteReport, samples: Sequence, names: Sequence[str],
+                   target: Precision, rules: Sequence[str] | None,
+                   reference: Outputs | None = None
+                   ) -> tuple[onnx.ModelProto, RewriteReport]:
+    """Keep the measured rewrites that ``report`` applied only when harmless in FP32.
+
+    Args:
+        original: The model before the rewrites.
+        rewritten: ``apply_rewrites(original, rules, target=target)``'s model.
+        report: Its report.
+        samples: Calibration samples (``.feeds``).
+        names: Output names.
+        target: The reduced format the rewrites were run for.
+        rules: The rules requested (None = all).
+        reference: The FP32 reference outputs of ``original``; run here when None.
+
+    Returns:
+        ``(rewritten, report)`` unchanged when nothing measured applied or it is harmless; else
+        the model rewritten without ``MEASURED_REWRITES`` and a report whose records of them say
+        ``undone: <why>``.
+
+    Raises:
+        BackendError: ONNX Runtime fails on either model.
+    """
+    measured = [r for r in report.applied() if r.rule in MEASURED_REWRITES]
+    if not measured:
+        return rewritten, report
+    if reference is None:
+        reference = run_samples(reference_factory(original), samples, names)
+    moved = fp32_drift(reference, run_samples(reference_factory(rewritten), samples, names))
+    if moved is None:
+        return rewritten, report
+    kept = [r for r in (rules if rules is not None else REWRITES) if r not in MEASURED_REWRITES]
+    model, again = apply_rewrites(original, kept, target=target)
+    undone = tuple(RewriteRecord(r.rule, False, r.nodes, (),
+                                 f"undone: {moved} in FP32; it was: {r.reason}", r.details)
+                   for r in measured)
+    return model, replace(again, rules=report.rules, records=again.records + undone)
