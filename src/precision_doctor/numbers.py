@@ -1,7 +1,7 @@
 """How every report (terminal, HTML, the texts of the diagnosis) writes a number: one formatter,
 so the same value reads the same everywhere.
 
-Rules (issue 10, "Readable at 80 columns"):
+Rules (every report readable at 80 columns):
 
 - A metric (relative L2, max/p99/mean abs error, noise floor, headroom, ratios) gets **3
   significant digits**. Magnitudes in [0.1, 1000) are written in fixed notation (``0.999``,

@@ -85,7 +85,7 @@ def compute_metrics(reference: Sequence[np.ndarray], candidate: Sequence[np.ndar
             raise ValueError(f"sample {i}: reference shape {r.shape} != candidate {c.shape}")
     # one sample at a time (float64 copies of one sample, not of all of them), so that large
     # outputs cost one pass (256 real rec outputs of 1x40x6625: 1.4-2.2 s instead of 3.3-4.2 s
-    # on 2 cores, benchmarks/metrics_speed.py, BENCHMARKS.md)
+    # on 2 cores, benchmarks/probes/metrics_speed.py, 2026-11-26)
     numel = ref_nonfinite = nan = inf = 0
     ref2 = err2 = cand2 = cross = 0.0
     ref_max = 0.0

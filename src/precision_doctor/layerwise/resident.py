@@ -1,13 +1,12 @@
 """Layerwise statistics computed where the tensors are: on the GPU, only scalars come back.
 
-On a CUDA device, copying every intermediate tensor of both runs to the host and reducing it
-there with numpy is what a layerwise comparison spends its time on (PP-OCRv4 rec, 256 strips:
-68 s of layerwise on an H100, BENCHMARKS.md, issue 21), not the runs. Here the segments run
-with ONNX Runtime's I/O binding (``OrtRunner.run_resident``): their outputs stay in GPU memory
-as ``OrtValue``s, boundary tensors feed the next segment from there, and each compared
-(reference, candidate) pair is reduced on the device by a small ONNX graph
-(``stats_model``) run in one more session on the same device. Thirteen float64 numbers per
-tensor come back.
+On a CUDA device, copying every intermediate tensor of both runs to the host and reducing it there
+with numpy is what a layerwise comparison spends its time on (PP-OCRv4 rec, 256 strips: 68 s of
+layerwise on an H100, 2026-11-25, ``benchmarks/gpu_pipeline.py``), not the runs. Here the segments
+run with ONNX Runtime's I/O binding (``OrtRunner.run_resident``): their outputs stay in GPU memory
+as ``OrtValue``s, boundary tensors feed the next segment from there, and each compared (reference,
+candidate) pair is reduced on the device by a small ONNX graph (``stats_model``) run in one more
+session on the same device. Thirteen float64 numbers per tensor come back.
 
 The graph reduces a tensor in slices of at most ``chunk_elements()`` elements: its
 intermediates (masks, differences, float64 copies) take up to 131 bytes per element of what it

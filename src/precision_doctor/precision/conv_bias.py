@@ -4,8 +4,8 @@ after the convolution's output was rounded.
 ONNX Runtime CUDA computes an FP16 or BF16 ``Conv`` with a bias as
 ``round(round(conv(x, W)) + B)``: the cuDNN convolution writes its output in the format and
 the bias is added by a second kernel (``cudnnAddTensor``), whose sum is rounded again.
-Measured on an NVIDIA H100 with onnxruntime-gpu 1.31.1 (``benchmarks/bf16_conv_probe.py``,
-BENCHMARKS.md): on the 35 biased convolutions of PP-OCRv4 cls as ``fix`` writes it, on real
+Measured on an NVIDIA H100 with onnxruntime-gpu 1.31.1 (``benchmarks/probes/bf16_conv_probe.py``,
+2026-11-25): on the 35 biased convolutions of PP-OCRv4 cls as ``fix`` writes it, on real
 activations, 99.99-100% (BF16) and 99.94-100% (FP16) of each layer's output elements equal that
 double rounding, against 51-76% (54-82%) for one rounding of the FP32 sum; the double rounding
 is 1.1-2.7x less exact.

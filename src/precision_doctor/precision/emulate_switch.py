@@ -4,7 +4,7 @@ input, so one ONNX Runtime session evaluates any plan without rebuilding anythin
 ``precision.emulate`` builds one graph per ``PrecisionPlan``: a Python pass over the model, then
 a new session, which on a GPU also pays its device setup (measured on an H100 with 16 cores,
 PP-OCRv4 det: about 0.35 s to build the emulation graph and 0.8 s to open its CUDA session,
-against 0.03 s to run it on 3 images at 640x640; ``benchmarks/cuda_start.py``). A search or
+against 0.03 s to run it on 3 images at 640x640; ``benchmarks/probes/cuda_start.py``). A search or
 an impact trial changes only which nodes fall back to FP32, so this module builds the
 emulation of the all-low-precision plan once, with every rounding of a node ``n`` guarded by a
 ``Where``::

@@ -12,7 +12,7 @@ fails, the samples run one at a time from then on. The second check's verdict is
 (``checked``): a search's evaluations or the impact trials batch the same model again and again,
 and on a GPU each one-sample check between two batched runs cost two changes of input shape
 (PP-OCRv4 rec on 256 strips: 142 of a diagnosis's 157 changes of shape, counted by
-``benchmarks/shape_replans.py``).
+``benchmarks/probes/shape_replans.py``).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def shape_order(feeds: Sequence[Mapping[str, np.ndarray]]) -> list[int]:
     then grows once, for the largest tensors and workspaces, and the smaller ones that follow
     fit in the chunks they free; in increasing order every new size is a new extension. PP-OCRv4
     rec on its 28 crops (4 widths), the FP32 reference on an H200 under cuDNN's heuristic:
-    8.1 instead of 10.9 GiB peak (BENCHMARKS.md, "Session 11").
+    8.1 instead of 10.9 GiB peak (2026-11-27, ``benchmarks/gpu_pipeline.py``).
     """
     return sorted(range(len(feeds)), key=lambda i: (-_size(feeds[i]), _signature(feeds[i])))
 
@@ -160,7 +160,7 @@ def run_batched(runner: Runner, feeds: Sequence[Mapping[str, np.ndarray]],
     again (``runners.sessions.switched``; PP-OCRv4 rec's 28 real crops, 4 widths in an order of
     their own: 5 runs a pass instead of 7, the first batch's one-sample check included, and in
     a GPU diagnosis 68 instead of 96 runs of the switched emulation after a change of shape,
-    counted by ``benchmarks/shape_replans.py``).
+    counted by ``benchmarks/probes/shape_replans.py``).
 
     Args:
         runner: An entered runner of a model with a batch symbol (``batch_symbol``).

@@ -24,13 +24,13 @@ CUDA EP documentation):
   beyond the tensors, which ONNX Runtime allocates whatever ``cudnn_conv_use_max_workspace``
   says (it caps only the exhaustive search): one CUDA session of PP-OCRv4 rec at batch 6 held
   4.2 GiB for 6 MiB of output under the heuristic, 0.2 GiB under the capped exhaustive search,
-  whose runs took 4.1 instead of 29.5 ms (``benchmarks/gpu_segment_memory.py``, H200,
+  whose runs took 4.1 instead of 29.5 ms (``benchmarks/probes/gpu_segment_memory.py``, H200,
   2026-11-26). The exhaustive search times its candidates again at every new session and input
   shape (PP-OCRv4 det at 640: 0.7-0.9 s a run with two batch shapes in turn, against 0.10 s
-  under the heuristic; ``benchmarks/gpu_switched_runs.py``), which made it the slower choice
+  under the heuristic; ``benchmarks/probes/gpu_switched_runs.py``), which made it the slower choice
   while a diagnosis's stages changed shape at most runs. Since they run shape by shape
   (``runners.batching``), the capped exhaustive search everywhere measured (H200, 2026-11-27,
-  BENCHMARKS.md "Session 11"): rec on its 28 crops 38.5 s and 5.0 GiB peak (heuristic 39.4 s,
+  ``benchmarks/gpu_pipeline.py``): rec on its 28 crops 38.5 s and 5.0 GiB peak (heuristic 39.4 s,
   10.0 GiB), on 256 strips 45.8 s and 4.0 GiB (58.4 s, 4.6 GiB), ``fix`` on the 28 crops 85.8 s
   and 2.3 GiB (86.6 s, 8.0 GiB), the same verdicts, findings and fix plans; det (3 images at
   640, two sessions' first timings) 2-3 s slower: diagnose 13.0 s (11.1-11.8), fix 13.4-14.7 s
@@ -39,8 +39,8 @@ CUDA EP documentation):
   minor findings' impacts, 2e-5 to 1.4e-3, within 9%).
 * ``arena_extend_strategy=kSameAsRequested``: the device arena grows by what a request needs,
   not to the next power of two (PP-OCRv4 det, every tensor of 3 images at 640 on the device:
-  2322 instead of 3224 MiB for 1976 MiB of outputs; ``benchmarks/gpu_segment_memory.py``, H200,
-  2026-11-26).
+  2322 instead of 3224 MiB for 1976 MiB of outputs; ``benchmarks/probes/gpu_segment_memory.py``,
+  H200, 2026-11-26).
 
 The emulation's Cast round trips (FP32 -> FP16/BF16 -> FP32) are exact on the GPU as on the
 CPU (IEEE round-to-nearest-even casts; the FP16 answers of ``benchmarks/gpu_pipeline.py`` agree
@@ -262,9 +262,10 @@ def _runtime_device_count() -> int:
 # stages' sessions take the rest). The statistics' temporaries take up to GPU_STATS_BYTES of it
 # (layerwise.resident reduces in slices of at most 256 MiB); the segment's sessions hold
 # GPU_HELD_PER_OUTPUT times the bytes of their outputs (ONNX Runtime's arena rounds blocks up,
-# the emulation graph keeps its rounded copies): measured on an H100 (BENCHMARKS.md, "Session
-# 11"), a layerwise stage rose 4.35 GiB for 3.04 GiB of estimated outputs (PP-OCRv4 rec, 5 text
-# lines at 48x320), 3.9 GiB for 2.6 GiB (det, 2 images at 640): 1.43x and 1.5x.
+# the emulation graph keeps its rounded copies): measured on an H100 (2026-11-27,
+# benchmarks/gpu_pipeline.py), a layerwise stage rose 4.35 GiB for 3.04 GiB of estimated
+# outputs (PP-OCRv4 rec, 5 text lines at 48x320), 3.9 GiB for 2.6 GiB (det, 2 images at 640):
+# 1.43x and 1.5x.
 GPU_SEGMENT_BUDGET = 4 << 30
 GPU_STATS_BYTES = 256 << 20
 GPU_HELD_PER_OUTPUT = 1.5

@@ -94,7 +94,7 @@ class OrtRunner:
             diagnosis's 12.8 GiB peak. Off by default: it costs a cudaFree/cudaMalloc per
             run, which sessions of many small runs feel (the same layerwise with every
             statistics-graph run shrinking: 44.6 vs 15.5 s; with only the segments' runs
-            shrinking: 16.7 vs 16.3 s; ``benchmarks/gpu_memory_probe.py``).
+            shrinking: 16.7 vs 16.3 s; ``benchmarks/probes/gpu_memory_probe.py``).
 
     Raises:
         BackendUnavailable: (on ``__enter__``) a requested provider is not available; the
@@ -238,7 +238,7 @@ class OrtRunner:
         its session's memory arena alive (with all the memory the arena holds) until it is
         freed: let none outlive the session (measured on an H100: PP-OCRv4 rec layerwise peaked
         at 32 GiB with device boundary tensors carried across segment sessions, 6 GiB
-        without; ``benchmarks/gpu_memory_probe.py``).
+        without; ``benchmarks/probes/gpu_memory_probe.py``).
 
         Args:
             feeds: Input name -> ``OrtValue`` (used where it lies, e.g. an output of another

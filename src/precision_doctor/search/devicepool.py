@@ -13,7 +13,7 @@ Why not more in flight: most of a search's evaluations fail on their first batch
 one starts with the same sample, so on one GPU the first batch's shape stays planned; a worker
 that ran later batches ahead changes shape and back, each change a new cuDNN plan
 (``runners.sessions.switched``), and the next evaluation queues behind it. Measured on 2 H200s,
-``fix`` of PP-OCRv4 rec on 256 strips (2026-11-27, BENCHMARKS.md "Session 12"; one GPU: 59 s):
+``fix`` of PP-OCRv4 rec on 256 strips (2026-11-27, ``benchmarks/gpu_pipeline.py``; one GPU: 59 s):
 every batch handed out at once 186 s, one in flight per worker 164 s, and with the outputs in
 shared memory instead of the result pipe (``search.shmtransfer``) 80 s. The pool before, one
 sample per task in waves of one per worker, took 231 s. The rest is the 12.8 GB of outputs the

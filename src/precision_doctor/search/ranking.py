@@ -28,7 +28,7 @@ def rank_by_sensitivity(layerwise: LayerwiseResult, candidates: Sequence[str],
     ``priority`` nodes (e.g. hazard findings) come first, in their given order. Scores are
     compared to 1 significant digit; ties and nodes without a measurement keep topological
     order (an early node's rounding travels through more of the network). Measured
-    2026-11-24 (BENCHMARKS.md, session 4): exact scores, which moved with ~1e-4 relative
+    2026-11-24 (``benchmarks/search.py``, 2 cores): exact scores, which moved with ~1e-4 relative
     summation differences, gave det 11 or 9 FP32 nodes in 127-140 evaluations; 1 digit gives
     3 nodes in 52 on det and 2 in 35 on rec (2 digits: 3 in 59 and 3 in 31; octaves: det 9
     nodes that fail on ONNX Runtime CPU).

@@ -4,8 +4,8 @@
 parent's result thread reads and unpickles, holding the GIL the search's scoring needs. PP-OCRv4
 rec's outputs are ~1 MB a sample (``[1, W/8, 6625]`` float32), 65 MiB a batch of 64: through a
 spawned pool's pipe 0.354 s a batch, through this module 0.059 s, on the 2-core development
-machine (``benchmarks/pool_transfer.py``, 2026-11-27). On 2 H200s, ``fix`` of rec on 256 strips
-with ``--jobs 2``: 164 -> 80 s (BENCHMARKS.md "Session 12").
+machine (``benchmarks/probes/pool_transfer.py``, 2026-11-27). On 2 H200s, ``fix`` of rec on 256
+strips with ``--jobs 2``: 164 -> 80 s (2026-11-27, ``benchmarks/gpu_pipeline.py``).
 
 Each worker keeps one ``multiprocessing.shared_memory`` block, grown when a batch needs more,
 and writes every batch into it. That is safe because a worker is given its next batch only

@@ -9,8 +9,8 @@ is not measured again (the joint remedy of a single finding is that finding).
 On a GPU every trial plan is a feed of the one switched emulation (``runners.sessions.switched``)
 and what costs is a change of input shape: ONNX Runtime's CUDA convolutions build their cuDNN
 plans again at each (0.1-0.4 s a run against 6-38 ms on an unchanged shape, PP-OCRv4 rec on an
-H200, ``benchmarks/gpu_switched_runs.py``). Trials one after the other walk the samples' shapes
-once each; ``prefetch`` walks them once for all its trials: for every group of samples of one
+H200, ``benchmarks/probes/gpu_switched_runs.py``). Trials one after the other walk the samples'
+shapes once each; ``prefetch`` walks them once for all its trials: for every group of samples of one
 shape (``runners.batching``), every trial's batched run. The errors are the same numbers:
 outputs come from the same batches, and each sample's ``l2_terms`` are added in sample order
 as ``relative_l2`` adds them. Where the trials do not share a switched session (the CPU, a

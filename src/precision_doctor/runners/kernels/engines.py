@@ -19,7 +19,7 @@ float tensors in BF16 (FP16) and Casts around it as the writer writes them; each
 run with the CUDA execution provider alone and CPU fallback disabled. An op type is listed when
 its BF16 probe does not load while the FP32 probe of the same node does; a kernel is inexact
 when its outputs are more than 1 BF16 ulp from the FP32 probe's on the same rounded inputs,
-rounded once. Results: BENCHMARKS.md, "BF16 end to end"; raw:
+rounded once. Results: BENCHMARKS.md, "BF16"; raw:
 ``benchmarks/results/ort_cuda_kernels_*.json``. Ops the test cases do not cover
 (If/Loop/Scan bodies, sequences: the writer keeps those FP32 anyway) are not judged.
 """

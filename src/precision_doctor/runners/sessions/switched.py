@@ -2,26 +2,27 @@
 every ``EmulatorRunner`` of a plan it can express, while a ``sessions()`` scope is open.
 
 On a GPU each new emulation of a plan costs a graph built in Python and a CUDA session, where
-running it costs a few milliseconds (``benchmarks/cuda_start.py``). Inside ``sessions()``, on a
-CUDA device (``runners.device``), ``EmulatorRunner`` takes the switched session of its model
-instead: built once, then every plan is one more feed. On the CPU nothing changes: a session
-there opens in milliseconds, and the switched graph's extra ``Where`` per rounded tensor would
-slow every run.
+running it costs a few milliseconds (``benchmarks/probes/cuda_start.py``). Inside ``sessions()``,
+on a CUDA device (``runners.device``), ``EmulatorRunner`` takes the switched session of its model
+instead: built once, then every plan is one more feed. On the CPU nothing changes: a session there
+opens in milliseconds, and the switched graph's extra ``Where`` per rounded tensor would slow every
+run.
 
 ``diagnose`` and ``fix`` open the scope (``api``), as do the search's GPU workers; the session
 closes when the scope ends or another model takes its place (one at a time: it holds a copy of
 the weights in each precision).
 On CUDA every change of input shape between two runs of the session makes ONNX Runtime's
 convolutions build their cuDNN plans again (0.1-0.4 s a run against 24-106 ms on an unchanged
-shape, PP-OCRv4 rec on an H200, ``benchmarks/gpu_switched_runs.py``), so its callers run it
+shape, PP-OCRv4 rec on an H200, ``benchmarks/probes/gpu_switched_runs.py``), so its callers run it
 shape by shape (``runners.batching.run_batched``, ``diagnosis.causes.trials``, and a search's
-evaluations through ``runners.batching.shapes_together``).
-One session per input shape was measured and not kept: opening one takes 2.0-3.6 s (3520
-nodes for rec); on rec's 28 crops and on det that cost more than the re-plans it saved, and on
-rec's 256 strips what it saved came from the batch checks now done once per model (BENCHMARKS.md,
-"Session 10"). Under cuDNN's exhaustive search (``runners.device``) a re-plan costs 0.4-1.0 s;
-a search's evaluations still change shape once per shape they run (``fix`` of rec on its 28
-crops: 123 switched runs instead of 179, 116.2 -> 98.3 s on an H200, BENCHMARKS.md "Session 12").
+evaluations through ``runners.batching.shapes_together``). One session per input shape was measured
+and not kept: opening one takes 2.0-3.6 s (3520 nodes for rec); on rec's 28 crops and on det that
+cost more than the re-plans it saved, and on rec's 256 strips what it saved came from the batch
+checks now done once per model (H200, 2026-11-26, ``benchmarks/gpu_pipeline.py``). Under cuDNN's
+exhaustive search (``runners.device``) a re-plan costs 0.4-1.0 s; a search's evaluations still
+change shape once per shape they run (``fix`` of rec on its 28 crops: 123 switched runs instead of
+179, 116.2 -> 98.3 s on an H200, 2026-11-27,
+``benchmarks/results/gpu_pipeline_2026-11-27_2xh200_rec_fix_00db82a.json``).
 """
 
 from __future__ import annotations
