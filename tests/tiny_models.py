@@ -152,3 +152,50 @@ def yolo_head():
     io = ([helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 64])])
     return make_model(nodes, *io, inits, metadata={"names": "{0: 'a', 1: 'b'}"})
+
+
+def quantized_block(blocks: int = 2, hidden: int = 64, seq: int = 8, seed: int = 0):
+    """A dynamically quantized encoder of ``blocks`` blocks, as ONNX Runtime's
+    ``quantize_dynamic`` writes one, that FP16 turns into NaN through independent causes.
+
+    Each block: ``DynamicQuantizeLinear(x) -> MatMulInteger(xq, Wq, x_zp, 0) ->
+    Cast(int32 -> float) -> Mul(x_scale * w_scale)`` (the int32 accumulator reaches ~1e5,
+    beyond FP16's 65504, at its Cast), then an RMSNorm written as
+    ``Pow(x, 2) -> ReduceMean -> Add eps -> Sqrt -> Div``, then a residual ``Add``. Input
+    ``x`` float32 ``[1, seq, hidden]``; output ``y`` the same shape.
+    """
+    rng = np.random.default_rng(seed)
+    f = TensorProto.FLOAT
+    nodes, inits = [], []
+    x = "x"
+    for b in range(blocks):
+        p = f"b{b}/"
+        w = np.full((hidden, hidden), 127, np.int8)
+        w[:, ::2] = rng.integers(100, 128, size=(hidden, hidden // 2), dtype=np.int8)
+        inits += [numpy_helper.from_array(w, p + "Wq"),
+                  numpy_helper.from_array(np.array(0, np.int8), p + "w_zp"),
+                  tensor(p + "w_scale", np.float32(0.02)),
+                  tensor(p + "eps", np.float32(1e-6)),
+                  tensor(p + "two", np.float32(2.0))]
+        nodes += [
+            helper.make_node("DynamicQuantizeLinear", [x], [p + "xq", p + "xs", p + "xzp"],
+                             name=p + "dql"),
+            helper.make_node("MatMulInteger", [p + "xq", p + "Wq", p + "xzp", p + "w_zp"],
+                             [p + "acc"], name=p + "mmi"),
+            helper.make_node("Cast", [p + "acc"], [p + "accf"], to=f, name=p + "cast"),
+            helper.make_node("Mul", [p + "xs", p + "w_scale"], [p + "scale"],
+                             name=p + "scale_mul"),
+            helper.make_node("Mul", [p + "accf", p + "scale"], [p + "lin"], name=p + "deq"),
+            helper.make_node("Pow", [p + "lin", p + "two"], [p + "sq"], name=p + "pow"),
+            helper.make_node("ReduceMean", [p + "sq"], [p + "ms"], axes=[-1],
+                             name=p + "mean"),
+            helper.make_node("Add", [p + "ms", p + "eps"], [p + "mse"], name=p + "add_eps"),
+            helper.make_node("Sqrt", [p + "mse"], [p + "rms"], name=p + "sqrt"),
+            helper.make_node("Div", [p + "lin", p + "rms"], [p + "normed"], name=p + "div"),
+            helper.make_node("Add", [p + "normed", x], [p + "out"], name=p + "residual"),
+        ]
+        x = p + "out"
+    nodes.append(helper.make_node("Identity", [x], ["y"], name="out"))
+    return make_model(nodes, [helper.make_tensor_value_info("x", f, [1, seq, hidden])],
+                      [helper.make_tensor_value_info("y", f, [1, seq, hidden])], inits,
+                      opset=13)

@@ -26,6 +26,7 @@ from precision_doctor.errors import (
     InputError,
     InputNameError,
     InputShapeError,
+    InvariantError,
     MetricError,
     ModelError,
     ModelLoadError,
@@ -58,7 +59,8 @@ _API = ("Audit", "Diagnosis", "Fix", "InputComparison", "audit", "compare_inputs
 
 __all__ = [
     "Audit", "BackendError", "BackendUnavailable", "DataFormatError", "Diagnosis", "Fix",
-    "InputComparison", "InputError", "InputNameError", "InputShapeError", "MetricError",
+    "InputComparison", "InputError", "InputNameError", "InputShapeError", "InvariantError",
+    "MetricError",
     "ModelError", "ModelLoadError", "OutputError", "OutputExistsError", "OutputPathError",
     "PlanError", "PrecisionDoctorError", "ReferenceError_", "TargetNotMetError",
     "UnsupportedModelError", "__version__", "audit", "compare_inputs", "diagnose", "fix",

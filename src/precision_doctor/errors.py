@@ -18,6 +18,8 @@ the message without a traceback.
     │   └── BackendUnavailable     an optional backend (CUDA, TensorRT) is not installed/usable
     ├── MetricError                a user metric raised, returned NaN, or cannot be imported
     ├── TargetNotMetError          the accuracy target cannot be met even with everything in FP32
+    ├── InvariantError             a tool defect: an invariant does not hold on this model (the
+    │                              plan with every candidate in FP32 is not the FP32 model)
     └── OutputError                an output file cannot be written
         ├── OutputExistsError      refusing to overwrite an existing file without --force
         └── OutputPathError        its folder is missing or not writable, it is a folder, or it
@@ -94,6 +96,11 @@ class MetricError(PrecisionDoctorError):
 
 class TargetNotMetError(PrecisionDoctorError):
     """The accuracy target cannot be met even with every node in FP32."""
+
+
+class InvariantError(PrecisionDoctorError):
+    """A tool defect, never a diagnosis: an invariant of the tool does not hold on this model
+    (e.g. the plan with every candidate node in FP32 does not reproduce the FP32 reference)."""
 
 
 class OutputError(PrecisionDoctorError):

@@ -20,6 +20,9 @@ Model of an engine (a strongly typed network, the behaviour TensorRT >= 10 guara
   in the format their producers stored them in, whatever the plan says about them (the
   strongly typed writer gives them their producer's precision too; one the plan names FP32 it
   writes in FP32 with Casts around it, which moves the same values).
+* A ``Cast``/``CastLike`` node is a candidate when it writes a float tensor
+  (``precision.plan.candidate_nodes``): in FP16/BF16 its float output is rounded (an int32
+  accumulator of 1.2e5 becomes inf in FP16), its input is read as its producer stored it.
 
 Rounding is round-to-nearest-even with overflow to inf, FP16 subnormals kept and values below
 half the smallest subnormal flushed to zero (ONNX ``Cast`` semantics). Initializers are rounded
@@ -55,7 +58,12 @@ from precision_doctor.graph.load import opset_of
 from precision_doctor.graph.weight_store import ir_external_key, stored_copy
 from precision_doctor.precision.conv_bias import FUSED, SEPARATE, split_conv_bias
 from precision_doctor.precision.emulate_layernorm import expand_low_precision_stats
-from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, NodeDecision, PrecisionPlan
+from precision_doctor.precision.plan import (
+    CAST_OPS,
+    DATA_MOVEMENT_OPS,
+    NodeDecision,
+    PrecisionPlan,
+)
 
 TF32_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
 # Ops whose every output element is one of their (rounded) input elements, its negation, its
@@ -199,7 +207,7 @@ class _Emulator:
 
     def run(self) -> None:
         for node in list(self.graph):
-            if node.op_type in DATA_MOVEMENT_OPS and node.op_type not in ("Cast", "CastLike"):
+            if node.op_type in DATA_MOVEMENT_OPS and node.op_type not in CAST_OPS:
                 self._follow_producer(node)
                 continue
             p = self.plan.precision_of(node.name or "")
@@ -227,8 +235,11 @@ class _Emulator:
                 self.rounded[p].update(id(o) for o in node.outputs if self.is_float(o))
 
     def _low_precision_node(self, node: ir.Node, p: Precision) -> None:
+        # A Cast reads its input as its producer stored it (FP32 from an FP32 node: a Cast to
+        # int64 of an FP32 value is not rounded first); its float output is in the node's format.
+        cast = node.op_type in CAST_OPS
         for i, v in enumerate(node.inputs):
-            if v is not None and self.is_float(v) and id(v) not in self.rounded[p]:
+            if not cast and v is not None and self.is_float(v) and id(v) not in self.rounded[p]:
                 node.replace_input_with(i, self.rounded_input(v, p, node))
         exact = (node.op_type in EXACT_OPS and node.domain in ("", "ai.onnx")
                  and not ("min" in node.attributes or "max" in node.attributes))  # Clip < 11

@@ -51,7 +51,7 @@ from precision_doctor.precision.emulate import (
     _Emulator,
     build_emulation,
 )
-from precision_doctor.precision.plan import NodeDecision, PrecisionPlan
+from precision_doctor.precision.plan import CAST_OPS, NodeDecision, PrecisionPlan
 
 SWITCH_INPUT = "pd_keep_fp32"
 _LOW = (Precision.FP16, Precision.BF16, Precision.TF32)
@@ -152,8 +152,9 @@ class _SwitchEmulator(_Emulator):
                 node.replace_input_with(i, self.switched_input(v, p, node))
 
     def _low_precision_node(self, node: ir.Node, p: Precision) -> None:
+        cast = node.op_type in CAST_OPS  # reads its input as stored (``precision.emulate``)
         for i, v in enumerate(node.inputs):  # rounding is idempotent: always guard
-            if v is not None and self.is_float(v):
+            if not cast and v is not None and self.is_float(v):
                 node.replace_input_with(i, self.switched_input(v, p, node))
         exact = (node.op_type in EXACT_OPS and node.domain in ("", "ai.onnx")
                  and not ("min" in node.attributes or "max" in node.attributes))  # Clip < 11

@@ -17,6 +17,7 @@ import onnx
 
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision
+from precision_doctor.graph.shapes import infer_types
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -30,6 +31,53 @@ DATA_MOVEMENT_OPS = frozenset({
     "GreaterOrEqual", "Not", "And", "Or", "Xor", "Where", "ScatterND", "ScatterElements",
     "Trilu", "OneHot", "Compress", "ReverseSequence",
 })
+# Element types a plan rounds (the emulator and the writer treat these as floating point).
+FLOAT_ELEM_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
+                              onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
+CAST_OPS = frozenset({"Cast", "CastLike"})
+
+
+def candidate_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The nodes a ``PrecisionPlan`` decides: every top-level node that computes a
+    floating-point value, in graph order.
+
+    The one definition the emulator, the writer, the search, attribution and the impact trials
+    share, so that the plan with every candidate in FP32 is the FP32 model (the invariant
+    ``precision.invariant`` checks):
+
+    * a node that is not pure data movement (``DATA_MOVEMENT_OPS``) and reads or writes a
+      floating-point tensor, in any domain: arithmetic, DequantizeLinear, the float scale of
+      DynamicQuantizeLinear, custom-domain ops. Integer-only operators (MatMulInteger,
+      ConvInteger, QuantizeLinear's integer output alone) are not: they have no float value;
+    * a ``Cast``/``CastLike`` that writes a floating-point tensor, whatever it reads: an int32
+      accumulator or a position id (from Shape/Range) becomes float there, and the engine stores
+      it in the node's format (an int32 of 1.2e5 overflows FP16).
+
+    Element types come from ONNX shape inference (``graph.shapes.infer_types``); a value whose
+    type inference cannot determine counts as non-float, as the emulator treats it.
+
+    Args:
+        model: The model (nodes named).
+
+    Returns:
+        The candidate nodes, graph order.
+    """
+    types = infer_types(model)
+
+    def is_float(name: str) -> bool:
+        t = types.get(name) if name else None
+        return t is not None and t.HasField("tensor_type") and \
+            t.tensor_type.elem_type in FLOAT_ELEM_TYPES
+
+    out = []
+    for node in model.graph.node:
+        if node.op_type in CAST_OPS:
+            if any(is_float(o) for o in node.output):
+                out.append(node)
+        elif node.op_type not in DATA_MOVEMENT_OPS and (
+                any(is_float(o) for o in node.output) or any(is_float(i) for i in node.input)):
+            out.append(node)
+    return out
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,10 @@ from precision_doctor.repair.stages import (
 )
 from precision_doctor.repair.verify import Verification, Written, verify, write
 from precision_doctor.runners.base import Runner
+from precision_doctor.runners.kernels.engines import conv_bias_of
 from precision_doctor.search.bisection import SearchResult
 from precision_doctor.search.cost import compute_nodes, fp32_share, node_costs
+from precision_doctor.search.invariant import check_all_fp32
 from precision_doctor.search.objective import Objective, Outputs
 
 __all__ = ["FixResult", "fix", "rewrite_engine_notes"]
@@ -76,6 +78,8 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
 
     Raises:
         TargetNotMetError: Not even all-FP32 meets the target.
+        InvariantError: The plan with every candidate in FP32 still rounds some node (a tool
+            defect: ``search.invariant``).
         PlanError: ``target`` is not FP16/BF16; ``keep``/``force_low`` name nothing;
             ``engine`` is not a known engine.
         BackendError: A runner fails.
@@ -85,7 +89,10 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
                          keep_io_types, runner, max_evals, progress, jobs, engine)
     baseline = measure_baseline(request)
     rewritten = rewrite(request)
-    searched = search(request, baseline, rewritten, plan_start(request, rewritten))
+    start = plan_start(request, rewritten)
+    if runner is None:  # the emulator's candidates reach every rounding (search.invariant)
+        check_all_fp32(rewritten.model, start.plan, conv_bias=conv_bias_of(engine))
+    searched = search(request, baseline, rewritten, start)
     written = write(request, rewritten, searched)
     verified = verify(written, request, baseline, searched)
     result = _result(request, baseline, rewritten, searched, written, verified, t_start)

@@ -1,6 +1,7 @@
 """Compute cost per node: FLOPs (multiply-add = 2 FLOPs) and parameter counts.
 
-Used to report the share of compute left in FP32. Estimates for the concrete input shapes:
+Used to report the share of compute left in FP32. Estimates for the samples' concrete input
+shapes (``concrete_shapes``):
 
 * Conv / ConvTranspose: 2 * numel(output) * (C_in / group) * prod(kernel) for Conv, and
   2 * numel(input) * (C_out / group) * prod(kernel) for ConvTranspose;
@@ -18,8 +19,8 @@ import numpy as np
 import onnx
 
 from precision_doctor.graph.constants import constant_values
-from precision_doctor.graph.outputs import float_activations
-from precision_doctor.precision.plan import DATA_MOVEMENT_OPS
+from precision_doctor.graph.shapes import infer_types, skeleton
+from precision_doctor.precision.plan import candidate_nodes
 
 
 @dataclass(frozen=True)
@@ -31,24 +32,30 @@ class NodeCost:
 
 
 def compute_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """Nodes doing floating arithmetic: not Constant and not pure data movement."""
-    return [n for n in model.graph.node
-            if n.op_type not in DATA_MOVEMENT_OPS and n.domain in ("", "ai.onnx")]
+    """Nodes computing a floating-point value: the plan's candidates
+    (``precision.plan.candidate_nodes``: arithmetic, and Casts that write a float)."""
+    return candidate_nodes(model)
 
 
 def node_costs(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]
                ) -> dict[str, NodeCost]:
     """FLOPs and parameters of every compute node for ``input_shapes``.
 
+    Tensor shapes come from the samples' real input shapes: ONNX shape inference with data
+    propagation (``graph.shapes.infer_types``), then ONNX Runtime's symbolic shape inference
+    (``onnxruntime.tools.symbolic_shape_infer``) for what it leaves unknown (a Reshape whose
+    target is computed from ``Shape``, as transformer exporters write attention). A MatMul
+    of two activations (attention scores) reads its reduced dimension from its first input.
+
     Args:
         model: The model.
         input_shapes: Concrete shape of every graph input.
 
     Returns:
-        Node name -> ``NodeCost`` (FLOPs 0 where the output size is unknown).
+        Node name -> ``NodeCost`` (FLOPs 0 where the output size stays unknown).
     """
-    sizes = {s.name: s.numel for s in float_activations(model, input_shapes)}
-    sizes.update({k: int(np.prod(v)) for k, v in input_shapes.items()})
+    shapes = concrete_shapes(model, input_shapes)
+    sizes = {k: int(np.prod(v)) for k, v in shapes.items()}
     consts = constant_values(model)
     costs = {}
     for node in compute_nodes(model):
@@ -56,27 +63,70 @@ def node_costs(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]
         params = sum(int(consts[i].size) for i in node.input
                      if i in consts and consts[i].dtype.kind == "f")
         flops = float(out or 0)
-        w = consts.get(node.input[1]) if len(node.input) > 1 else None
-        if node.op_type == "Conv" and w is not None and out:
-            flops = 2.0 * out * (w.shape[1] * int(np.prod(w.shape[2:])))
-        elif node.op_type == "ConvTranspose" and w is not None:
+        w = shapes.get(node.input[1]) if len(node.input) > 1 else None
+        if node.op_type == "Conv" and w is not None and len(w) > 2 and out:
+            flops = 2.0 * out * (w[1] * int(np.prod(w[2:])))
+        elif node.op_type == "ConvTranspose" and w is not None and len(w) > 2:
             n_in = sizes.get(node.input[0]) or 0
-            flops = 2.0 * n_in * (w.shape[1] * int(np.prod(w.shape[2:])))
+            flops = 2.0 * n_in * (w[1] * int(np.prod(w[2:])))
         elif node.op_type in ("MatMul", "Gemm") and out:
-            k = _reduced_dim(node, consts, sizes)
+            k = _reduced_dim(node, shapes)
             flops = 2.0 * out * k if k else float(out)
         costs[node.name] = NodeCost(flops, params)
     return costs
 
 
-def _reduced_dim(node: onnx.NodeProto, consts, sizes) -> int | None:
-    b = consts.get(node.input[1])
-    if b is not None and b.ndim >= 2:
-        trans_b = any(a.name == "transB" and a.i for a in node.attribute)
-        return int(b.shape[-1] if trans_b else b.shape[-2])
-    a = consts.get(node.input[0])
-    if a is not None and a.ndim >= 2:
-        return int(a.shape[-1])
+def concrete_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]
+                    ) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> concrete shape, for every tensor whose shape follows from
+    ``input_shapes`` (ONNX inference with data propagation, then ONNX Runtime's symbolic
+    inference for the rest; graph inputs and initializers included)."""
+    types = infer_types(model, input_shapes, data_prop=True)
+    shapes = {k: v for k, v in ((k, _dims(t)) for k, t in types.items()) if v is not None}
+    shapes.update({k: tuple(int(d) for d in v) for k, v in input_shapes.items()})
+    wanted = {o for n in model.graph.node for o in n.output if o}
+    if wanted - set(shapes):
+        shapes.update({k: v for k, v in _symbolic(model, input_shapes).items()
+                       if k not in shapes})
+    return shapes
+
+
+def _dims(t: onnx.TypeProto) -> tuple[int, ...] | None:
+    if not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+        return None
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+            for d in t.tensor_type.shape.dim]
+    return None if any(d is None for d in dims) else tuple(int(d) for d in dims)  # type: ignore
+
+
+def _symbolic(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]
+              ) -> dict[str, tuple[int, ...]]:
+    """Shapes from ONNX Runtime's symbolic shape inference on the model's skeleton (empty
+    when it cannot run: it does not know every custom op)."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        inferred = SymbolicShapeInference.infer_shapes(skeleton(model, input_shapes),
+                                                       auto_merge=True)
+    except Exception:  # noqa: BLE001 - best effort: FLOPs of such nodes stay unknown
+        return {}
+    if inferred is None:
+        return {}
+    g = inferred.graph
+    found = ((vi.name, _dims(vi.type)) for vi in [*g.value_info, *g.output])
+    return {k: v for k, v in found if v is not None}
+
+
+def _reduced_dim(node: onnx.NodeProto, shapes: Mapping[str, tuple[int, ...]]) -> int | None:
+    """K of a MatMul/Gemm: from B's shape (Gemm's ``transB``), else A's last (``transA``)."""
+    b = shapes.get(node.input[1])
+    a = shapes.get(node.input[0])
+    trans_a = any(x.name == "transA" and x.i for x in node.attribute)
+    trans_b = any(x.name == "transB" and x.i for x in node.attribute)
+    if b is not None and len(b) >= 2:
+        return int(b[-1] if trans_b else b[-2])
+    if a is not None and len(a) >= 1:
+        return int(a[-2] if trans_a and len(a) >= 2 else a[-1])
     return None
 
 
