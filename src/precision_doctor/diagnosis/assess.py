@@ -132,6 +132,15 @@ def _defect(x: AssessmentInputs, ev: dict, share, rw_note: str, rw_remedy: str
     more = f" and {len(cands) - 1} more" if len(cands) > 1 else ""
     summary = (f"A defect: {top.kind} at {top.op_type} {top.node}{more} ({top.summary}){joint}."
                + rw_note)
+    group = top.evidence.get("joint_cause")
+    if isinstance(group, dict):  # independent causes (diagnosis.causes.joint)
+        ev.update(joint_members=group["members"], joint_share=group["share"],
+                  joint_alone=group["alone"])
+        summary = (f"A defect with {group['members']} independent causes: {top.kind} at "
+                   f"{top.op_type} {top.node}{more} ({top.summary}). Their cures together "
+                   f"remove {group['share']:.1%} of the output error; each alone at most "
+                   f"{group['alone']:.1%}: each one alone still leaves the output destroyed."
+                   + rw_note)
     remedy = top.remedy + ("; the safe rewrites alone also cure it: " + rw_remedy
                            if rw_remedy else "")
     if "precision-doctor fix" not in remedy:

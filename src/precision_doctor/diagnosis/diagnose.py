@@ -60,6 +60,7 @@ from precision_doctor.layerwise.recording import (
     recording_section,
 )
 from precision_doctor.runners.sessions import switched
+from precision_doctor.search.invariant import DEFAULT_BOUND, check_all_fp32
 
 Progress = Callable[[str, int, int], None]
 NOISE_MULTIPLE_OK = 2.0  # an error within 2x the FP32 noise floor is not a precision finding
@@ -200,6 +201,13 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
             segments=candidate.segments, candidate_graph=candidate.graph)
         timings["layerwise"] = time.perf_counter() - t0
 
+    if candidate.plan is not None and measure_impact and verdict == "fail" \
+            and candidate.recorded is None:  # before attribution: search.invariant
+        floor_max = max(floor.per_output.values(), default=0.0) if floor else 0.0
+        with switched.one_plan():  # the first sample is enough
+            check_all_fp32(model, candidate.plan, samples[0].feeds,
+                           {n: ref[n][0] for n in out_names}, candidate.conv_bias,
+                           max(DEFAULT_BOUND, 2.0 * floor_max))
     hazards = scan_hazards(model, target)
     regions = layerwise_regions(model, lw) if lw is not None else {}
     t0 = time.perf_counter()
@@ -247,7 +255,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         assessment=assessment, explained_share=explained, decision_flips=tuple(flips),
         decisions=tuple(summaries), rewritten=rw,
         largest_jump=jump.record.tensor if jump is not None else None, recording=recording,
-        transformer=transformer, attribution=attribution)
+        transformer=transformer, attribution=attribution,
+        joint_cause=explanation.joint.to_dict() if explanation.joint else None)
 
 
 def _judge(out_names: Sequence[str], ref, cand, tolerances, target: Precision, floor

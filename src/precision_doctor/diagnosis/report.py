@@ -48,7 +48,10 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 3
       "transformer": {"layernorms", "attention", "blocks", "statistics", "stress"} | null,
       "attribution": {"status": "found" | "spread" | "none", "nodes": [str],
                       "clusters": [[str]], "samples": [int], "evaluations", "seconds",
-                      "small_limit", "kept_size"} | null
+                      "small_limit", "kept_size"} | null,
+      "joint_cause": {"members": [{"kind", "node"}], "nodes": [str], "share", "alone": [float],
+                      "evaluations"}   (only when findings cure the error only together:
+                      ``diagnosis.causes.joint``)
     }
 
 Finding kinds: the range events and amplifiers of ``diagnosis.causes.findings`` and the
@@ -197,6 +200,7 @@ class DiagnosisReport:
     recording: dict | None = None  # recorded candidate: runner, version, cross-check
     transformer: dict | None = None  # diagnosis.headroom.records.TransformerReport.to_dict()
     attribution: dict | None = None  # diagnosis.causes.attribution.Attribution.to_dict()
+    joint_cause: dict | None = None  # diagnosis.causes.joint.JointCause.to_dict()
 
     @property
     def passed(self) -> bool:
@@ -226,6 +230,7 @@ class DiagnosisReport:
             "recording": self.recording,
             "transformer": self.transformer,
             "attribution": self.attribution,
+            **({"joint_cause": self.joint_cause} if self.joint_cause is not None else {}),
         }
 
     @classmethod
@@ -255,4 +260,4 @@ class DiagnosisReport:
             tuple(DecisionSummary.from_dict(x) for x in d.get("decisions", ())),
             d.get("rewritten"), (d.get("layerwise") or {}).get("largest_jump"),
             recording=d.get("recording"), transformer=d.get("transformer"),
-            attribution=d.get("attribution"))
+            attribution=d.get("attribution"), joint_cause=d.get("joint_cause"))

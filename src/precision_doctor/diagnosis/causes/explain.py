@@ -9,6 +9,10 @@ Stages (each measured, none by pattern alone):
 3. Attribution (``diagnosis.causes.attribution``) when the findings explain less than half of a
    failing output's error, the error is beyond ``ROUNDING_FACTOR`` x the rounding expectation
    and no benign decision flips account for it: the small FP32 set that removes >= 90%.
+   Before it, the all-FP32 invariant (``search.invariant``) is checked once: a node the plan
+   cannot reach is a tool defect (``InvariantError``), never "unexplained".
+3b. Joint causes (``diagnosis.causes.joint``): when the cures together remove the error and
+   none does alone, the minimal set that does, reported as one group.
 4. Names: every amplifier and every attributed group gets its mechanism from the operands
    measured on the worst sample (``diagnosis.causes.mechanisms``), or ``unnamed-mechanism``.
 """
@@ -40,6 +44,7 @@ from precision_doctor.diagnosis.causes.findings import (
     rank_findings,
 )
 from precision_doctor.diagnosis.causes.hazards import Hazard
+from precision_doctor.diagnosis.causes.joint import JointCause, find_joint_cause, mark_members
 from precision_doctor.diagnosis.causes.mechanisms import ORDER, name_mechanism, remedy
 from precision_doctor.diagnosis.causes.operands import measure_operands
 from precision_doctor.diagnosis.causes.trials import ImpactTrials
@@ -68,6 +73,7 @@ class Explanation:
             ``measure_impact``).
         attribution: The attribution search, when it ran.
         seconds: Wall time per stage (``findings``, ``attribution``, ``mechanisms``).
+        joint: Findings that cure the error only together (``diagnosis.causes.joint``).
     """
 
     findings: tuple[Finding, ...]
@@ -76,6 +82,7 @@ class Explanation:
     measured: bool = False
     attribution: Attribution | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    joint: JointCause | None = None
 
 
 def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candidate: Candidate,
@@ -142,6 +149,12 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
             findings = rank_findings(kept + clusters, None, baseline)  # sort, no new runs
             explained = _joint(findings, measure, baseline)
         seconds["attribution"] = time.perf_counter() - t0
+    joint = None
+    if measure is not None:  # independent causes: each cure alone leaves the output destroyed
+        t0 = time.perf_counter()
+        joint = find_joint_cause(findings, measure, baseline, explained)
+        findings = mark_members(findings, joint)
+        seconds["joint"] = time.perf_counter() - t0
     if layerwise is not None:
         findings = [_with_absorber(f, layerwise, inputs_of) for f in findings]
     t0 = time.perf_counter()
@@ -151,7 +164,7 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     findings = group_findings(findings)
     defect_share = _defect_share(findings, measure, baseline, explained, target)
     return Explanation(tuple(findings), explained, defect_share, plan is not None, attribution,
-                       seconds)
+                       seconds, joint)
 
 
 def _suspicious(worst: float, expected: float, decisions: Sequence[DecisionSummary],

@@ -1,0 +1,72 @@
+"""Joint causes (``diagnosis.causes.joint``): independent NaN sources cured only together."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import precision_doctor as pd
+from precision_doctor.diagnosis.causes.findings import Finding
+from precision_doctor.diagnosis.causes.joint import _ddmin, find_joint_cause
+from tiny_models import quantized_block
+
+
+def test_ddmin_finds_the_minimal_jointly_sufficient_set():
+    needed = {2, 5, 7}
+    calls = []
+
+    def passes(subset):
+        calls.append(tuple(subset))
+        return needed <= set(subset)
+
+    assert sorted(_ddmin(list(range(10)), passes)) == [2, 5, 7]
+    assert len(calls) == 10  # each finding tried once
+
+
+def _finding(node: str, impact: float) -> Finding:
+    return Finding("activation-overflow", node, "Cast", node, "", {}, "", "error", (node,),
+                   impact)
+
+
+def test_joint_cause_only_when_no_single_cure_explains():
+    # three NaN sources: the output is finite only when all three are in FP32
+    sources = {"a", "b", "c"}
+
+    def measure(nodes):
+        return 0.01 if sources <= set(nodes) else float("inf")
+
+    findings = [_finding(n, 0.0) for n in ("a", "b", "c", "d")]
+    joint = find_joint_cause(findings, measure, float("inf"), 1.0)
+    assert joint is not None
+    assert [n for _, n in joint.members] == ["a", "b", "c"]
+    assert joint.share == 1.0 and max(joint.alone) == 0.0
+    # one finding alone already explains it: no joint group
+    alone = [_finding("a", 0.95), _finding("b", 0.0)]
+    assert find_joint_cause(alone, measure, float("inf"), 1.0) is None
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("quantized")
+    onnx.save(quantized_block(blocks=3), folder / "m.onnx")
+    rng = np.random.default_rng(1)
+    np.savez(folder / "x.npz", x=rng.uniform(0, 1, (1, 8, 64)).astype(np.float32))
+    return folder
+
+
+def test_quantized_encoder_is_a_defect_of_independent_causes(quantized):
+    d = pd.diagnose(str(quantized / "m.onnx"), str(quantized / "x.npz"), target="fp16")
+    assert d.verdict == "fail"
+    assert d.assessment.kind == "defect"
+    assert d.explained_share is not None and d.explained_share >= 0.9
+    assert d.joint_cause is not None and len(d.joint_cause["members"]) == 3
+    assert {m["node"] for m in d.joint_cause["members"]} == {"b0/cast", "b1/cast", "b2/cast"}
+    assert "3 independent causes" in d.assessment.summary
+    assert pd.Diagnosis.from_dict(d.to_dict()).joint_cause == d.joint_cause
+
+
+def test_fix_cures_the_quantized_encoder(quantized):
+    f = pd.fix(str(quantized / "m.onnx"), str(quantized / "x.npz"), target="fp16")
+    assert f.passed
+    assert {"b0/cast", "b1/cast", "b2/cast"} <= set(f.fp32_nodes)
