@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
+from onnx import numpy_helper
 
 from precision_doctor.formats import FORMATS, Precision, round_to
 
@@ -156,3 +158,55 @@ def engines_on(value: float, target: Precision) -> dict[str, str]:
 def clamping_engines(target: Precision) -> tuple[str, ...]:
     """The engines that clamp out-of-range constants to a finite value in ``target``."""
     return tuple(k for k, c in CONVERSIONS.items() if c.rule == CLAMP and target in c.formats)
+
+
+def clamp_constants(model: onnx.ModelProto, target: Precision, engine: str = "tensorrt"
+                    ) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """``model`` with its out-of-range float constants as the clamping ``engine`` stores them.
+
+    Finite float32 values of initializers and ``Constant`` nodes beyond the engine's bound
+    (``ConstantConversion.bound``: 65504 for TensorRT in FP16) are clamped to +-bound, in FP32:
+    an emulation of the copy in ``target`` then sees what that engine's build sees.
+
+    Args:
+        model: The FP32 model (not modified).
+        target: FP16 or BF16.
+        engine: A ``clamp`` row of ``CONVERSIONS``.
+
+    Returns:
+        ``(copy, names of the clamped constants)``; the model itself when nothing is clamped.
+
+    Raises:
+        KeyError: ``engine`` is not a row; ValueError: it does not clamp in ``target``.
+    """
+    row = conversion_of(engine)
+    if row.rule != CLAMP or target not in row.formats:
+        raise ValueError(f"{row.title} does not clamp constants in {target.value.upper()}")
+    bound = row.bound(target)
+
+    def clamped(t: onnx.TensorProto) -> onnx.TensorProto | None:
+        if t.data_type != onnx.TensorProto.FLOAT or t.data_location == onnx.TensorProto.EXTERNAL:
+            return None
+        a = numpy_helper.to_array(t)
+        over = np.isfinite(a) & (np.abs(a) > bound)
+        if not over.any():
+            return None
+        return numpy_helper.from_array(np.clip(a, -bound, bound).astype(np.float32), t.name)
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    names: list[str] = []
+    for i, t in enumerate(copy.graph.initializer):
+        new = clamped(t)
+        if new is not None:
+            copy.graph.initializer[i].CopyFrom(new)
+            names.append(t.name)
+    for node in copy.graph.node:
+        if node.op_type != "Constant":
+            continue
+        for attr in node.attribute:
+            new = clamped(attr.t) if attr.name == "value" else None
+            if new is not None:
+                attr.t.CopyFrom(new)
+                names.append(node.output[0])
+    return (copy, tuple(names)) if names else (model, ())

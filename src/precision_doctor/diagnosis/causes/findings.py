@@ -70,6 +70,10 @@ OP_REMEDIES = {
         "if this is an attention mask, use a fill value in range (-65504); else keep {node} in "
         "FP32",
 }
+# An out-of-range constant that only masks (hazard evidence ``masking_only``).
+MASKING_REMEDY = ("`precision-doctor fix` clamps the mask constant to the format's lowest finite "
+                  "value (saturate-constants, as TensorRT's weight conversion does) and keeps "
+                  "{node} in low precision; or keep {node} in FP32")
 LAYERNORM_REMEDY = ("fuse the decomposed LayerNorm into one LayerNormalization (opset >= 17), "
                     "whose statistics engines compute in FP32 (`precision-doctor fix` does "
                     "this), or keep its nodes in FP32")
@@ -259,7 +263,9 @@ def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
                       f"{_fmt(r.rel_l2)}: an ill-conditioned step (e.g. cancellation) that "
                       "magnifies ordinary rounding", {**_rec_evidence(r), "gain": gain,
                                                       "input_rel_l2": upstream}, "warning")
-    return b.findings
+    return [replace(f, remedy=MASKING_REMEDY.format(node=f.node))
+            if f.kind == "parameter-out-of-range" and f.evidence.get("masking_only") is True
+            else f for f in b.findings]
 
 
 TF32_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")

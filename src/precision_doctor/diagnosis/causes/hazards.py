@@ -5,7 +5,10 @@ Checks (all against the target format's limits, see ``precision_doctor.formats``
 * float parameters (initializers, Constant nodes) above the format max (finite values only: a
   constant of +-inf, such as a mask fill or an open clamp bound, is inf in every format and is
   no hazard), or non-zero values that flush to zero (below half the smallest subnormal, e.g.
-  LayerNorm epsilon 1e-12 in FP16);
+  LayerNorm epsilon 1e-12 in FP16). An out-of-range constant's evidence says what each engine
+  makes of it (``precision.constants``: a strongly typed Cast gives inf, the verdict's
+  assumption; TensorRT and onnxconverter-common clamp) and whether it only masks
+  (``masking_only``: ``saturate-constants`` clamps it in ``fix``);
 * normalization epsilons (attributes) that flush to zero;
 * decomposed LayerNorm (ReduceMean-Sub-Pow/Mul-ReduceMean-Add-Sqrt-Div/Reciprocal), whose
   squared deviations overflow FP16 when |x - mean| > 256 (= sqrt(65504));
@@ -25,6 +28,19 @@ import onnx
 from precision_doctor.formats import FORMATS, FloatFormat, Precision, round_to
 from precision_doctor.graph.constants import constant_values
 from precision_doctor.graph.outputs import consumers
+from precision_doctor.precision.constants import (
+    ASSUMED,
+    CONVERSIONS,
+    clamping_engines,
+    conversion_of,
+    engines_on,
+)
+from precision_doctor.precision.rewrites.saturate import (
+    MASK_DEPTH,
+    MASK_MATH,
+    MASK_MOVE,
+    MASK_SINKS,
+)
 
 RISKY_OPS = {
     "Pow": "x^p overflows quickly (|x| > 256 squared exceeds FP16 max)",
@@ -99,12 +115,15 @@ def _scan_parameters(model, fmt: FloatFormat, consts, readers) -> list[Hazard]:
         for user in users:
             if vmax > fmt.max:
                 over = int((a > fmt.max).sum())
+                conversion = _engine_conversion(model, name, value, fmt, readers)
                 hazards.append(Hazard(
                     "parameter-out-of-range", user.name, user.op_type, name,
                     f"{name} (input of {user.op_type} {user.name}) has {over} value(s) up to "
-                    f"{vmax:.3g} > {fmt.name.upper()} max {fmt.max:g}: they become inf",
+                    f"{vmax:.3g} > {fmt.name.upper()} max {fmt.max:g}: "
+                    f"{conversion.pop('sentence')}",
                     "high", (user.name,), {"max_abs": vmax, "format_max": fmt.max,
-                                           "count": over, "numel": int(value.size)}))
+                                           "count": over, "numel": int(value.size),
+                                           **conversion}))
             if flushed:
                 scalar = nonzero.size == flushed
                 small = nonzero[nonzero < fmt.min_subnormal / 2]
@@ -122,6 +141,58 @@ def _scan_parameters(model, fmt: FloatFormat, consts, readers) -> list[Hazard]:
                     {"flushed": flushed, "nonzero": int(nonzero.size),
                      "min_nonzero_abs": float(nonzero.min()), "lost_l2_share": lost}))
     return hazards
+
+
+def _engine_conversion(model, name: str, value: np.ndarray, fmt: FloatFormat,
+                       readers) -> dict:
+    """What each engine makes of the out-of-range constant ``name`` (``precision.constants``):
+    the evidence (``value``, ``assumed``, ``engines``, ``clamped_by``, ``masking_only``) and
+    the ``sentence`` of the hazard's detail."""
+    x = np.asarray(value, np.float64).ravel()
+    finite = x[np.isfinite(x)]
+    extreme = float(finite[np.argmax(np.abs(finite))])
+    target = _prec(fmt)
+    words = engines_on(extreme, target)
+    clamped_by = clamping_engines(target)
+    masking = _masking_only(model, name, readers)
+    cast = float(conversion_of(ASSUMED).convert(np.array([extreme], np.float32), target)[0])
+    sentence = f"a strongly typed Cast makes them {cast:g} (this verdict's assumption)"
+    if clamped_by:
+        sign = -1.0 if extreme < 0 else 1.0
+        clamps = [f"{CONVERSIONS[e].title} to {sign * CONVERSIONS[e].bound(target):g}"
+                  for e in clamped_by]
+        sentence += f"; {' and '.join(clamps)} clamp them, with a warning: no inf there"
+    else:
+        sentence += f"; no engine is known to clamp them in {fmt.name.upper()}"
+    if masking:
+        sentence += ("; it only masks, so `fix` clamps it to the format's lowest finite value "
+                     "(saturate-constants)")
+    return {"value": extreme, "assumed": words[ASSUMED],
+            "engines": "; ".join(words.values()), "clamped_by": ", ".join(clamped_by),
+            "masking_only": masking, "sentence": sentence}
+
+
+def _masking_only(model: onnx.ModelProto, name: str, readers) -> bool:
+    """Whether every path from the tensor ``name`` only masks: through mask arithmetic and
+    data movement into Softmax, Max, ReduceMax or a comparison (the rule of
+    ``precision.rewrites.saturate``), never into a graph output or other arithmetic."""
+    outputs = {o.name for o in model.graph.output}
+    stack, seen, reached = [(name, 0)], set(), False
+    while stack:
+        tensor, depth = stack.pop()
+        if tensor in outputs or depth >= MASK_DEPTH:
+            return False
+        for node in readers.get(tensor, []):
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.op_type in MASK_SINKS:
+                reached = True
+            elif node.op_type in MASK_MOVE or node.op_type in MASK_MATH:
+                stack.extend((out, depth + 1) for out in node.output if out)
+            else:
+                return False
+    return reached
 
 
 def _scan_attributes(model, fmt: FloatFormat, consts) -> list[Hazard]:

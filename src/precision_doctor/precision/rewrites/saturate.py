@@ -43,12 +43,12 @@ from precision_doctor.precision.rewrites.graph_edit import (
 )
 from precision_doctor.precision.rewrites.report import RewriteRecord
 
-MOVE = frozenset({"Reshape", "Expand", "Cast", "CastLike", "Unsqueeze", "Squeeze", "Transpose",
-                  "Identity", "Flatten", "Tile", "Concat", "Slice", "Gather"})
+MASK_MOVE = frozenset({"Reshape", "Expand", "Cast", "CastLike", "Unsqueeze", "Squeeze",
+                       "Transpose", "Identity", "Flatten", "Tile", "Concat", "Slice", "Gather"})
 MASK_MATH = frozenset({"Add", "Sub", "Mul", "Where", "Neg", "Min"})
-SINKS = frozenset({"Softmax", "LogSoftmax", "Max", "ReduceMax", "Less", "Greater",
-                   "LessOrEqual", "GreaterOrEqual", "Equal"})
-_MAX_DEPTH = 12  # nodes from the constant to its sink (HF BERT: Mul-Unsqueeze-Add-Softmax)
+MASK_SINKS = frozenset({"Softmax", "LogSoftmax", "Max", "ReduceMax", "Less", "Greater",
+                        "LessOrEqual", "GreaterOrEqual", "Equal"})
+MASK_DEPTH = 12  # nodes from the constant to its sink (HF BERT: Mul-Unsqueeze-Add-Softmax)
 
 
 def masking_only(value: ir.Value) -> str | None:
@@ -72,13 +72,13 @@ def masking_only(value: ir.Value) -> str | None:
                 continue
             seen.add(id(node))
             op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-            if op in SINKS:
+            if op in MASK_SINKS:
                 reached = True
                 continue
-            if op not in MOVE and op not in MASK_MATH:
+            if op not in MASK_MOVE and op not in MASK_MATH:
                 return f"'{current.name}' reaches {op} '{node.name}' (not masking)"
-            if depth + 1 >= _MAX_DEPTH:
-                return f"no Softmax/Max/comparison within {_MAX_DEPTH} nodes of it"
+            if depth + 1 >= MASK_DEPTH:
+                return f"no Softmax/Max/comparison within {MASK_DEPTH} nodes of it"
             stack.extend((out, depth + 1) for out in node.outputs)
     return None if reached else "it reaches no Softmax, Max, ReduceMax or comparison"
 
