@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated, from {', '.join(TOOLS + EXTRA_TOOLS)}")
     ap.add_argument("--out", type=Path, default=None, help="work folder (default: a temp dir)")
     ap.add_argument("--occ-timeout", type=float, default=1200.0,
-                    help="seconds before onnxconverter-common is stopped (issue #251: slow)")
+                    help="seconds before onnxconverter-common is stopped (onnxconverter-common issue #251: slow)")
     ap.add_argument("--timeout", type=float, default=1200.0, help="the other tools' limit")
     ap.add_argument("--modelopt-python", default=sys.executable,
                     help="interpreter with nvidia-modelopt[onnx] installed")

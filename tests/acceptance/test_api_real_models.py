@@ -1,4 +1,4 @@
-"""Issue 12 acceptance: the public API on the real PP-OCRv4 models (needs ../shared).
+"""Acceptance: the public API on the real PP-OCRv4 models (needs ../shared).
 
 Kept fast: three recognition crops, two full images at a reduced detection size.
 """

@@ -1,4 +1,4 @@
-"""Issue 2 acceptance on the real PP-OCRv4 models and images (needs ../shared)."""
+"""Acceptance of ``diagnose`` on the real PP-OCRv4 models and images (needs ../shared)."""
 
 import pytest
 
@@ -13,9 +13,9 @@ pytestmark = pytest.mark.shared
 
 
 def test_det_is_a_defect_of_one_batchnorm_explaining_the_error(shared_dir):
-    """Issue 10: assessment defect, the 9.8e7-variance BatchNorm as the only main finding
+    """Assessment defect, the 9.8e7-variance BatchNorm as the only main finding
     (once), explained_share >= 0.9; the Conv near the FP16 max is a headroom warning (it did
-    not overflow; issue 10 renamed it from activation-overflow)."""
+    not overflow; it was once reported as activation-overflow)."""
     model = load_model(shared_dir / "models/ppocrv4/det.onnx")
     # the real images, at a smaller detection size so the test stays fast
     samples = load_samples(shared_dir / "data/ocr/full_images", input_metadata(model),
@@ -42,7 +42,7 @@ def test_det_is_a_defect_of_one_batchnorm_explaining_the_error(shared_dir):
 
 
 def test_rec_decision_flips_on_the_paddleocr_crops(shared_dir):
-    """Issue 10: the '7' of word_5 moves one CTC time step (text unchanged, margin ~0.998),
+    """The '7' of word_5 moves one CTC time step (text unchanged, margin ~0.998),
     word_401 flips a near tie (text changed); the flips carry most of the error."""
     model = load_model(shared_dir / "models/ppocrv4/rec.onnx")
     everything = load_samples(shared_dir / "data/ocr/rec_crops/paddleocr", input_metadata(model),
@@ -91,7 +91,7 @@ def test_rec_passes_fp16_with_layernorm_hazards_measured(shared_dir):
 
 
 def test_det_segments_give_the_records_of_one_marked_run(shared_dir):
-    """Issue 11: 15+ segments (each node once per precision) == the whole model with every
+    """15+ segments (each node once per precision) == the whole model with every
     tensor marked, tensor for tensor, on a real image."""
     from precision_doctor.layerwise.candidates import reference_factory
     from precision_doctor.layerwise.compare import compare_layerwise

@@ -1,4 +1,4 @@
-"""Issue 3 acceptance: ``fix`` on the real PP-OCRv4 det and rec models (needs ../shared).
+"""Acceptance: ``fix`` on the real PP-OCRv4 det and rec models (needs ../shared).
 
 Kept fast: two full images at a reduced detection size, and three recognition crops. The full
 benchmark (all images, all crops, RapidOCR end to end, other tools) is benchmarks/search.py and
@@ -95,7 +95,7 @@ def test_fix_det_gives_the_ocr_client_identical_boxes(shared_dir):
 
 
 def test_fix_bf16_cls_on_the_cpu_is_written_and_verified_by_its_emulation(shared_dir):
-    """Issue 19: ONNX Runtime CPU has no BF16 Conv kernel; the written model is verified by
+    """BF16: ONNX Runtime CPU has no BF16 Conv kernel; the written model is verified by
     emulating it exactly, and that equals the plan emulator's result on the real crops."""
     model = load_model(shared_dir / "models/ppocrv4/cls.onnx")
     samples = load_samples(shared_dir / "data/ocr/rec_crops/paddleocr", input_metadata(model),

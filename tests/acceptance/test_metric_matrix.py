@@ -1,7 +1,7 @@
 """Every built-in task metric end to end: ``fix --metric`` (CLI) and ``diagnose(metric=...)``
 (API), on image inputs (with their per-sample context) and on array inputs, each on a tiny
 model of the metric's kind. A metric that crashes anywhere on this path cannot ship
-(issue 20: ``box-map`` raised "unexpected keyword argument 'source_size'" on every image input
+(a regression: ``box-map`` raised "unexpected keyword argument 'source_size'" on every image input
 while its unit tests called the function directly)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 14 acceptance: a recording made by Polygraphy (the tool TensorRT users run) on the
+"""Acceptance: a recording made by Polygraphy (the tool TensorRT users run) on the
 naive FP16 PP-OCRv4 detector gives the live emulator's verdict and top finding, and a
 layerwise table from the recorded tensors (needs ../shared and Polygraphy).
 

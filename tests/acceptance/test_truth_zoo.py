@@ -1,5 +1,6 @@
-"""Issue 18 on real models the tool was not built around (tests/real_zoo.py): the assessment
-names the mechanism its measured cure establishes, and never calls a broken model rounding.
+"""Causes by measured cure on real models the tool was not built around (tests/real_zoo.py):
+the assessment names the mechanism its measured cure establishes, and never calls a broken
+model rounding.
 
 Magika 1.0.3 (jax2tf + tf2onnx), Magika 0.5.1 (Keras + tf2onnx), PP-LCNet orientation
 (paddle2onnx), YOLOv8n (torch.onnx) and MTCNN P-Net (keras2onnx), with real inputs. Real GPU

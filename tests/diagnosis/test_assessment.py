@@ -1,4 +1,4 @@
-"""Issue 10: one test per assessment class, on small models built here."""
+"""One test per assessment class, on small models built here."""
 
 from dataclasses import replace
 

@@ -1,5 +1,5 @@
 """``fix`` reports headlined by the objective the user set; causes the fix removed never shown
-as the fixed model's (issue 10: the demo's fix.html said FAIL, "Main cause: BatchNormalization").
+as the fixed model's (once the demo's fix.html said FAIL, "Main cause: BatchNormalization").
 
 The model: Conv -> BatchNormalization (running variance 9.8e7, out of FP16 range: ``fix`` folds
 it into the Conv) -> y - 0.999 * y (a cancellation: 0.999 rounds to 0.99902 in FP16, so the

@@ -1,4 +1,4 @@
-"""Terminal output readable at 80 columns (issue 10, item 6): no number or header cut with ``…``.
+"""Terminal output readable at 80 columns: no number or header cut with ``…``.
 
 Rendered with ``Console(width=..., record=True)`` and through the CLI with ``COLUMNS`` set (typer's
 CliRunner), on a tiny model built here and on the real PP-OCRv4 det and rec models (../shared).

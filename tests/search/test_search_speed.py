@@ -1,4 +1,4 @@
-"""Issue 11 item 2: the search spends evaluations where they pay.
+"""The search spends evaluations where they pay.
 
 Early stop for tolerance objectives (exact: a stop is always a real failure), margin-aware
 ranking order for decision metrics, ``--jobs`` giving the same plan as one process, and the
