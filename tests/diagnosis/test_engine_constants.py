@@ -88,3 +88,14 @@ def test_fix_needs_no_fp32_node(variant, masked_row):
     without = fix(attention(variant), _samples(variant, masked_row), Precision.FP16,
                   Objective(), rewrites=["prescale-attention"])
     assert without.share["fp32_nodes"] >= 1  # the mask node stays FP32 (hazard)
+
+
+def test_api_diagnose_states_the_engines_verdict():
+    import precision_doctor as pd
+
+    model = attention("mul")
+    diagnosis = pd.diagnose(model, [feeds("mul", 0), feeds("mul", 1)], target="fp16",
+                            engine="ort-cuda")
+    finding = next(f for f in diagnosis.findings if f.kind == "parameter-out-of-range")
+    assert "TensorRT: pass" in finding.evidence["verdicts"]
+    assert "Under --engine ort-cuda: as written" in finding.summary

@@ -25,6 +25,7 @@ from precision_doctor.api.options import (
     progress_reporter,
 )
 from precision_doctor.api.results import Diagnosis, convert
+from precision_doctor.diagnosis.causes.engine_constants import engine_verdicts
 from precision_doctor.diagnosis.diagnose import diagnose as diagnose_model
 from precision_doctor.errors import InputError
 from precision_doctor.formats import Precision
@@ -129,7 +130,10 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         engine: The deployment engine whose arithmetic the emulator follows (``"ort-cuda"``:
             an FP16/BF16 convolution's bias is added after its output was rounded, and
             rounded again, as ONNX Runtime CUDA does; ``precision.conv_bias``). None: the
-            default engine model (TensorRT's fused bias).
+            default engine model (TensorRT's fused bias). An out-of-range constant's finding
+            says what each engine makes of it, measured once with the constants clamped as
+            TensorRT does, and this engine's own verdict
+            (``diagnosis.causes.engine_constants``).
 
     Returns:
         :class:`Diagnosis`: ``verdict`` (``"pass"``/``"fail"``), ``outputs`` (metrics per
@@ -199,6 +203,11 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
             report = replace(report, warnings=(*report.warnings, device_note))
         if shipped is not None:
             report = replace(report, model={**report.model, **shipped.model_info()})
+        if "reference" in runs:  # what each engine makes of an out-of-range constant
+            report = replace(report, findings=tuple(engine_verdicts(
+                proto, samples, emulated_plan, runs["reference"],
+                {o.name: o.tolerance.rel_l2 for o in report.outputs if o.tolerance.rel_l2},
+                report.findings, engine, conv_bias)))
         task = (task_score(proto, samples, candidate, objective, callback, runs)
                 if objective is not None else None)
         measured = None
