@@ -15,9 +15,9 @@ onnxconverter-common clamps to 1e4, also finite: its verdict is not measured sep
 same mechanism, a finite fill instead of inf); ONNX Runtime CUDA runs the model as written,
 so its verdict is the strongly typed one for a model converted by a strongly typed writer.
 
-Hook: ``diagnosis.diagnose`` (or the API) calls ``engine_verdicts`` after ``explain`` with the
-candidate's plan, the reference outputs and the output tolerances, when the candidate is the
-emulator.
+Called by ``api.diagnosing.diagnose`` after ``diagnosis.diagnose``, with the emulated plan, the
+reference outputs and the outputs' rel L2 tolerances (the assessment itself is not changed:
+it describes the strongly typed conversion).
 """
 
 from __future__ import annotations
