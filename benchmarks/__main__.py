@@ -50,12 +50,18 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "export_minilm": ("(setup)", "CPU", "export all-MiniLM-L6-v2 to .models/"),
     "export_whisper": ("(setup)", "CPU", "export the Whisper tiny.en encoder to .models/"),
 }
+# modules the scripts import, not run on their own
+HELPERS = ("common", "gpu_common", "ort_ledger", "transformer_metrics", "zoo_metrics")
 
 
 def _list() -> int:
     width = max(map(len, BENCHMARKS))
     for name, (section, where, what) in BENCHMARKS.items():
         print(f"{name:<{width}}  {where:<7}  {section}: {what}")
+    others = sorted(p.stem for p in HERE.glob("*.py")
+                    if p.stem not in BENCHMARKS and p.stem not in HELPERS and p.stem[0] != "_")
+    if others:
+        print(f"\nother scripts (no BENCHMARKS.md table yet): {', '.join(others)}")
     probes = sorted(p.stem for p in (HERE / "probes").glob("*.py"))
     print(f"\nprobes (benchmarks/probes/README.md): {', '.join('probes/' + p for p in probes)}")
     return 0
@@ -63,7 +69,7 @@ def _list() -> int:
 
 def _run(name: str, args: list[str]) -> int:
     script = HERE / f"{name}.py"
-    if name not in BENCHMARKS and not (name.startswith("probes/") and script.is_file()):
+    if not script.is_file() or name.startswith(("_", "probes/_")) or ".." in name:
         print(f"unknown benchmark {name!r}: `python -m benchmarks list` names them",
               file=sys.stderr)
         return 2

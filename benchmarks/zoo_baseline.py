@@ -2,7 +2,7 @@
 them (the CLI, emulated on the CPU), with the numbers needed to judge them.
 
     python3 benchmarks/zoo.py                     # once: models + real inputs in .models/zoo/
-    python3 benchmarks/zoo_baseline.py --out benchmarks/results/zoo_baseline_2026-11-25.json
+    python -m benchmarks run zoo_baseline --out benchmarks/results/zoo_baseline_<date>_<machine>.json
 
 Per model and target: verdict, assessment kind + summary + remedy + evidence, explained share,
 findings (kind, node, op, measured impact, group), output rel L2, decisions (flips, agreement,

@@ -20,7 +20,7 @@ Models (``ZOO_MODELS``), exporter, task and today's FP16 behaviour on the CPU em
 * ``silero_vad``: Silero VAD v6 (torch.onnx 2.3.1; LSTM inside ``If``); 27 windows of real speech
   from Debian's alsa-utils (fetched with ``apt-get download``: skips where apt is missing).
 
-Today (CPU emulator, benchmarks/results/zoo_baseline_2026-11-25.json) magika and magika_v1 fail
+Today (CPU emulator, benchmarks/results/zoo_baseline_2026-11-25_cpu2.json) magika and magika_v1 fail
 FP16; the others pass FP16 and BF16.
 
     case = zoo_case("magika")
