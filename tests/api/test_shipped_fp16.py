@@ -61,6 +61,20 @@ def test_fp16_model_matches_the_fp32_model_it_widens_to():
     assert set(fp32.to_dict()["model"]) == {"path", "opset", "nodes", "sha256", "producer"}
 
 
+def test_engine_runners_run_the_model_as_shipped():
+    """Without a candidate model, ort:/emulate-written run the FP16 model itself (FP32 feeds
+    cast to FP16 at its input), not its FP32 upcast."""
+    written = pd.diagnose(cancelling(F16), samples(np.float32), runner="emulate-written",
+                          noise=False, quiet=True)
+    assert written.model["shipped_precision"] == "fp16" and written.verdict == "fail"
+    assert written.outputs[0].metrics.rel_l2 > 0.1  # the shipped FP16 arithmetic, emulated
+    cpu = pd.diagnose(cancelling(F16), samples(np.float32), runner="ort:cpu", noise=False,
+                      quiet=True)
+    # ONNX Runtime CPU runs the FP16 model's Add/Sub in FP32, and says so (not "runs the FP32
+    # model in FP32", its warning for an FP32 candidate)
+    assert any("no FP16 kernel for Add" in w for w in cpu.warnings)
+
+
 def test_fix_of_an_fp16_model_writes_a_loadable_fp32_io_model(tmp_path: Path):
     f = pd.fix(cancelling(F16), samples(np.float16), quiet=True)
     assert f.passed and f.report["model"]["shipped_precision"] == "fp16"

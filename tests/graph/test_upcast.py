@@ -8,9 +8,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 from tiny_models import IR_VERSION
 
-from precision_doctor.graph.upcast import LOW, shipped_precision, upcast
+from precision_doctor.graph.upcast import LOW, shipped_precision, upcast, with_fp32_io
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 NP = {F32: np.float32, F16: np.float16, BF16: ml_dtypes.bfloat16}
@@ -176,3 +177,20 @@ def test_every_low_value_widens_exactly(dtype):
     assert widened.dtype == np.float32
     with np.errstate(invalid="ignore"):  # NaN patterns cast to NaN
         np.testing.assert_array_equal(widened.astype(np.float64), values.astype(np.float64))
+
+
+def test_with_fp32_io_runs_the_shipped_model_on_fp32_feeds():
+    shipped = conv_matmul(F16)
+    wrapped = with_fp32_io(shipped)
+    onnx.checker.check_model(wrapped, full_check=True)
+    assert [n.name for n in wrapped.graph.node] == \
+        ["x/to_shipped", *(n.name for n in shipped.graph.node), "y/to_float"]
+    x = np.random.default_rng(4).normal(size=(1, 3, 8, 8)).astype(np.float32)
+    # onnx.reference computes in the model's types (ONNX Runtime CPU merges the boundary Casts
+    # with those around its FP32 fallback kernels and skips the rounding)
+    expected = ReferenceEvaluator(shipped).run(None, {"x": x.astype(np.float16)})[0]
+    got = ReferenceEvaluator(wrapped).run(None, {"x": x})[0]
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, expected.astype(np.float32))
+    fp32 = conv_matmul(F32)
+    assert with_fp32_io(fp32) is fp32

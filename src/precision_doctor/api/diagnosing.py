@@ -29,7 +29,7 @@ from precision_doctor.diagnosis.causes.engine_constants import engine_verdicts
 from precision_doctor.diagnosis.diagnose import diagnose as diagnose_model
 from precision_doctor.errors import InputError
 from precision_doctor.formats import Precision
-from precision_doctor.graph.upcast import upcast
+from precision_doctor.graph.upcast import upcast, with_fp32_io
 from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import json_float
 from precision_doctor.layerwise.candidates import Candidate, candidate_from_spec, reference_factory
@@ -65,7 +65,10 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
     A model shipped in FP16/BF16 (weights, inputs/outputs or Casts in that format) is never
     compared with itself: its reference is its exact FP32 upcast (``graph.upcast``), the whole
     diagnosis runs on that upcast (its FP16/BF16 inputs take FP32 feeds; FP16 feeds are widened
-    exactly), and ``Diagnosis.model`` says so (``shipped_precision``, ``reference``).
+    exactly), and ``Diagnosis.model`` says so (``shipped_precision``, ``reference``). An
+    ``ort:``/``trt``/``emulate-written`` runner without ``candidate_model`` runs the model as
+    shipped, its FP16/BF16 inputs and outputs cast from and to FP32 at the graph's edges
+    (``graph.upcast.with_fp32_io``).
 
     Args:
         model: The FP32 model (or one shipped in FP16/BF16, see above): a ``.onnx`` path, an
@@ -171,14 +174,17 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
     # before any loading: a threshold without a metric is refused, as fix refuses it
     objective = (build_objective(None, metric, threshold, precision)
                  if metric or threshold is not None else None)
-    proto, path = as_model(model)
-    proto, shipped = upcast(proto)  # a model shipped in FP16/BF16: its reference is FP32
+    shipped_model, path = as_model(model)
+    proto, shipped = upcast(shipped_model)  # a model shipped in FP16/BF16: its reference is FP32
     samples = as_samples(data, proto, preprocess, max_samples)
     labelled, accuracy = labelled_objective(objective or Objective(), proto, samples, labels)
     if objective is not None:
         objective = labelled
     emulated_plan = build_plan(proto, precision, plan, keep)
     other = as_model(candidate_model)[0] if candidate_model is not None else None
+    if other is None and shipped is not None and (
+            runner.strip().startswith(("ort", "trt")) or runner.strip() == "emulate-written"):
+        other = with_fp32_io(shipped_model)  # an engine runs the model as shipped
     if precision is Precision.BF16:
         refuse_cpu_bf16(runner, proto, other, "diagnose")
     cpu_note = cpu_fp16_warning(runner, other, precision)

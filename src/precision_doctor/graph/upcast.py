@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from precision_doctor.graph.external import is_external, tensor_array
 from precision_doctor.graph.weight_store import stored_tensor_proto
 
 FLOAT = onnx.TensorProto.FLOAT
-LOW = {onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}
+LOW: dict[int, str] = {onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}
 """ONNX element type -> the name of the shipped format."""
 DTYPE_ATTRIBUTES = ("to", "dtype", "output_dtype")
 """Default-domain INT attributes that name an element type (Cast, RandomNormal, EyeLike,
@@ -131,6 +131,70 @@ def upcast(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Upcast | None]:
     count = _Count()
     _Walker(count, apply=True).model(copy)
     return copy, _record(count)
+
+
+def with_fp32_io(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model as shipped, with FP32 graph inputs and outputs: each FP16/BF16 input is cast to
+    its format first (``<input>/to_shipped``, the rounding the shipped model's caller does) and
+    each FP16/BF16 output is cast to FP32 last (exact). Everything in between is untouched, so
+    an engine given this model computes what the shipped model computes, fed the upcast's
+    FP32 samples; tensor names inside the graph are the shipped ones.
+
+    Args:
+        model: The shipped model; it is not modified.
+
+    Returns:
+        ``model`` itself when no graph input or output is FP16/BF16, else a copy.
+    """
+    graph = model.graph
+    weights = {t.name for t in graph.initializer}
+    low_inputs = [vi for vi in graph.input if vi.name not in weights
+                  and vi.type.tensor_type.elem_type in LOW]
+    low_outputs = [vi for vi in graph.output if vi.type.tensor_type.elem_type in LOW]
+    if not low_inputs and not low_outputs:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    first, last = [], []
+    for vi in graph.input:
+        elem = vi.type.tensor_type.elem_type
+        if vi.name in weights or elem not in LOW:
+            continue
+        inner = f"{vi.name}/shipped"
+        _rename(graph, vi.name, inner, outputs=False)
+        first.append(helper.make_node("Cast", [vi.name], [inner], name=f"{vi.name}/to_shipped",
+                                      to=elem))
+        vi.type.tensor_type.elem_type = FLOAT
+    for vi in graph.output:
+        if vi.type.tensor_type.elem_type not in LOW:
+            continue
+        inner = f"{vi.name}/shipped"
+        _rename(graph, vi.name, inner, outputs=True)
+        last.append(helper.make_node("Cast", [inner], [vi.name], name=f"{vi.name}/to_float",
+                                     to=FLOAT))
+        vi.type.tensor_type.elem_type = FLOAT
+    nodes = [*first, *graph.node, *last]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return copy
+
+
+def _rename(graph: onnx.GraphProto, old: str, new: str, outputs: bool) -> None:
+    """Every read of ``old`` (subgraphs included: they capture outer names) and, with
+    ``outputs``, its producer and ``value_info`` entry, now name ``new``."""
+    for node in graph.node:
+        node.input[:] = [new if name == old else name for name in node.input]
+        if outputs:
+            node.output[:] = [new if name == old else name for name in node.output]
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else
+                        attr.graphs if attr.type == onnx.AttributeProto.GRAPHS else []):
+                _rename(sub, old, new, outputs=False)
+    if outputs:
+        for vi in graph.value_info:
+            if vi.name == old:
+                vi.name = new
 
 
 def _record(count: _Count) -> Upcast | None:
@@ -231,4 +295,4 @@ class _Walker:
         return 0
 
 
-__all__ = ["LOW", "Upcast", "shipped_precision", "upcast"]
+__all__ = ["LOW", "Upcast", "shipped_precision", "upcast", "with_fp32_io"]
