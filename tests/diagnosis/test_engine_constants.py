@@ -99,3 +99,17 @@ def test_api_diagnose_states_the_engines_verdict():
     finding = next(f for f in diagnosis.findings if f.kind == "parameter-out-of-range")
     assert "TensorRT: pass" in finding.evidence["verdicts"]
     assert "Under --engine ort-cuda: as written" in finding.summary
+
+
+def test_a_passing_diagnosis_measures_nothing():
+    model, samples = attention("where"), _samples("where")  # no fully masked row: no NaN
+    plan = PrecisionPlan(Precision.FP16)
+    report = diagnose(model, samples, Precision.FP16, emulated(plan), noise=False)
+    assert report.verdict == "pass"
+    reference = run_samples(reference_factory(model), samples, ["y"])
+    out = engine_verdicts(model, samples, plan, reference, {"y": 1e-2}, report.findings,
+                          engine="strongly-typed", failing=False)
+    judged = next(f for f in out if f.kind == "parameter-out-of-range")
+    assert "clamped_error" not in judged.evidence
+    assert judged.evidence["engine_verdict"] == "pass (as assumed)"
+    assert "TensorRT: not measured (the assumed conversion passes)" in judged.evidence["verdicts"]

@@ -213,7 +213,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
             report = replace(report, findings=tuple(engine_verdicts(
                 proto, samples, emulated_plan, runs["reference"],
                 {o.name: o.tolerance.rel_l2 for o in report.outputs if o.tolerance.rel_l2},
-                report.findings, engine, conv_bias)))
+                report.findings, engine, conv_bias, report.verdict != "pass")))
         task = (task_score(proto, samples, candidate, objective, callback, runs)
                 if objective is not None else None)
         measured = None

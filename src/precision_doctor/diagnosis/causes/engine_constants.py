@@ -50,7 +50,8 @@ MEASURED_ENGINE = "tensorrt"  # clamps to the format max: the bound saturate-con
 def engine_verdicts(model: onnx.ModelProto, samples: Sequence, plan: PrecisionPlan,
                     reference: Mapping[str, Sequence[np.ndarray]],
                     tolerances: Mapping[str, float], findings: Sequence[Finding],
-                    engine: str | None = None, conv_bias: str = FUSED) -> list[Finding]:
+                    engine: str | None = None, conv_bias: str = FUSED,
+                    failing: bool = True) -> list[Finding]:
     """``findings`` with the per-engine verdict added to each out-of-range parameter finding.
 
     Args:
@@ -63,6 +64,8 @@ def engine_verdicts(model: onnx.ModelProto, samples: Sequence, plan: PrecisionPl
         engine: The ``--engine`` (``tensorrt``, ``onnxconverter-common``, ``ort-cuda``,
             ``strongly-typed``), whose own verdict is stated; None: the assumed one.
         conv_bias: The emulator's convolution bias model (``precision.conv_bias``).
+        failing: Whether the diagnosis (the assumed, strongly typed conversion) fails; when it
+            passes nothing is measured: the clamping engines are ``not measured``.
 
     Returns:
         The findings in the same order; unchanged when none is an out-of-range parameter or
@@ -79,23 +82,25 @@ def engine_verdicts(model: onnx.ModelProto, samples: Sequence, plan: PrecisionPl
         return list(findings)
     clampers = clamping_engines(target)
     measured = None
-    if MEASURED_ENGINE in clampers:
+    if failing and MEASURED_ENGINE in clampers:
         clamped, names = clamp_constants(model, target, MEASURED_ENGINE)
         if names:
             measured = _measure(clamped, samples, plan, reference, tolerances, conv_bias)
+    assumed = "fail" if failing else "pass"
     verdicts = {}
     for key, conv in CONVERSIONS.items():
         if key == MEASURED_ENGINE and key in clampers:
-            verdicts[key] = ("not measured" if measured is None
-                             else "pass" if measured[1] else "fail")
+            verdicts[key] = ("pass" if measured[1] else "fail") if measured is not None else \
+                "not measured" + ("" if failing else " (the assumed conversion passes)")
         elif key in clampers:
             verdicts[key] = (f"clamps to a finite {conv.bound(target):g} like TensorRT "
                              "(not measured separately)")
         elif target not in conv.formats:
             verdicts[key] = f"no {target.value.upper()} conversion known"
         else:
-            verdicts[key] = "fail (as assumed)" if key == ASSUMED else "as written: fail " \
-                "when its model was converted by a strongly typed writer"
+            verdicts[key] = (f"{assumed} (as assumed)" if key == ASSUMED else
+                             f"as written: {assumed} when its model was converted by a "
+                             "strongly typed writer")
     out = []
     for f in findings:
         if f.kind != KIND:
