@@ -149,6 +149,11 @@ def results_path(name: str, folder: Path = RESULTS, suffix: str = "") -> Path:
     return folder / f"{name}_{datetime.date.today()}_{machine_tag()}{suffix}.json"
 
 
+def _plain(value: object) -> object:
+    """numpy scalars and arrays as Python numbers and lists; anything else as its text."""
+    return value.tolist() if hasattr(value, "tolist") else str(value)
+
+
 def write_results(path: Path, payload: Mapping[str, object]) -> Path:
     """Write ``payload`` to ``path`` as JSON, after the date, the machine and the versions.
 
@@ -158,5 +163,5 @@ def write_results(path: Path, payload: Mapping[str, object]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "versions": versions(), **payload}
-    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    path.write_text(json.dumps(record, indent=1, default=_plain) + "\n")
     return path

