@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -14,15 +15,15 @@ from tiny_models import IR_VERSION
 import precision_doctor as pd
 from precision_doctor.report.terminal.diagnosis import render_diagnosis
 
-F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
+F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
+NP = {F32: np.float32, F16: np.float16, BF16: ml_dtypes.bfloat16}
 SHIFT = 2048.0  # FP16 spacing there is 2: (x + 2048) - 2048 keeps x to the nearest even number
 
 
 def cancelling(dtype: int) -> onnx.ModelProto:
     """``y = (x + 2048) - 2048`` with ``x``, ``y`` and the constant in ``dtype``: a sum that
     cancels, exact in FP32 for |x| < 2^11 at 12 fractional bits, destroyed in FP16."""
-    c = numpy_helper.from_array(np.array(SHIFT, np.float16 if dtype == F16 else np.float32),
-                                "c")
+    c = numpy_helper.from_array(np.array(SHIFT, NP[dtype]), "c")
     nodes = [helper.make_node("Add", ["x", "c"], ["shifted"], name="shift"),
              helper.make_node("Sub", ["shifted", "c"], ["y"], name="unshift")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", dtype, [1, 64])],
@@ -50,6 +51,14 @@ def test_fp16_model_is_diagnosed_against_its_fp32_upcast():
     assert "This model is FP16 as shipped; reference = its FP32 upcast" in console.export_text()
     assert "This model is FP16 as shipped; reference = its FP32 upcast" in d.to_html()
     assert pd.Diagnosis.from_dict(d.to_dict()).model == d.model  # the JSON keeps it
+
+
+def test_bf16_model_with_bf16_feeds():
+    d = pd.diagnose(cancelling(BF16), samples(ml_dtypes.bfloat16), target="bf16", noise=False,
+                    quiet=True)
+    assert d.model["shipped_precision"] == "bf16"
+    assert d.model["reference"].startswith("This model is BF16 as shipped")
+    assert d.verdict == "fail" and d.outputs[0].metrics.rel_l2 > 0.5  # BF16 spacing at 2048: 16
 
 
 def test_fp16_model_matches_the_fp32_model_it_widens_to():
@@ -85,3 +94,4 @@ def test_fix_of_an_fp16_model_writes_a_loadable_fp32_io_model(tmp_path: Path):
     assert [i.type for i in session.get_inputs()] == ["tensor(float)"]  # keep_io_types
     x = samples(np.float32)[0]["x"]
     np.testing.assert_allclose(session.run(None, {"x": x})[0], x, atol=1e-3)
+    assert "This model is FP16 as shipped" in f.to_html()

@@ -162,7 +162,8 @@ class Fix:
         check_writable([*model_files(output, self.model), *side.values(),
                         *model_files(side["rewritten"], self.rewritten)], force)
         report = dict(self.report)
-        report["model"] = {"input": source, "output": str(output)}
+        report["model"] = {**(self.report.get("model") or {}), "input": source,
+                           "output": str(output)}
         recipes_md = self._recipes(report, output, side) + extra_recipes
         write_model(output, self.model, force)  # + <name>.data with external data
         write_model(side["rewritten"], self.rewritten, force)
