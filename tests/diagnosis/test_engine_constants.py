@@ -113,3 +113,8 @@ def test_a_passing_diagnosis_measures_nothing():
     assert "clamped_error" not in judged.evidence
     assert judged.evidence["engine_verdict"] == "pass (as assumed)"
     assert "TensorRT: not measured (the assumed conversion passes)" in judged.evidence["verdicts"]
+
+
+def test_fix_notes_the_clamp():
+    result = fix(attention("mul"), _samples("mul"), Precision.FP16, Objective())
+    assert any(n.startswith("saturate-constants clamped") for n in result.notes)

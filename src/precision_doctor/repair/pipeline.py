@@ -88,7 +88,7 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     request = FixRequest(model, samples, target, objective, keep, force_low, rewrites,
                          keep_io_types, runner, max_evals, progress, jobs, engine)
     baseline = measure_baseline(request)
-    rewritten = rewrite(request)
+    rewritten = rewrite(request, baseline)
     start = plan_start(request, rewritten)
     if runner is None:  # the emulator's candidates reach every rounding (search.invariant)
         check_all_fp32(rewritten.model, start.plan, conv_bias=conv_bias_of(engine))
@@ -165,6 +165,11 @@ def rewrite_engine_notes(rewrites: dict) -> list[str]:
         notes.append("prescale-attention moved the 1/sqrt(d) attention scale onto Q before QK^T "
                      "(folded into the Q projection where possible): no engine setting needed; "
                      "the scores are never stored unscaled")
+    if "saturate-constants" in applied:
+        notes.append("saturate-constants clamped mask constants beyond the target's range "
+                     "(-FLT_MAX) to its lowest finite value, as TensorRT's weight conversion "
+                     "does, after checking the FP32 outputs do not move: no engine setting "
+                     "needed; the written model stores the clamped value")
     if "layernorm-fp32-stats" in applied:
         notes.append("layernorm-fp32-stats set stash_type=1 on LayerNormalization: relies on the "
                      "engine computing the statistics in FP32 as ONNX specifies (ONNX Runtime "
