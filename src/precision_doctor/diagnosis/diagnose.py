@@ -256,7 +256,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         decisions=tuple(summaries), rewritten=rw,
         largest_jump=jump.record.tensor if jump is not None else None, recording=recording,
         transformer=transformer, attribution=attribution,
-        joint_cause=explanation.joint.to_dict() if explanation.joint else None)
+        joint_cause=explanation.joint.to_dict() if explanation.joint else None,
+        finding_groups=explanation.groups)
 
 
 def _judge(out_names: Sequence[str], ref, cand, tolerances, target: Precision, floor

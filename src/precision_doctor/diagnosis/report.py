@@ -52,6 +52,11 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 3
       "joint_cause": {"members": [{"kind", "node"}], "nodes": [str], "share", "alone": [float],
                       "evaluations"}   (only when findings cure the error only together:
                       ``diagnosis.causes.joint``)
+      "finding_groups": [{"kind", "op_type", "pattern", "blocks": [int], "members": [node],
+                          "magnitude": [min, max] | null, "impact", "remedy", "severity",
+                          "group", "joint"}]   (only when some findings repeat per block or
+                      form a joint cause: ``diagnosis.causes.groups``; the members stay in
+                      ``findings``)
     }
 
 Finding kinds: the range events and amplifiers of ``diagnosis.causes.findings`` and the
@@ -86,6 +91,7 @@ from precision_doctor.compare.metrics import OutputMetrics
 from precision_doctor.compare.tolerance import Tolerance
 from precision_doctor.diagnosis.assessment import Assessment
 from precision_doctor.diagnosis.causes.findings import Finding
+from precision_doctor.diagnosis.causes.groups import FindingGroup
 from precision_doctor.diagnosis.causes.hazards import Hazard
 from precision_doctor.diagnosis.decisions.records import DecisionFlip, DecisionSummary
 from precision_doctor.diagnosis.noise import NoiseFloor
@@ -174,6 +180,8 @@ class DiagnosisReport:
             is missing, and the emulated vs recorded cross-check; else None.
         transformer: Per-block FP16 headroom of LayerNorms and attention
             (``diagnosis.headroom.records.TransformerReport.to_dict``), or None.
+        finding_groups: Findings repeated per block (and the joint cause) as groups
+            (``diagnosis.causes.groups``); the members stay in ``findings``.
     """
 
     verdict: str
@@ -201,6 +209,7 @@ class DiagnosisReport:
     transformer: dict | None = None  # diagnosis.headroom.records.TransformerReport.to_dict()
     attribution: dict | None = None  # diagnosis.causes.attribution.Attribution.to_dict()
     joint_cause: dict | None = None  # diagnosis.causes.joint.JointCause.to_dict()
+    finding_groups: tuple[FindingGroup, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -231,6 +240,8 @@ class DiagnosisReport:
             "transformer": self.transformer,
             "attribution": self.attribution,
             **({"joint_cause": self.joint_cause} if self.joint_cause is not None else {}),
+            **({"finding_groups": [g.to_dict() for g in self.finding_groups]}
+               if self.finding_groups else {}),
         }
 
     @classmethod
@@ -260,4 +271,6 @@ class DiagnosisReport:
             tuple(DecisionSummary.from_dict(x) for x in d.get("decisions", ())),
             d.get("rewritten"), (d.get("layerwise") or {}).get("largest_jump"),
             recording=d.get("recording"), transformer=d.get("transformer"),
-            attribution=d.get("attribution"), joint_cause=d.get("joint_cause"))
+            attribution=d.get("attribution"), joint_cause=d.get("joint_cause"),
+            finding_groups=tuple(FindingGroup.from_dict(g)
+                                 for g in d.get("finding_groups", ())))

@@ -43,6 +43,7 @@ from precision_doctor.diagnosis.causes.findings import (
     measured_first,
     rank_findings,
 )
+from precision_doctor.diagnosis.causes.groups import FindingGroup, pattern_groups
 from precision_doctor.diagnosis.causes.hazards import Hazard
 from precision_doctor.diagnosis.causes.joint import JointCause, find_joint_cause, mark_members
 from precision_doctor.diagnosis.causes.mechanisms import ORDER, name_mechanism, remedy
@@ -74,6 +75,8 @@ class Explanation:
         attribution: The attribution search, when it ran.
         seconds: Wall time per stage (``findings``, ``attribution``, ``mechanisms``).
         joint: Findings that cure the error only together (``diagnosis.causes.joint``).
+        groups: Findings repeated per block, and the joint cause, as groups
+            (``diagnosis.causes.groups``).
     """
 
     findings: tuple[Finding, ...]
@@ -83,6 +86,7 @@ class Explanation:
     attribution: Attribution | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     joint: JointCause | None = None
+    groups: tuple[FindingGroup, ...] = ()
 
 
 def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candidate: Candidate,
@@ -163,8 +167,9 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     seconds["mechanisms"] = time.perf_counter() - t0
     findings = group_findings(findings)
     defect_share = _defect_share(findings, measure, baseline, explained, target)
+    groups = pattern_groups(findings, measure, baseline, joint)
     return Explanation(tuple(findings), explained, defect_share, plan is not None, attribution,
-                       seconds, joint)
+                       seconds, joint, groups)
 
 
 def _suspicious(worst: float, expected: float, decisions: Sequence[DecisionSummary],

@@ -1,0 +1,215 @@
+"""Findings grouped by mechanism and pattern: one entry for a cause repeated in every block.
+
+An encoder of N blocks that overflows at the same op of every block yields N findings of one
+kind whose node names differ only by the block index (``/encoder/layers.3/self_attn/Pow``,
+``/encoder/layers.4/self_attn/Pow``). A reader wants that once: "Pow ``layers.*/self_attn/Pow``
+overflows in blocks 2-7, up to 9.0e8; together 99% of the error".
+
+Rule (pure, deterministic): two findings belong to one group when they have the same ``kind``
+and ``op_type`` and their node names have the same pattern, where a name's pattern is the name
+with the digit runs of every path component but the last replaced (components are separated by
+``/`` or ``.``). The last component must match exactly: in ``p2o.Conv.30`` or ``Conv_123`` the
+trailing number is the exporter's op counter, not a block index, so such names never group.
+Only the digit runs that differ between members become ``*`` in the group's ``pattern``; the
+values of the first differing run are its ``blocks``. A pattern shared by one finding only is no
+group (the finding stays as it is).
+
+A joint cause (``diagnosis.causes.joint``: findings cured only together) is one group as well,
+even when its members follow several patterns; its impact is the joint share.
+
+Impact: the share of the worst output's error removed when every member's nodes run in FP32
+together (one measurement through the caller's ``measure``, ``trials.ImpactTrials``, which
+remembers node sets already measured), only where some member's own impact was measured.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, Sequence
+
+from precision_doctor.diagnosis.assessment import share_removed
+from precision_doctor.diagnosis.causes.findings import Finding
+from precision_doctor.diagnosis.causes.joint import JointCause
+
+MAX_MEASURED = 8  # group measurements per diagnosis (one emulated evaluation each at most)
+MAGNITUDE_KEYS = ("ref_max_abs", "value", "max_abs", "dev_max")  # first present is the size
+_SPLIT = re.compile(r"([/.])")
+_DIGITS = re.compile(r"\d+")
+
+
+@dataclass(frozen=True)
+class FindingGroup:
+    """Findings of one kind and op type whose nodes differ only by block indices.
+
+    Attributes:
+        kind: The members' finding kind (a joint cause of several kinds: ``joint-cause``).
+        op_type: The members' op type ("" when they differ).
+        pattern: The node name with the varying block indices as ``*``
+            (``/encoder/layers.*/self_attn/Pow``; a joint cause of several patterns joins them
+            with `` + ``).
+        blocks: The block indices, ascending (empty when no index varies).
+        members: The members' node names, in the findings' order.
+        magnitude: ``(min, max)`` of the members' FP32 magnitudes (evidence ``ref_max_abs`` or
+            the first of ``MAGNITUDE_KEYS``), or None when none carries one.
+        impact: Share (0..1) of the worst output's error removed by all members' nodes in FP32
+            together, or None when not measured.
+        remedy: The first member's remedy.
+        severity: The most severe member's severity.
+        group: ``main`` when any member is in the main group, else ``minor``.
+        joint: Whether the group is a joint cause (its members cure the error only together).
+    """
+
+    kind: str
+    op_type: str
+    pattern: str
+    blocks: tuple[int, ...]
+    members: tuple[str, ...]
+    magnitude: tuple[float, float] | None
+    impact: float | None
+    remedy: str
+    severity: str = "warning"
+    group: str = "main"
+    joint: bool = False
+
+    def blocks_text(self) -> str:
+        """The blocks as ranges: ``(0, 1, 2, 5)`` -> ``"0-2, 5"``."""
+        return block_ranges(self.blocks)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "op_type": self.op_type, "pattern": self.pattern,
+                "blocks": list(self.blocks), "members": list(self.members),
+                "magnitude": list(self.magnitude) if self.magnitude is not None else None,
+                "impact": self.impact, "remedy": self.remedy, "severity": self.severity,
+                "group": self.group, "joint": self.joint}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> FindingGroup:
+        mag = d.get("magnitude")
+        return cls(d["kind"], d.get("op_type", ""), d["pattern"],
+                   tuple(int(b) for b in d.get("blocks", ())), tuple(d.get("members", ())),
+                   (float(mag[0]), float(mag[1])) if mag else None, d.get("impact"),
+                   d.get("remedy", ""), d.get("severity", "warning"), d.get("group", "main"),
+                   bool(d.get("joint", False)))
+
+
+def block_ranges(blocks: Sequence[int]) -> str:
+    """Ascending integers as ranges: ``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"``."""
+    out: list[str] = []
+    values = sorted(set(blocks))
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def name_pattern(name: str) -> tuple[str, tuple[int, ...]]:
+    """``name`` with the digit runs of every component but the last as ``*``, and their
+    values: ``/encoder/layers.3/self_attn/Pow`` -> (``/encoder/layers.*/self_attn/Pow``,
+    ``(3,)``); ``p2o.Conv.30`` -> (``p*o.Conv.30``, ``(2,)``)."""
+    parts = _SPLIT.split(name)
+    values: list[int] = []
+    for i in range(0, len(parts) - 1, 2):  # even indices are components; the last is kept
+        values += [int(m) for m in _DIGITS.findall(parts[i])]
+        parts[i] = _DIGITS.sub("*", parts[i])
+    return "".join(parts), tuple(values)
+
+
+def _concrete(pattern: str, runs: Sequence[tuple[int, ...]]) -> tuple[str, tuple[int, ...]]:
+    """The pattern with the runs equal in every member written back, and the values of the
+    first run that varies (the blocks)."""
+    varying = [len({r[k] for r in runs}) > 1 for k in range(len(runs[0]))]
+    pieces = pattern.split("*")
+    text = pieces[0]
+    for k, piece in enumerate(pieces[1:]):
+        text += ("*" if varying[k] else str(runs[0][k])) + piece
+    first = next((k for k, v in enumerate(varying) if v), None)
+    blocks = tuple(sorted({r[first] for r in runs})) if first is not None else ()
+    return text, blocks
+
+
+def _magnitude(findings: Sequence[Finding]) -> tuple[float, float] | None:
+    sizes = []
+    for f in findings:
+        v = next((f.evidence[k] for k in MAGNITUDE_KEYS if k in f.evidence), None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            sizes.append(abs(float(v)))
+    return (min(sizes), max(sizes)) if sizes else None
+
+
+def _make(members: Sequence[Finding], joint_share: float | None = None) -> FindingGroup:
+    patterns: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+    for f in members:
+        p, runs = name_pattern(f.node)
+        patterns.setdefault(p, []).append((f.node, runs))
+    texts: list[str] = []
+    blocks: set[int] = set()
+    for p, named in patterns.items():
+        if len(named) == 1:  # one member of this pattern: its own name
+            texts.append(named[0][0])
+            continue
+        text, b = _concrete(p, [runs for _, runs in named])
+        texts.append(text)
+        blocks.update(b)
+    kinds = {f.kind for f in members}
+    ops = {f.op_type for f in members}
+    severity = min((f.severity for f in members),
+                   key=lambda s: {"error": 0, "warning": 1}.get(s, 2))
+    return FindingGroup(
+        kind=members[0].kind if len(kinds) == 1 else "joint-cause",
+        op_type=members[0].op_type if len(ops) == 1 else "", pattern=" + ".join(texts),
+        blocks=tuple(sorted(blocks)), members=tuple(f.node for f in members),
+        magnitude=_magnitude(members), impact=joint_share, remedy=members[0].remedy,
+        severity=severity, group="main" if any(f.group == "main" for f in members) else "minor",
+        joint=joint_share is not None)
+
+
+def pattern_groups(findings: Sequence[Finding],
+                   measure: Callable[[Sequence[str]], float] | None = None,
+                   baseline: float = 0.0, joint: JointCause | None = None
+                   ) -> tuple[FindingGroup, ...]:
+    """The groups of ``findings`` (see the module docstring), in the order of their first
+    member.
+
+    Args:
+        findings: Ranked findings.
+        measure: Output error (rel L2) with the given nodes in FP32 (``trials.ImpactTrials``);
+            None: impacts are not measured (a joint cause keeps its measured share).
+        baseline: The candidate's output error as is (rel L2; may be inf).
+        joint: The joint cause among ``findings`` (``diagnosis.causes.joint``), or None.
+
+    Returns:
+        The groups; empty when no two findings share a pattern and there is no joint cause.
+    """
+    in_joint = set(joint.members) if joint is not None else set()
+    buckets: dict[tuple[str, str, str], list[Finding]] = {}
+    joint_members: list[Finding] = []
+    for f in findings:
+        if joint is not None and ((f.kind, f.node) in in_joint or "joint_cause" in f.evidence):
+            joint_members.append(f)
+        else:
+            buckets.setdefault((f.kind, f.op_type, name_pattern(f.node)[0]), []).append(f)
+    made: list[tuple[int, FindingGroup]] = []
+    order = {id(f): i for i, f in enumerate(findings)}
+    if joint is not None and len(joint_members) > 1:
+        made.append((order[id(joint_members[0])], _make(joint_members, joint.share)))
+    budget = MAX_MEASURED
+    for members in buckets.values():
+        if len(members) < 2:
+            continue
+        group = _make(members)
+        if (measure is not None and baseline > 0 and budget > 0
+                and any(f.impact is not None for f in members)):
+            budget -= 1
+            nodes = list(dict.fromkeys(n for f in members for n in f.nodes))
+            group = replace(group, impact=share_removed(baseline, measure(nodes)))
+        made.append((order[id(members[0])], group))
+    return tuple(g for _, g in sorted(made, key=lambda x: x[0]))
+
+
+__all__ = ["FindingGroup", "block_ranges", "name_pattern", "pattern_groups"]
