@@ -194,3 +194,15 @@ def test_with_fp32_io_runs_the_shipped_model_on_fp32_feeds():
     np.testing.assert_array_equal(got, expected.astype(np.float32))
     fp32 = conv_matmul(F32)
     assert with_fp32_io(fp32) is fp32
+
+
+def test_castlike_follows_its_widened_target():
+    like = numpy_helper.from_array(np.zeros(1, np.float16), "like")
+    shipped = _model([helper.make_node("CastLike", ["x", "like"], ["y"], name="castlike")],
+                     [helper.make_tensor_value_info("x", TensorProto.INT64, [3])],
+                     [helper.make_tensor_value_info("y", F16, [3])], [like])
+    up, record = upcast(shipped)
+    assert record is not None and record.outputs == ("y",) and record.initializers == 1
+    onnx.checker.check_model(up, full_check=True)
+    y = _run(up, {"x": np.array([1, 2049, -3])})
+    assert y.dtype == np.float32 and y.tolist() == [1.0, 2049.0, -3.0]  # FP16 would give 2048
