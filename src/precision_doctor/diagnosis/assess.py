@@ -216,8 +216,10 @@ def attribution_text(x: AssessmentInputs, share: float | None) -> str:
                 f"evaluations, {fmt3(a['seconds'])} s) at {a['kept_size']} nodes before it "
                 "narrowed them to a small set: `precision-doctor fix` searches further.")
     if a.get("status") == "none":
-        return (" Not even every compute node in FP32 removes 90% of it on the worst samples "
-                f"(attribution: {a['evaluations']} evaluations).")
+        return (" The attribution search ended without a set that removes 90% of it on the "
+                f"worst samples ({a['evaluations']} evaluations), although every candidate in "
+                "FP32 is the FP32 reference (checked before it: search.invariant): please "
+                "report this model.")
     return (f" Attribution found {len(a['nodes'])} node(s) whose FP32 fallback removes 90% on "
             f"the worst samples; on all samples the findings explain "
             f"{(share or 0.0):.1%}.")

@@ -366,5 +366,7 @@ def group_findings(findings: Sequence[Finding], min_impact: float = MINOR_IMPACT
     out = []
     for f in findings:
         minor = (f.impact < min_impact) if f.impact is not None else f.severity != "error"
+        if "joint_cause" in f.evidence:  # measured 0% alone, but part of a joint cure
+            minor = False
         out.append(replace(f, group="minor" if minor else "main"))
     return out
