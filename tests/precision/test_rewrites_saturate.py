@@ -74,3 +74,28 @@ def test_constant_in_range_is_not_a_candidate():
     # BF16 holds 1e5: nothing to clamp, no record
     _, report = apply_rewrites(arithmetic_constant(), RULE, target=Precision.BF16)
     assert report.records == ()
+
+
+@pytest.mark.parametrize("attr", ["value", "value_float"])
+def test_constant_node_mask(attr):
+    """Exporters also write the fill as a Constant node (a tensor or ``value_float``)."""
+    from onnx import helper
+
+    from precision_doctor.precision.constants import clamp_constants
+
+    model = attention("mul")
+    fill = next(t for t in model.graph.initializer if t.name == "fill")
+    model.graph.initializer.remove(fill)
+    value = (helper.make_attribute("value", numpy_helper.from_array(np.float32(FLT_MIN)))
+             if attr == "value" else helper.make_attribute("value_float", FLT_MIN))
+    node = helper.make_node("Constant", [], ["fill"], name="fill_const")
+    node.attribute.append(value)
+    model.graph.node.insert(0, node)
+    saturated, report = apply_rewrites(model, RULE, target=Precision.FP16)
+    assert report.applied("saturate-constants")
+    assert _fill(saturated) == -65504.0
+    assert "fill_const" not in {n.name for n in saturated.graph.node}
+    clamped, names = clamp_constants(model, Precision.FP16)
+    assert names == ("fill",)
+    f = feeds("mul")
+    assert np.array_equal(_fp32(clamped, f), _fp32(saturated, f))

@@ -205,6 +205,9 @@ def clamp_constants(model: onnx.ModelProto, target: Precision, engine: str = "te
         if node.op_type != "Constant":
             continue
         for attr in node.attribute:
+            if attr.name == "value_float" and np.isfinite(attr.f) and abs(attr.f) > bound:
+                attr.f = float(np.clip(attr.f, -bound, bound))
+                names.append(node.output[0])
             new = clamped(attr.t) if attr.name == "value" else None
             if new is not None:
                 attr.t.CopyFrom(new)
