@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from mask_models import attention, feeds
+from mask_models import arithmetic_constant, attention, feeds
 from tiny_models import conv_bn, random_samples
 
 from precision_doctor.diagnosis.causes.engine_constants import engine_verdicts
@@ -64,17 +64,32 @@ def test_verdict_per_engine_measured(variant, masked_row):
                 ).evidence["engine_verdict"] == "fail (as assumed)"
 
 
-def test_clamping_that_does_not_cure_says_so():
-    """conv_bn's BatchNorm variance clamped to 65504 is still wrong: TensorRT fails it too."""
+def test_batchnorm_variance_is_folded_as_tensorrt_builds():
+    """conv_bn's 9.8e7 BatchNorm variance: TensorRT folds the BatchNorm into the Conv in FP32
+    before converting weights, so it never clamps it: the build passes."""
     model, samples = conv_bn(), random_samples((1, 3, 8, 8))
     plan = PrecisionPlan(Precision.FP16)
     reference = run_samples(reference_factory(model), samples, ["y"])
     report = diagnose(model, samples, Precision.FP16, emulated(plan), noise=False)
     out = engine_verdicts(model, samples, plan, reference, {"y": 1e-2}, report.findings)
     judged = next(f for f in out if f.kind == "parameter-out-of-range")
+    assert judged.evidence["clamped_passes"] is True
+    assert "BatchNorm folded" in judged.summary
+    assert "engine_verdict" not in judged.evidence
+
+
+def test_clamping_that_does_not_cure_says_so():
+    """x * 1e5 feeding a MatMul: clamped to 65504 it still overflows (and is another model)."""
+    model = arithmetic_constant()
+    samples = random_samples((1, 4), scale=3.0)
+    plan = PrecisionPlan(Precision.FP16)
+    reference = run_samples(reference_factory(model), samples, ["y"])
+    report = diagnose(model, samples, Precision.FP16, emulated(plan), noise=False)
+    assert report.verdict == "fail"
+    out = engine_verdicts(model, samples, plan, reference, {"y": 1e-2}, report.findings)
+    judged = next(f for f in out if f.kind == "parameter-out-of-range")
     assert judged.evidence["clamped_passes"] is False
     assert "fails under TensorRT too" in judged.summary
-    assert "engine_verdict" not in judged.evidence
 
 
 @pytest.mark.parametrize("variant,masked_row", [("mul", False), ("where", True)])

@@ -2,9 +2,10 @@
 
 A ``parameter-out-of-range`` finding assumes a strongly typed conversion (the constant becomes
 inf: ONNX Cast, ``precision.constants``). TensorRT's weakly typed build clamps it to +-65504
-instead. ``engine_verdicts`` emulates the model once more with every out-of-range constant
-clamped as TensorRT does (``precision.constants.clamp_constants``; one emulated evaluation of
-the same plan) and adds to each such finding whether the output error goes away there:
+instead, after folding BatchNorm into its convolution and fusing LayerNorm in FP32 (so a
+BatchNorm variance is folded away, never clamped). ``engine_verdicts`` emulates the model once
+more as that build converts it (``as_tensorrt_builds``; one emulated evaluation of the same
+plan) and adds to each such finding whether the output error goes away there:
 
     evidence["clamped_error"]   worst output rel L2 with the constants clamped
     evidence["clamped_passes"]  whether every output then meets its rel L2 tolerance
@@ -41,10 +42,14 @@ from precision_doctor.precision.constants import (
 )
 from precision_doctor.precision.conv_bias import FUSED
 from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.precision.rewrites import apply_rewrites
 from precision_doctor.runners.emulator import EmulatorRunner
 
 KIND = "parameter-out-of-range"
 MEASURED_ENGINE = "tensorrt"  # clamps to the format max: the bound saturate-constants uses
+# What TensorRT's builder fuses before it converts weights (the engine rewrites diagnose's
+# ``rewritten`` emulation applies): a BatchNorm variance is folded away in FP32, never clamped.
+TENSORRT_REWRITES = ("fold-bias-add", "fold-batchnorm", "fuse-layernorm")
 
 
 def engine_verdicts(model: onnx.ModelProto, samples: Sequence, plan: PrecisionPlan,
@@ -83,9 +88,9 @@ def engine_verdicts(model: onnx.ModelProto, samples: Sequence, plan: PrecisionPl
     clampers = clamping_engines(target)
     measured = None
     if failing and MEASURED_ENGINE in clampers:
-        clamped, names = clamp_constants(model, target, MEASURED_ENGINE)
-        if names:
-            measured = _measure(clamped, samples, plan, reference, tolerances, conv_bias)
+        built, plan_there = as_tensorrt_builds(model, plan)
+        if built is not None:
+            measured = _measure(built, samples, plan_there, reference, tolerances, conv_bias)
     assumed = "fail" if failing else "pass"
     verdicts = {}
     for key, conv in CONVERSIONS.items():
@@ -112,8 +117,9 @@ def engine_verdicts(model: onnx.ModelProto, samples: Sequence, plan: PrecisionPl
         if measured is not None:
             error, passes = measured
             evidence.update(clamped_error=error, clamped_passes=passes)
-            summary += (f". Measured with the out-of-range constants clamped as TensorRT does "
-                        f"(one emulated evaluation): worst output rel L2 {error:.3g}, "
+            summary += (f". Measured as a weakly typed TensorRT build converts the model "
+                        "(BatchNorm folded, LayerNorm fused, out-of-range constants clamped; "
+                        f"one emulated evaluation): worst output rel L2 {error:.3g}, "
                         + ("within tolerance: TensorRT's users see no failure; it is the "
                            "strongly typed Cast's" if passes else
                            "still out of tolerance: it fails under TensorRT too"))
@@ -122,6 +128,25 @@ def engine_verdicts(model: onnx.ModelProto, samples: Sequence, plan: PrecisionPl
             summary += f". Under --engine {row.engine}: {verdicts[row.engine]}"
         out.append(replace(f, summary=summary, evidence=evidence))
     return out
+
+
+def as_tensorrt_builds(model: onnx.ModelProto, plan: PrecisionPlan
+                       ) -> tuple[onnx.ModelProto | None, PrecisionPlan]:
+    """The model as a weakly typed TensorRT build converts it: BatchNorm folded into its
+    convolution and decomposed LayerNorm fused first (``TENSORRT_REWRITES``, in FP32, as its
+    builder fuses them), then every out-of-range constant clamped (``clamp_constants``); and
+    ``plan`` on the nodes that model still has.
+
+    Returns:
+        ``(model, plan)``; the model is None when neither step changes anything.
+    """
+    rewritten, report = apply_rewrites(model, TENSORRT_REWRITES)
+    clamped, names = clamp_constants(rewritten, plan.default, MEASURED_ENGINE)
+    if not names and not report.changed:
+        return None, plan
+    kept = {n.name for n in clamped.graph.node}
+    return clamped, PrecisionPlan(plan.default, {k: v for k, v in plan.overrides.items()
+                                                 if k in kept})
 
 
 def _measure(model: onnx.ModelProto, samples: Sequence, plan: PrecisionPlan,
