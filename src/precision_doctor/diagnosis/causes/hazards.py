@@ -162,6 +162,8 @@ def _engine_conversion(model, name: str, value: np.ndarray, fmt: FloatFormat,
         clamps = [f"{CONVERSIONS[e].title} to {sign * CONVERSIONS[e].bound(target):g}"
                   for e in clamped_by]
         sentence += f"; {' and '.join(clamps)} clamp them, with a warning: no inf there"
+        if any(n.op_type == "BatchNormalization" for n in readers.get(name, [])):
+            sentence += " (TensorRT folds a BatchNorm into its convolution before converting)"
     else:
         sentence += f"; no engine is known to clamp them in {fmt.name.upper()}"
     if masking:
