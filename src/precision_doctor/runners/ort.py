@@ -25,6 +25,7 @@ from precision_doctor.graph.external import (
 )
 from precision_doctor.graph.external_files import link_model
 from precision_doctor.graph.load import PROTOBUF_LIMIT, ort_model_source
+from precision_doctor.precision.writer.validate import optimizer_defect, optimizer_note
 from precision_doctor.runners import device
 from precision_doctor.runners.base import Feeds, TensorMeta
 from precision_doctor.runners.sessions import cpu_arena
@@ -96,6 +97,11 @@ class OrtRunner:
             statistics-graph run shrinking: 44.6 vs 15.5 s; with only the segments' runs
             shrinking: 16.7 vs 16.3 s; ``benchmarks/probes/gpu_memory_probe.py``).
 
+    Attributes:
+        optimizer_note: Set by ``__enter__`` when ONNX Runtime's own graph optimizer broke the
+            model and the session was created with graph optimizations off
+            (``precision.writer.validate.optimizer_defect``); None otherwise.
+
     Raises:
         BackendUnavailable: (on ``__enter__``) a requested provider is not available; the
             message lists the available ones.
@@ -123,6 +129,7 @@ class OrtRunner:
         self.cpu_mem_arena = cpu_mem_arena
         self.arena_shrinkage = arena_shrinkage
         self._run_options: Any = None  # __enter__ sets it where runs shrink the arena
+        self.optimizer_note: str | None = None  # set when the optimizer had to be turned off
         self._session = None
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._weights: list = []  # OrtValues ONNX Runtime reads from: alive as long as the session
@@ -149,9 +156,7 @@ class OrtRunner:
             cpu_arena.share_in(options)
         try:
             source = self._source(ort, options)
-            session = self._session = ort.InferenceSession(
-                source, sess_options=options, providers=self.providers,
-                provider_options=self.provider_options)
+            session = self._session = self._open(ort, source, options)
         except Exception as exc:
             self.__exit__()
             if isinstance(exc, PrecisionDoctorError):
@@ -170,6 +175,24 @@ class OrtRunner:
                 f"gpu:{int(self.provider_options[0].get('device_id', 0))}")
             self._run_options = shrink
         return self
+
+    def _open(self, ort, source: bytes | str, options):
+        """The session; again with graph optimizations off when ONNX Runtime's own optimizer
+        broke the graph (``precision.writer.validate.optimizer_defect``: its LayerNorm fusion
+        on FP16 models on the CPU), noted in ``optimizer_note``."""
+        try:
+            return ort.InferenceSession(source, sess_options=options, providers=self.providers,
+                                        provider_options=self.provider_options)
+        except Exception as exc:
+            message = str(exc)
+            if not optimizer_defect(message) or self.graph_optimization == "disable":
+                raise
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            session = ort.InferenceSession(source, sess_options=options,
+                                           providers=self.providers,
+                                           provider_options=self.provider_options)
+            self.optimizer_note = optimizer_note(message)
+            return session
 
     def _source(self, ort, options) -> bytes | str:
         """What ``InferenceSession`` opens: a path, or bytes (+ external initializers)."""

@@ -10,6 +10,7 @@ implementation for Conv(22)"): a BF16 model that fails only that way is reported
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,6 +22,9 @@ from precision_doctor.errors import BackendError, UnsupportedModelError
 from precision_doctor.graph.external import has_external_data, is_external
 from precision_doctor.graph.external_files import link_model
 from precision_doctor.graph.load import PROTOBUF_LIMIT, ort_model_source
+
+# A node ONNX Runtime's optimizer created: "... in node (<original>/<Name>Fusion/)".
+_FUSED_NODE = re.compile(r"in node \([^)]*/(\w+Fusion)/")
 
 
 def _first_line(exc: Exception) -> str:
@@ -161,6 +165,9 @@ def _check(written: onnx.ModelProto, source: onnx.ModelProto | Path,
     error = ort_cpu_session_error(source)
     if error is None:
         return True, warnings
+    if optimizer_defect(error) and ort_cpu_session_error(source, optimize=False) is None:
+        warnings.append(optimizer_note(error))
+        return True, warnings
     if has_bf16 and "NOT_IMPLEMENTED" in error:
         warnings.append("ONNX Runtime CPU has no BF16 kernel for some op "
                         f"({error.splitlines()[0].split('NOT_IMPLEMENTED : ')[-1]}): it passed "
@@ -172,11 +179,39 @@ def _check(written: onnx.ModelProto, source: onnx.ModelProto | Path,
                        f"cannot create a session: {error}", runner="ort-cpu")
 
 
-def ort_cpu_session_error(model: onnx.ModelProto | Path) -> str | None:
+def optimizer_defect(message: str) -> bool:
+    """Whether an ONNX Runtime session error comes from a node its own graph optimizer made
+    (named ``.../<Name>Fusion/``), not from the model.
+
+    Measured with onnxruntime 1.32 (``tests/fuzz/test_regressions.py``): on the CPU, a
+    decomposed LayerNorm (ReduceMean, Sub, Pow, Sqrt, Div) computed in FP16 downstream of a
+    ``Cast`` to FP16 is fused into a ``LayerNormalization`` with float and float16 inputs ("Type
+    parameter (T) of Optype (LayerNormalization) bound to different types ... in node
+    (mul/LayerNormFusion/)"); at ``ORT_DISABLE_ALL`` the same model loads and runs, and
+    ``disabled_optimizers=["LayerNormFusion"]`` does not help.
+    """
+    return _FUSED_NODE.search(message) is not None
+
+
+def optimizer_note(message: str) -> str:
+    """The warning for a model that loads only with ONNX Runtime's graph optimizations off."""
+    fusion = _FUSED_NODE.search(message)
+    name = fusion.group(1) if fusion else "a graph optimizer"
+    return (f"ONNX Runtime CPU's {name} breaks this model ({message.splitlines()[0][:200]}): "
+            "an ONNX Runtime defect (the model passes onnx.checker and loads with graph "
+            "optimizations off). Load it with SessionOptions.graph_optimization_level = "
+            "ORT_DISABLE_ALL on the CPU; precision-doctor's runners do so for it")
+
+
+def ort_cpu_session_error(model: onnx.ModelProto | Path, optimize: bool = True) -> str | None:
     """Create an ONNX Runtime CPU session for ``model`` or the saved model at that path (and
     drop it); a proto with external data is opened from a folder of hard links to its files.
 
     Uses ``onnxruntime`` directly rather than a runner: the writer sits below the runners layer.
+
+    Args:
+        model: The model, or the path of a saved one.
+        optimize: ONNX Runtime's default graph optimizations (False: ``ORT_DISABLE_ALL``).
 
     Returns:
         None when the session builds, else ONNX Runtime's message.
@@ -184,6 +219,8 @@ def ort_cpu_session_error(model: onnx.ModelProto | Path) -> str | None:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
     options.enable_cpu_mem_arena = False
     with tempfile.TemporaryDirectory(prefix="precision-doctor-ort-") as tmp:
