@@ -23,9 +23,12 @@ from typing import Any
 
 from markupsafe import Markup
 
+from precision_doctor.diagnosis.causes.findings import Finding
+from precision_doctor.diagnosis.causes.groups import FindingGroup, entries
 from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult
 from precision_doctor.report import plots
+from precision_doctor.report.evidence import evidence_sentences, flip_counts, listed_flips
 from precision_doctor.report.html_fix import fix_verdict_section, render_fix_section
 from precision_doctor.report.templating import (
     COLLAPSE_ROWS,
@@ -65,13 +68,15 @@ def verdict_section(report: DiagnosisReport, secondary: bool = False) -> Section
     first = lw.record(lw.first_divergence) if lw and lw.first_divergence else None
     birth = lw.record(lw.nan_birth) if lw and lw.nan_birth else None
     severities = [h.severity for h in report.hazards]
+    metric = next((d.suggested_metric for d in report.decisions if d.suggested_metric), None)
     return Section("diagnosis" if secondary else "verdict",
                    "Default tolerance" if secondary else "Verdict", render(
         "verdict.j2", r=report, model_name=model_name(report), worst=worst, secondary=secondary,
         failing=[o for o in outputs if not o.passed], first=first, birth=birth,
-        top=report.findings[0] if report.findings else None,
+        top=entries(report.findings, report.finding_groups)[0] if report.findings else None,
         errors=sum(f.severity == "error" for f in report.findings),
-        hazards_high=severities.count("high") + severities.count("medium")))
+        hazards_high=severities.count("high") + severities.count("medium"),
+        tightest=_tightest(lw), metric=metric))
 
 
 def assessment_section(report: DiagnosisReport) -> Section | None:
@@ -82,8 +87,12 @@ def assessment_section(report: DiagnosisReport) -> Section | None:
     if report.assessment is None:
         return None
     accuracy = accuracy_line(getattr(report, "accuracy", None) or {})
-    return Section("assessment", "Assessment", render("assessment.j2", r=report,
-                                                       accuracy=accuracy))
+    listed = listed_flips(report)
+    return Section("assessment", "Assessment", render(
+        "assessment.j2", r=report, accuracy=accuracy,
+        evidence=evidence_sentences(report.assessment.evidence, report.target), listed=listed,
+        unlisted=[f for f in report.decision_flips if f not in listed],
+        flip_counts=flip_counts(report)))
 
 
 def outputs_section(report: DiagnosisReport) -> Section:
@@ -105,10 +114,16 @@ def recording_html_section(report: DiagnosisReport) -> Section | None:
 def findings_section(report: DiagnosisReport) -> Section:
     """Findings ranked by measured impact: evidence, impact, remedy."""
     ids = _row_ids(report.layerwise)
-    ordered = sorted(report.findings, key=lambda f: f.group != "main")  # minor ones collapse
-    items = [(f, _anchor(ids, f.tensor, f.node)) for f in ordered]
+    listed = entries(report.findings, report.finding_groups)  # repeated findings: one group
+    ordered = sorted(listed, key=lambda f: f.group != "main")  # minor ones collapse
+    by_node = {f.node: f for f in report.findings}
+    items = [(f, _anchor(ids, f.tensor, f.node) if isinstance(f, Finding) else
+              _anchor(ids, "", f.members[0]),
+              [by_node[m] for m in f.members if m in by_node]
+              if isinstance(f, FindingGroup) else [])
+             for f in ordered]
     return Section("findings", "Findings", render(
-        "findings.j2", items=items, passed=report.passed,
+        "findings.j2", items=items, passed=report.passed, total=len(report.findings),
         shown=sum(f.group == "main" for f in ordered)))
 
 
@@ -118,8 +133,7 @@ def plots_section(report: DiagnosisReport) -> Section | None:
     if lw is None or not lw.records:
         return None
     floor = max(report.noise.per_output.values(), default=None) if report.noise else None
-    finite = [r for r in lw.records if r.ref_max_abs > 0 and math.isfinite(r.headroom_bits)]
-    tightest = min(finite, key=lambda r: r.headroom_bits, default=None)
+    tightest = _tightest(lw)
     return Section("plots", "Plots", render(
         "plots.j2", lw=lw, error_svg=Markup(plots.error_vs_depth_svg(lw, floor) or ""),
         range_svg=Markup(plots.range_svg(lw) or ""), floor=floor,
@@ -230,6 +244,13 @@ def render_html(report: DiagnosisReport, fix: Mapping[str, Any] | None = None,
         sections=report_sections(report, fix, command), script=script,
         script_hash=f"sha256-{digest}", r=report, verdict=verdict,
         title=f"{verdict}: {model_name(report)} in {report.target.upper()} - precision-doctor")
+
+
+def _tightest(lw: LayerwiseResult | None) -> LayerRecord | None:
+    """The tensor with the least headroom to the format's max (finite, non-zero range)."""
+    finite = [r for r in (lw.records if lw else ())
+              if r.ref_max_abs > 0 and math.isfinite(r.headroom_bits)]
+    return min(finite, key=lambda r: r.headroom_bits, default=None)
 
 
 def _finite_or_max(x: float) -> float:

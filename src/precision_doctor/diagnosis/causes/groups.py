@@ -32,6 +32,7 @@ from typing import Callable, Mapping, Sequence
 from precision_doctor.diagnosis.assessment import share_removed
 from precision_doctor.diagnosis.causes.findings import Finding
 from precision_doctor.diagnosis.causes.joint import JointCause
+from precision_doctor.numbers import fmt3, fmt_share
 
 MAX_MEASURED = 8  # group measurements per diagnosis (one emulated evaluation each at most)
 MAGNITUDE_KEYS = ("ref_max_abs", "value", "max_abs", "dev_max")  # first present is the size
@@ -76,6 +77,22 @@ class FindingGroup:
     def blocks_text(self) -> str:
         """The blocks as ranges: ``(0, 1, 2, 5)`` -> ``"0-2, 5"``."""
         return block_ranges(self.blocks)
+
+    def describe(self, pattern: str | None = None) -> str:
+        """"Pow b*/pow in blocks 3-7 (5 nodes), 1.09e+05 to 4.35e+05; together 99% of the
+        error" (``pattern``: the name pattern as shown, e.g. shortened; default ``pattern``)."""
+        where = " ".join(x for x in (self.op_type, pattern or self.pattern) if x)
+        blocks = f" in blocks {self.blocks_text()}" if self.blocks else ""
+        size = ""
+        if self.magnitude is not None:
+            lo, hi = self.magnitude
+            size = (f", up to {fmt3(hi)}" if lo == hi or lo <= 0
+                    else f", {fmt3(lo)} to {fmt3(hi)}")
+        impact = ("" if self.impact is None
+                  else f"; together {fmt_share(self.impact)} of the error"
+                  + (" (a joint cause: each alone leaves the output destroyed)"
+                     if self.joint else ""))
+        return f"{where}{blocks} ({len(self.members)} nodes){size}{impact}"
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "op_type": self.op_type, "pattern": self.pattern,
@@ -212,4 +229,27 @@ def pattern_groups(findings: Sequence[Finding],
     return tuple(g for _, g in sorted(made, key=lambda x: x[0]))
 
 
-__all__ = ["FindingGroup", "block_ranges", "name_pattern", "pattern_groups"]
+def entries(findings: Sequence[Finding], groups: Sequence[FindingGroup]
+            ) -> list[Finding | FindingGroup]:
+    """What a report lists, in the findings' order: each group once, at its first member among
+    ``findings``, in place of its members; the findings of no group as they are. A group with
+    fewer than two members left in ``findings`` (a review removed the others) is not used."""
+    present = {f.node for f in findings}
+    by_node: dict[str, FindingGroup] = {}
+    for g in groups:
+        if sum(m in present for m in g.members) >= 2:
+            for m in g.members:
+                by_node.setdefault(m, g)
+    out: list[Finding | FindingGroup] = []
+    shown: set[int] = set()
+    for f in findings:
+        g = by_node.get(f.node)
+        if g is None or (g.kind != "joint-cause" and not g.joint and g.kind != f.kind):
+            out.append(f)
+        elif id(g) not in shown:
+            shown.add(id(g))
+            out.append(g)
+    return out
+
+
+__all__ = ["FindingGroup", "block_ranges", "entries", "name_pattern", "pattern_groups"]

@@ -8,14 +8,13 @@ significant digits (``1.14e-02``), shares are percentages with one decimal.
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 from rich.console import Console
 from rich.markup import escape
 
-from precision_doctor.diagnosis.causes.findings import MINOR_IMPACT
 from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.numbers import fmt3, fmt_share
+from precision_doctor.report.evidence import flip_counts, listed_flips
 
 COLORS = {"within-tolerance": "green", "rounding": "yellow", "decision-flips": "yellow",
           "defect": "red", "unexplained": "red"}
@@ -24,9 +23,14 @@ SHOWN_FLIPS_OTHERWISE = 3  # e.g. a broken map flips thousands of pixels: a samp
 
 
 def render_assessment(report: DiagnosisReport, console: Console) -> None:
-    """Print the assessment block (nothing for a version-1 report without one)."""
+    """Print the assessment block (nothing for a version-1 report without one); for a passing
+    report, the assessment in one sentence (the rest is ``render_pass``'s)."""
     a = report.assessment
     if a is None:
+        return
+    if report.passed:
+        console.print(f"[bold {COLORS.get(a.kind, 'green')}]Assessment: {a.kind}.[/] "
+                      f"{escape(a.summary)}")
         return
     color = COLORS.get(a.kind, "white")
     console.print(f"[bold {color}]Assessment: {a.kind}[/]")
@@ -97,7 +101,11 @@ def _render_decisions(report: DiagnosisReport, console: Console) -> None:
                       "to the whole output)")
         if d.suggested_metric:
             console.print(f"  suggested task metric: --metric {escape(d.suggested_metric)}")
-    flips = report.decision_flips
+    render_flip_lines(report, console)
+
+
+def render_flip_lines(report: DiagnosisReport, console: Console) -> None:
+    flips = listed_flips(report)
     shown = (SHOWN_FLIPS if report.assessment and report.assessment.kind == "decision-flips"
              else SHOWN_FLIPS_OTHERWISE)
     boxes = {d.output for d in report.decisions if d.kind.startswith("detection-")}
@@ -112,21 +120,13 @@ def _render_decisions(report: DiagnosisReport, console: Console) -> None:
                       + (f", {f.reading}" if f.reading else ""))
     if len(flips) > shown:
         console.print(f"  ({len(flips) - shown} more listed flips in the JSON and HTML reports)")
-
-
-def render_minor(report: DiagnosisReport, console: Console) -> None:
-    """One line for the collapsed ``minor`` findings group."""
-    minor = [f for f in report.findings if f.group == "minor"]
-    if not minor:
-        return
-    kinds = ", ".join(f"{n} {k}" for k, n in sorted(Counter(f.kind for f in minor).items()))
-    console.print(f"{len(minor)} minor finding(s) collapsed (measured impact < "
-                  f"{MINOR_IMPACT:.0%} each, or unmeasured warnings): {kinds}; see the JSON or "
-                  "HTML report")
+    counts = flip_counts(report)
+    if counts:
+        console.print(f"  {counts}")
 
 
 def _float(v: object) -> float:
     return float(v) if isinstance(v, (int, float, str)) else math.nan
 
 
-__all__ = ["render_assessment", "render_minor"]
+__all__ = ["render_assessment", "render_flip_lines"]

@@ -8,18 +8,17 @@ when the console is too narrow: at 80 columns no number or header is ever cut wi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
-from precision_doctor.diagnosis.causes.findings import Finding
 from precision_doctor.diagnosis.report import DiagnosisReport, OutputResult
 from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult
 from precision_doctor.numbers import fmt3, fmt_count, fmt_share
-from precision_doctor.report.terminal.assessment import render_assessment, render_minor
+from precision_doctor.report.terminal.assessment import render_assessment, render_flip_lines
+from precision_doctor.report.terminal.findings import render_findings, render_hazards, short_name
 from precision_doctor.report.terminal.tables import Cell, Col, MetricTable, metric_table
 
 OUTPUT_COLUMNS = (Col("output", "key"), Col("verdict", "tag"), Col("rel L2"), Col("max abs"),
@@ -27,8 +26,6 @@ OUTPUT_COLUMNS = (Col("output", "key"), Col("verdict", "tag"), Col("rel L2"), Co
                   Col("argmax", label="argmax agree"), Col("x noise"))
 OUTPUT_CAPTION = ("rel L2 = |c - r| / |r|; 1-cos = 1 - cosine similarity; argmax = share of "
                   "positions with the same argmax; x noise = rel L2 / FP32 noise floor")
-FINDING_COLUMNS = (Col("#", "tag"), Col("kind", "tag"), Col("node", "key"), Col("impact"),
-                   Col("evidence", "text"), Col("remedy", "text"))
 LAYER_COLUMNS = (Col("#", "tag"), Col("tensor", "key"), Col("op", "name"), Col("rel L2"),
                  Col("max|x|", label="ref max|x|"), Col("bits", label="headroom bits"),
                  Col("ovf", label="overflow"), Col("ftz", label="flush"), Col("NaN/Inf"))
@@ -54,16 +51,6 @@ def outputs_table(outputs: tuple[OutputResult, ...] | list[OutputResult],
     return metric_table(title, OUTPUT_COLUMNS, rows, caption=OUTPUT_CAPTION)
 
 
-def findings_table(findings: Sequence[Finding]) -> MetricTable:
-    """Findings ranked by measured impact (the main group; minor ones are one line)."""
-    rows: list[list[Cell]] = []
-    for i, f in enumerate(findings, 1):
-        color = {"error": "red", "warning": "yellow"}.get(f.severity, "")
-        rows.append([f"#{i}", Text(f.kind, style=color), f.node, fmt_share(f.impact), f.summary,
-                     f.remedy])
-    return metric_table("Findings (ranked by measured impact)", FINDING_COLUMNS, rows)
-
-
 def layer_rows(lw: LayerwiseResult, layers: int) -> list[LayerRecord]:
     """The rows to show: around the first divergence, else the largest errors."""
     if lw.first_divergence:
@@ -77,7 +64,7 @@ def layer_rows(lw: LayerwiseResult, layers: int) -> list[LayerRecord]:
 def layers_table(lw: LayerwiseResult, layers: int) -> MetricTable:
     """The layerwise rows (see ``layer_rows``), the first divergence in red."""
     rows = layer_rows(lw, layers)
-    cells = [[f"#{r.index}", r.tensor, r.op_type, fmt3(r.rel_l2), fmt3(r.ref_max_abs),
+    cells = [[f"#{r.index}", short_name(r.tensor), r.op_type, fmt3(r.rel_l2), fmt3(r.ref_max_abs),
               fmt3(r.headroom_bits), fmt_count(r.overflow), fmt_count(r.flush_to_zero),
               f"{r.cand_nan}/{r.cand_inf}"] for r in rows]
     styles = ["red" if r.tensor == lw.first_divergence else None for r in rows]
@@ -87,11 +74,15 @@ def layers_table(lw: LayerwiseResult, layers: int) -> MetricTable:
 
 
 def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12) -> None:
-    """Print ``report``.
+    """Print ``report``, the answer first.
+
+    A passing report is short (``render_pass``: the verdict, the assessment in one sentence,
+    the outputs, the headroom, where to look next); a failing one adds the assessment's
+    evidence, the findings (repeated ones grouped), the layerwise rows and the hazards.
 
     Args:
         report: The diagnosis.
-        console: Where to print.
+        console: Where to print (its width decides tables vs lists).
         layers: How many rows of the layerwise table to show (worst and around the first
             divergence); 0 hides it.
     """
@@ -110,14 +101,64 @@ def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12
         console.print(Text(f"  {o.name}: {o.reason}"))
     if report.recording:
         _render_recording(report.recording, console)
-
-    main = [f for f in report.findings if f.group == "main"]
-    if main:
-        console.print(findings_table(main))
+    if ok:
+        render_pass(report, console)
     else:
-        console.print("No main findings.")
-    render_minor(report, console)
+        _render_failure(report, console, layers)
+    for w in report.warnings:
+        console.print(Text.assemble(("warning:", "yellow"), f" {w}"))
 
+
+def render_pass(report: DiagnosisReport, console: Console) -> None:
+    """The rest of a passing report: decisions in one line each, the headroom, findings and
+    hazards in one line each, and where to look next."""
+    for d in report.decisions:
+        task = (f", {d.task_metric} agreement {fmt_share(d.task_agreement, 1)}"
+                if d.task_agreement is not None else "")
+        console.print(Text(f"Decisions of {d.output} ({d.kind}): {d.flips} of {d.positions} "
+                           f"flipped{task}"))
+    render_flip_lines(report, console)
+    line = headroom_line(report)
+    if line:
+        console.print(Text(line))
+    render_findings(report, console)
+    render_hazards(report, console)
+    if report.noise is not None:
+        _render_noise(report, console)
+    console.print(Text(next_steps(report), style="dim"))
+
+
+def headroom_line(report: DiagnosisReport) -> str | None:
+    """The tightest tensor and its bits to the format's max (``LayerRecord.headroom_bits``),
+    or None without a layerwise comparison."""
+    lw = report.layerwise
+    if lw is None:
+        return None
+    finite = [r for r in lw.records if r.ref_max_abs > 0 and math.isfinite(r.headroom_bits)]
+    if not finite:
+        return None
+    t = min(finite, key=lambda r: r.headroom_bits)
+    return (f"Headroom: the tightest of {len(lw.records)} tensors is {short_name(t.tensor)} "
+            f"({t.op_type}), max |x| {fmt3(t.ref_max_abs)}, {fmt3(t.headroom_bits)} bits "
+            f"below the {report.target.upper()} max (a {fmt3(2.0 ** t.headroom_bits)}x larger "
+            "input would overflow it)")
+
+
+def next_steps(report: DiagnosisReport) -> str:
+    """Where to look next: the HTML and JSON reports, and ``fix`` (with a task metric)."""
+    metric = next((d.suggested_metric for d in report.decisions if d.suggested_metric), None)
+    steps = ["--html report.html for every tensor and hazard", "--json for the numbers"]
+    if report.passed and metric:
+        steps.append(f"`precision-doctor fix --metric {metric}` to go further than the "
+                     "default tolerance")
+    elif not report.passed:
+        steps.append("`precision-doctor fix` writes the cured model"
+                     + (f" (with --metric {metric})" if metric else ""))
+    return "Next: " + "; ".join(steps) + "."
+
+
+def _render_failure(report: DiagnosisReport, console: Console, layers: int) -> None:
+    render_findings(report, console)
     lw = report.layerwise
     if lw is not None and layers:
         unit = "segment" if lw.mode == "segments" else "marked-output chunk"
@@ -128,17 +169,17 @@ def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12
         if lw.fallback_reason:
             console.print(Text(f"  (each chunk re-ran the whole model: {lw.fallback_reason})"))
         console.print(layers_table(lw, layers))
-    hazards = [h for h in report.hazards if h.severity != "low"]
-    if hazards:
-        console.print(f"Static hazards ({len(hazards)} medium/high of {len(report.hazards)}):")
-        for h in hazards[:10]:
-            console.print(Text(f"  - [{h.severity}] {h.detail}"))
+    render_hazards(report, console)
     if report.noise is not None:
-        floor = ", ".join(f"{k}={fmt3(v)}" for k, v in report.noise.per_output.items())
-        probes = ", ".join(report.noise.probes) or "none"
-        console.print(Text(f"FP32 noise floor (rel L2): {floor} (probes: {probes})"))
-    for w in report.warnings:
-        console.print(Text.assemble(("warning:", "yellow"), f" {w}"))
+        _render_noise(report, console)
+    console.print(Text(next_steps(report), style="dim"))
+
+
+def _render_noise(report: DiagnosisReport, console: Console) -> None:
+    assert report.noise is not None
+    floor = ", ".join(f"{k}={fmt3(v)}" for k, v in report.noise.per_output.items())
+    probes = ", ".join(report.noise.probes) or "none"
+    console.print(Text(f"FP32 noise floor (rel L2): {floor} (probes: {probes})"))
 
 
 def _render_recording(rec: dict, console: Console) -> None:

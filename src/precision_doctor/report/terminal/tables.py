@@ -33,7 +33,8 @@ from rich.text import Text
 Kind = Literal["key", "name", "num", "tag", "text"]
 Cell = str | Text
 KEY_MIN = 12  # a name column may fold down to this width before the table gives way to blocks
-NAME_MIN = 8  # a short-name column (op type) may fold down to this width
+NAME_MIN = 24  # a short-name column (op type) keeps its longest cell up to this width: an op
+# type such as DynamicQuantizeLinear folded into 8-character pieces reads worse than blocks
 TEXT_MIN = 24  # a sentence column below this is harder to read than a block
 _GAP = 2  # between two columns: 1 character of left padding + box.SIMPLE_HEAD's 1-space divider
 

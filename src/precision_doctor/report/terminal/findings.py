@@ -1,0 +1,119 @@
+"""Terminal rendering of findings as a list: one entry per cause, repeated causes grouped.
+
+A finding repeated in every block of an encoder is one entry (``diagnosis.causes.groups``):
+``activation-overflow: Pow b*/pow in blocks 3-7 (5 nodes), up to 4.35e+05; together 99% of the
+error; remedy: ...``. Entries are lists, never table cells: a sentence folds at the console's
+width with a hanging indent instead of being wrapped into a 20-character column, and long ONNX
+names are shortened to their distinctive tail (``short_name``; the JSON and HTML reports keep
+the full names).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.padding import Padding
+from rich.text import Text
+
+from precision_doctor.diagnosis.causes.findings import MINOR_IMPACT, Finding
+from precision_doctor.diagnosis.causes.groups import FindingGroup, entries, name_pattern
+from precision_doctor.diagnosis.causes.hazards import Hazard
+from precision_doctor.diagnosis.report import DiagnosisReport
+from precision_doctor.numbers import fmt_share
+
+NAME_LIMIT = 36  # characters of an ONNX name in the terminal (longer: its tail, ``short_name``)
+SHOWN_HAZARDS = 10
+_COLORS = {"error": "red", "warning": "yellow"}
+
+
+def short_name(name: str, limit: int = NAME_LIMIT) -> str:
+    """``name`` if it has at most ``limit`` characters, else its distinctive tail: the last
+    ``/``-components that fit behind ``.../`` (``/model/encoder/layers.3/self_attn/Pow`` ->
+    ``.../layers.3/self_attn/Pow``), or its last ``limit - 3`` characters behind ``...``."""
+    if len(name) <= limit:
+        return name
+    parts = name.split("/")
+    tail = parts[-1]
+    for part in reversed(parts[:-1]):
+        if len(part) + 1 + len(tail) + 4 > limit:
+            break
+        tail = f"{part}/{tail}"
+    if len(tail) + 4 <= limit and tail != name:
+        return ".../" + tail
+    return "..." + name[-(limit - 3):]
+
+
+def group_line(g: FindingGroup) -> str:
+    """One sentence for a group: kind, op and pattern, blocks, magnitudes, joint impact,
+    remedy (``FindingGroup.describe`` with the pattern shortened)."""
+    return f"{g.kind}: {g.describe(short_name(g.pattern, 2 * NAME_LIMIT))}; remedy: {g.remedy}"
+
+
+def _entry(i: int, e: Finding | FindingGroup) -> list[Text]:
+    color = _COLORS.get(e.severity, "")
+    if isinstance(e, FindingGroup):
+        line = Text.assemble(f"#{i} ", (group_line(e), color))
+        return [line]
+    impact = "not measured" if e.impact is None else f"impact {fmt_share(e.impact)}"
+    head = Text.assemble(f"#{i} ", (e.kind, color),
+                         f": {e.op_type} {short_name(e.node)} ({impact})")
+    return [head, Text(e.summary), Text(f"remedy: {e.remedy}")]
+
+
+def render_findings(report: DiagnosisReport, console: Console) -> None:
+    """The main findings as a list (groups once), then one line for the minor ones."""
+    listed = entries(report.findings, report.finding_groups)
+    main = [e for e in listed if e.group == "main"]
+    if main:
+        console.print(Text("Findings (ranked by measured impact)", style="italic"))
+        for i, e in enumerate(main, 1):
+            first, *rest = _entry(i, e)
+            console.print(first)
+            for line in rest:
+                console.print(Padding(line, (0, 0, 0, len(f"#{i} "))))
+    elif not report.passed:
+        console.print("No main findings.")
+    minor = [e for e in listed if e.group == "minor"]
+    if minor:
+        count = Counter(e.kind for e in minor)
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(count.items()))
+        console.print(f"{len(minor)} minor finding(s) collapsed (measured impact < "
+                      f"{MINOR_IMPACT:.0%} each, or unmeasured warnings): {kinds}; see the JSON "
+                      "or HTML report")
+
+
+def render_hazards(report: DiagnosisReport, console: Console) -> None:
+    """On a pass one line; otherwise the medium/high hazards, repeated ones once."""
+    total = len(report.hazards)
+    if not total:
+        return
+    if report.passed:
+        console.print(f"{total} static hazard(s) checked, none measured to matter (the outputs "
+                      "are within tolerance).")
+        return
+    hazards = [h for h in report.hazards if h.severity != "low"]
+    if not hazards:
+        return
+    console.print(f"Static hazards ({len(hazards)} medium/high of {total}):")
+    for h, n in _hazard_groups(hazards)[:SHOWN_HAZARDS]:
+        more = f" (and {n - 1} more like it)" if n > 1 else ""
+        console.print(Text(f"  - [{h.severity}] {h.detail}{more}"))
+
+
+def _hazard_groups(hazards: Sequence[Hazard]) -> list[tuple[Hazard, int]]:
+    """Hazards of one kind, op and name pattern once, with their count."""
+    seen: dict[tuple[str, str, str, str], int] = {}
+    out: list[list] = []
+    for h in hazards:
+        key = (h.kind, h.op_type, h.severity, name_pattern(h.node)[0])
+        if key in seen:
+            out[seen[key]][1] += 1
+        else:
+            seen[key] = len(out)
+            out.append([h, 1])
+    return [(h, n) for h, n in out]
+
+
+__all__ = ["group_line", "render_findings", "render_hazards", "short_name"]
