@@ -48,10 +48,7 @@ OPEN_BUGS: dict[str, frozenset[str]] = {
     # writer converts it (test_constant_through_data_movement_is_rounded)
     # the writer leaves a contrib op's output (no ONNX schema: unknown dtype) uncast into an
     # FP16 node (test_contrib_output_into_fp16_node_is_cast)
-    # (rnn: its Transpose [1, 0, 2] into an FP32 MatMul crashes ONNX Runtime's session, and
-    # with it the process: test_fp16_batch_transpose_into_fp32_matmul_does_not_crash)
-    "writer": frozenset({"select", "attention:where", "contrib", "rnn"}),
-    "fix": frozenset({"rnn"}),
+    "writer": frozenset({"select", "attention:where", "contrib"}),
 }
 FAST = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow])

@@ -25,7 +25,11 @@ from precision_doctor.graph.external import (
 )
 from precision_doctor.graph.external_files import link_model
 from precision_doctor.graph.load import PROTOBUF_LIMIT, ort_model_source
-from precision_doctor.precision.writer.validate import optimizer_defect, optimizer_note
+from precision_doctor.precision.writer.validate import (
+    crashing_fusions,
+    optimizer_defect,
+    optimizer_note,
+)
 from precision_doctor.runners import device
 from precision_doctor.runners.base import Feeds, TensorMeta
 from precision_doctor.runners.sessions import cpu_arena
@@ -179,10 +183,15 @@ class OrtRunner:
     def _open(self, ort, source: bytes | str, options):
         """The session; again with graph optimizations off when ONNX Runtime's own optimizer
         broke the graph (``precision.writer.validate.optimizer_defect``: its LayerNorm fusion
-        on FP16 models on the CPU), noted in ``optimizer_note``."""
+        on FP16 models on the CPU), noted in ``optimizer_note``. The fusion that crashes the
+        process on a Transpose -> Cast -> MatMul chain is always off for a model that has one
+        (``precision.writer.validate.crashing_fusions``)."""
+        disabled = crashing_fusions(self.model) if isinstance(self.model, onnx.ModelProto) \
+            else []
         try:
             return ort.InferenceSession(source, sess_options=options, providers=self.providers,
-                                        provider_options=self.provider_options)
+                                        provider_options=self.provider_options,
+                                        disabled_optimizers=disabled)
         except Exception as exc:
             message = str(exc)
             if not optimizer_defect(message) or self.graph_optimization == "disable":
@@ -190,7 +199,8 @@ class OrtRunner:
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             session = ort.InferenceSession(source, sess_options=options,
                                            providers=self.providers,
-                                           provider_options=self.provider_options)
+                                           provider_options=self.provider_options,
+                                           disabled_optimizers=disabled)
             self.optimizer_note = optimizer_note(message)
             return session
 

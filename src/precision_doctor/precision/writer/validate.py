@@ -27,6 +27,31 @@ from precision_doctor.graph.load import PROTOBUF_LIMIT, ort_model_source
 _FUSED_NODE = re.compile(r"in node \([^)]*/(\w+Fusion)/")
 
 
+# onnxruntime 1.32 CPU crashes the process (SIGSEGV) building a session at ORT_ENABLE_ALL for
+# FP16 -> Transpose(perm [1, 0, 2]) -> Cast(to=float) -> MatMul, which the writer writes for an
+# FP16 Transpose read by an FP32 MatMul: its MatmulTransposeFusion (measured 2026-11-28,
+# tests/fuzz/test_regressions.py). Sessions of a model with that chain turn the fusion off.
+CRASHING_FUSION = "MatmulTransposeFusion"
+
+
+def crashing_fusions(model: onnx.ModelProto) -> list[str]:
+    """The ONNX Runtime optimizers to turn off for ``model`` (``disabled_optimizers``):
+    ``MatmulTransposeFusion`` where a Transpose feeds a MatMul through a ``Cast(to=float)``."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    for node in model.graph.node:
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+            continue
+        for name in node.input:
+            cast = producers.get(name)
+            if cast is None or cast.op_type != "Cast" or not any(
+                    a.name == "to" and a.i == onnx.TensorProto.FLOAT for a in cast.attribute):
+                continue
+            before = producers.get(cast.input[0]) if cast.input else None
+            if before is not None and before.op_type == "Transpose":
+                return [CRASHING_FUSION]
+    return []
+
+
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -162,10 +187,18 @@ def _check(written: onnx.ModelProto, source: onnx.ModelProto | Path,
         warnings.append(f"{len(wrong)} tensor(s) have another element type than the writer "
                         f"meant (the report's node precisions may be off there): "
                         f"{', '.join(wrong[:5])}")
-    error = ort_cpu_session_error(source)
+    disabled = crashing_fusions(written)
+    if disabled:
+        warnings.append(
+            "onnxruntime 1.32 on the CPU crashes (SIGSEGV) creating a session for this model at "
+            "the default optimization level: a Transpose reaches a MatMul through a Cast to "
+            f"float, which its {disabled[0]} mishandles. Load it with "
+            f"InferenceSession(..., disabled_optimizers={disabled!r}); precision-doctor's "
+            "runners do so")
+    error = ort_cpu_session_error(source, disabled=disabled)
     if error is None:
         return True, warnings
-    if optimizer_defect(error) and ort_cpu_session_error(source, optimize=False) is None:
+    if optimizer_defect(error) and ort_cpu_session_error(source, False, disabled) is None:
         warnings.append(optimizer_note(error))
         return True, warnings
     if has_bf16 and "NOT_IMPLEMENTED" in error:
@@ -203,7 +236,8 @@ def optimizer_note(message: str) -> str:
             "ORT_DISABLE_ALL on the CPU; precision-doctor's runners do so for it")
 
 
-def ort_cpu_session_error(model: onnx.ModelProto | Path, optimize: bool = True) -> str | None:
+def ort_cpu_session_error(model: onnx.ModelProto | Path, optimize: bool = True,
+                          disabled: Iterable[str] = ()) -> str | None:
     """Create an ONNX Runtime CPU session for ``model`` or the saved model at that path (and
     drop it); a proto with external data is opened from a folder of hard links to its files.
 
@@ -212,6 +246,7 @@ def ort_cpu_session_error(model: onnx.ModelProto | Path, optimize: bool = True) 
     Args:
         model: The model, or the path of a saved one.
         optimize: ONNX Runtime's default graph optimizations (False: ``ORT_DISABLE_ALL``).
+        disabled: ONNX Runtime optimizers to turn off (``crashing_fusions``).
 
     Returns:
         None when the session builds, else ONNX Runtime's message.
@@ -227,7 +262,8 @@ def ort_cpu_session_error(model: onnx.ModelProto | Path, optimize: bool = True) 
         try:
             source = str(model) if isinstance(model, Path) else ort_model_source(model, tmp)
             ort.InferenceSession(source, sess_options=options,
-                                 providers=["CPUExecutionProvider"])
+                                 providers=["CPUExecutionProvider"],
+                                 disabled_optimizers=list(disabled))
         except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated types
             return str(exc).strip() or type(exc).__name__
     return None
