@@ -267,6 +267,6 @@ def test_failed_opset_conversion_is_unsupported_model_error(monkeypatch):
 def test_session_failure_is_backend_error_with_ort_message(monkeypatch):
     # The writer checks the session with onnxruntime directly (it sits below the runners).
     monkeypatch.setattr("precision_doctor.precision.writer.validate.ort_cpu_session_error",
-                        lambda model: "boom")
+                        lambda model, *args, **kwargs: "boom")
     with pytest.raises(BackendError, match="boom"):
         write_mixed_precision(chain(), FP16)
