@@ -19,22 +19,22 @@ The PP-OCRv4 rec file stores its weights as ``Constant`` nodes (paddle2onnx), wh
 ``quantize_dynamic`` refuses ("Expected conv2d_157.w_0 to be an initializer");
 :func:`constants_to_initializers` moves them to initializers first (bit-exact, same graph).
 
-Run (after the two exports; ``-P``: ``benchmarks/transformers.py`` would shadow the package)::
+Run (after the two exports)::
 
-    python3 -P benchmarks/quantize_zoo.py                 # all into .models/quantized/
-    python3 -P benchmarks/quantize_zoo.py --models rec,minilm17
+    python -m benchmarks run quantize_zoo                 # all into .models/quantized/
+    python3 benchmarks/quantize_zoo.py --models rec,minilm17
 
 Writes ``.models/quantized/NAME.onnx`` and, per model, ONNX Runtime CPU FP32 of the quantized
 model vs the float model on the real inputs (rel L2 = ||q - f|| / ||f|| per sample; rec: also
-the share of time steps whose argmax character agrees) into
-``benchmarks/results/quantize_zoo_<date>_cpu2.json``. ``tests/real_quantized.py`` imports
-:func:`quantize` and :func:`rec_source` from here (CI builds the quantized rec in a tmp dir).
+the share of time steps whose argmax character agrees; MiniLM: the pooled-embedding cosine)
+into ``benchmarks/results/quantize_zoo_<date>_<machine>.json`` (``common.results_path``).
+``tests/real_quantized.py`` imports :func:`quantize` and :func:`rec_source` from here (CI builds
+the quantized rec in a tmp dir).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import importlib.util
 import json
 import logging
@@ -202,12 +202,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(CASES))
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results"
-                        / f"quantize_zoo_{_dt.date.today().isoformat()}_cpu2.json")
+    parser.add_argument("--results", type=Path)
     args = parser.parse_args()
-    import onnxruntime as ort
+    from common import results_path, write_results
 
-    results: dict = {"onnxruntime": ort.__version__, "onnx": onnx.__version__, "models": {}}
+    args.results = args.results or results_path("quantize_zoo")
+    results: dict = {"models": {}}
     if args.results.is_file():  # --models re-runs some: keep the others' rows
         results["models"] = json.loads(args.results.read_text()).get("models", {})
     for name in args.models.split(","):
@@ -229,8 +229,7 @@ def main() -> None:
                "vs_float_ort_cpu": compare(src, dst, real_feeds(name))}
         results["models"][name] = row
         print(name, json.dumps(row))
-    args.results.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.results}")
+    print(f"wrote {write_results(args.results, results)}")
 
 
 if __name__ == "__main__":
