@@ -46,8 +46,8 @@ FP32_RTOL = 1e-5  # relative to the output's largest magnitude: FP32 reassociati
 OPEN_BUGS: dict[str, frozenset[str]] = {
     # emulate keeps a constant that reaches an FP16 tensor through Expand/Where in FP32; the
     # writer converts it (test_constant_through_data_movement_is_rounded)
-    # the writer leaves a contrib op's output (no ONNX schema: unknown dtype) uncast into an
-    # FP16 node (test_contrib_output_into_fp16_node_is_cast)
+    # emulate leaves a contrib op's output (no ONNX schema: unknown dtype) unrounded into an
+    # FP16 node; the writer casts it (test_contrib_output_is_rounded_by_the_plan_emulation)
     "writer": frozenset({"select", "attention:where", "contrib"}),
 }
 FAST = settings(max_examples=60, deadline=None, derandomize=True, database=None,
@@ -138,8 +138,9 @@ def check_written(case: Case, written: onnx.ModelProto, source: onnx.ModelProto,
     exact = run(WrittenEmulatorRunner(written), case)
     planned = run(EmulatorRunner(source, report.effective_plan()), case)
     bad = differences(planned, exact, 0.0)
+    low = sorted(n for n, p in report.node_precisions.items() if p != "fp32")
     assert not bad, (f"emulate_written != emulate(effective plan) on {case.pieces} "
-                     f"(FP16 nodes {sorted(report.node_precisions)}): {bad}")
+                     f"(low-precision nodes {low}): {bad}")
 
 
 def check_fix(case: Case) -> None:

@@ -10,10 +10,12 @@ implementation for Conv(22)"): a BF16 model that fails only that way is reported
 
 from __future__ import annotations
 
+import functools
 import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import onnx
 import onnx_ir as ir
@@ -101,7 +103,8 @@ def run_checker(model: onnx.ModelProto) -> None:
 
 
 def inferred_dtypes(model: onnx.ModelProto, strict: bool = False) -> dict[str, ir.DataType]:
-    """Tensor name -> element type after ONNX shape inference (annotations included).
+    """Tensor name -> element type after ONNX shape inference (annotations included), and for
+    the outputs of ONNX Runtime's contrib ops, from ONNX Runtime's schema of the op.
 
     Models >= 2 GiB are inferred on a skeleton whose initializers are declared as typed graph
     inputs (element types do not depend on weight values).
@@ -117,6 +120,21 @@ def inferred_dtypes(model: onnx.ModelProto, strict: bool = False) -> dict[str, i
             source.graph.input.append(onnx.helper.make_tensor_value_info(
                 init.name, init.data_type, list(init.dims)))
         del source.graph.initializer[:]
+    types = _inferred(source, strict)
+    for _ in range(_CONTRIB_ROUNDS):  # each round types one more link of a chain of such ops
+        added = _contrib_types(source, types)
+        if not added:
+            break
+        if source is model:
+            source = onnx.ModelProto()
+            source.CopyFrom(model)
+        source.graph.value_info.extend(onnx.helper.make_tensor_value_info(name, int(dtype), None)
+                                       for name, dtype in added.items())
+        types = _inferred(source, strict)
+    return types
+
+
+def _inferred(source: onnx.ModelProto, strict: bool) -> dict[str, ir.DataType]:
     try:
         inferred = onnx.shape_inference.infer_shapes(source, strict_mode=strict)
     except Exception as exc:
@@ -131,6 +149,59 @@ def inferred_dtypes(model: onnx.ModelProto, strict: bool = False) -> dict[str, i
     for init in graph.initializer:
         types[init.name] = ir.DataType(init.data_type)
     return types
+
+
+_CONTRIB_ROUNDS = 8
+_TYPE_STRINGS = {f"tensor({name})": dtype for name, dtype in (
+    ("float", ir.DataType.FLOAT), ("float16", ir.DataType.FLOAT16),
+    ("bfloat16", ir.DataType.BFLOAT16), ("double", ir.DataType.DOUBLE),
+    ("int8", ir.DataType.INT8), ("uint8", ir.DataType.UINT8), ("int32", ir.DataType.INT32),
+    ("int64", ir.DataType.INT64), ("bool", ir.DataType.BOOL))}
+
+
+@functools.cache
+def _ort_schemas() -> dict[tuple[str, str], Any]:
+    """ONNX Runtime's operator schemas by (domain, op type), the latest version of each (its
+    contrib ops: ``com.microsoft`` Gelu, SkipLayerNormalization, ...); empty without it."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+    except ImportError:  # pragma: no cover - onnxruntime is a dependency
+        return {}
+    schemas: dict[tuple[str, str], Any] = {}
+    for schema in ort_state.get_all_operator_schema():
+        key = (schema.domain, schema.name)
+        if key not in schemas or schema.since_version > schemas[key].since_version:
+            schemas[key] = schema
+    return schemas
+
+
+def _contrib_types(model: onnx.ModelProto, types: dict[str, ir.DataType]
+                   ) -> dict[str, ir.DataType]:
+    """Element types ONNX inference leaves out: outputs of ops of other domains whose schema
+    only ONNX Runtime has (``com.microsoft``), read from that schema: an output bound to the
+    type parameter of a typed input (Gelu's ``Y`` is ``X``'s ``T``), or to a parameter that
+    allows one type only. Without them a float tensor such an op writes would be read by an
+    FP16 node without a Cast (found by tests/fuzz)."""
+    added: dict[str, ir.DataType] = {}
+    for node in model.graph.node:
+        if node.domain in ("", "ai.onnx") or all(not o or o in types for o in node.output):
+            continue
+        schema = _ort_schemas().get((node.domain, node.op_type))
+        if schema is None:
+            continue
+        params: dict[str, ir.DataType] = {}
+        for name, formal in zip(node.input, schema.inputs):
+            if name in types:
+                params.setdefault(formal.typeStr, types[name])
+        for constraint in schema.type_constraints:
+            allowed = list(constraint.allowed_type_strs)
+            if len(allowed) == 1 and allowed[0] in _TYPE_STRINGS:
+                params.setdefault(constraint.type_param_str, _TYPE_STRINGS[allowed[0]])
+        for name, formal in zip(node.output, schema.outputs):
+            dtype = params.get(formal.typeStr) or _TYPE_STRINGS.get(formal.typeStr)
+            if name and name not in types and dtype is not None:
+                added[name] = dtype
+    return added
 
 
 def check_written(written: onnx.ModelProto, original: onnx.ModelProto,
