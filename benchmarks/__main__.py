@@ -47,6 +47,7 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "bigmodel": ("Models over 2 GiB", "CPU", "diagnose and fix on a 2.25 GiB external-data model"),
     "diagnose_cost": ("Search and diagnosis cost", "CPU",
                       "diagnose wall time, this tree vs another, alternating"),
+    "fuzz": ("(tests)", "CPU", "tests/fuzz's graph invariants on many random graphs (--seed)"),
     "export_minilm": ("(setup)", "CPU", "export all-MiniLM-L6-v2 to .models/"),
     "export_whisper": ("(setup)", "CPU", "export the Whisper tiny.en encoder to .models/"),
 }
