@@ -97,8 +97,12 @@ def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12
     render_assessment(report, console)
 
     console.print(outputs_table(report.outputs))
-    for o in report.outputs:
-        console.print(Text(f"  {o.name}: {o.reason}"))
+    reasons = {o.reason for o in report.outputs}
+    if ok and len(report.outputs) > 1 and len(reasons) == 1:
+        console.print(Text(f"  every output: {reasons.pop()}"))
+    else:
+        for o in report.outputs:
+            console.print(Text(f"  {o.name}: {o.reason}"))
     if report.recording:
         _render_recording(report.recording, console)
     if ok:

@@ -65,7 +65,8 @@ def _entry(i: int, e: Finding | FindingGroup) -> list[Text]:
 def render_findings(report: DiagnosisReport, console: Console) -> None:
     """The main findings as a list (groups once), then one line for the minor ones."""
     listed = entries(report.findings, report.finding_groups)
-    main = [e for e in listed if e.group == "main"]
+    # a pass: nothing was measured to matter, so every finding is counted in one line
+    main = [] if report.passed else [e for e in listed if e.group == "main"]
     if main:
         console.print(Text("Findings (ranked by measured impact)", style="italic"))
         for i, e in enumerate(main, 1):
@@ -75,11 +76,21 @@ def render_findings(report: DiagnosisReport, console: Console) -> None:
                 console.print(Padding(line, (0, 0, 0, len(f"#{i} "))))
     elif not report.passed:
         console.print("No main findings.")
-    minor = [e for e in listed if e.group == "minor"]
-    if minor:
-        count = Counter(e.kind for e in minor)
-        kinds = ", ".join(f"{n} {k}" for k, n in sorted(count.items()))
-        console.print(f"{len(minor)} minor finding(s) collapsed (measured impact < "
+    minor = [e for e in listed if e not in main]
+    if not minor:
+        return
+    count: Counter[str] = Counter()
+    for e in minor:
+        count[e.kind] += len(e.members) if isinstance(e, FindingGroup) else 1
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(count.items()))
+    groups = sum(isinstance(e, FindingGroup) for e in minor)
+    if groups:
+        kinds += f" (in {groups} group(s) repeated per block)"
+    if report.passed:
+        console.print(f"{len(report.findings)} finding(s) ({kinds}); none breaks the "
+                      "tolerance on these inputs (--html lists them).")
+    else:
+        console.print(f"{sum(count.values())} minor finding(s) collapsed (measured impact < "
                       f"{MINOR_IMPACT:.0%} each, or unmeasured warnings): {kinds}; see the JSON "
                       "or HTML report")
 
@@ -90,8 +101,7 @@ def render_hazards(report: DiagnosisReport, console: Console) -> None:
     if not total:
         return
     if report.passed:
-        console.print(f"{total} static hazard(s) checked, none measured to matter (the outputs "
-                      "are within tolerance).")
+        console.print(f"{total} static hazard(s) checked, none measured to matter.")
         return
     hazards = [h for h in report.hazards if h.severity != "low"]
     if not hazards:

@@ -32,7 +32,8 @@ from rich.text import Text
 
 Kind = Literal["key", "name", "num", "tag", "text"]
 Cell = str | Text
-KEY_MIN = 12  # a name column may fold down to this width before the table gives way to blocks
+KEY_MIN = 40  # a name column keeps its longest cell up to this width (longer names fold):
+# a name folded into a narrow column is the wrapping the list layout exists to avoid
 NAME_MIN = 24  # a short-name column (op type) keeps its longest cell up to this width: an op
 # type such as DynamicQuantizeLinear folded into 8-character pieces reads worse than blocks
 TEXT_MIN = 24  # a sentence column below this is harder to read than a block
