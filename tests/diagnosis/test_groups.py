@@ -8,6 +8,7 @@ from precision_doctor.diagnosis.causes.findings import Finding
 from precision_doctor.diagnosis.causes.groups import (
     FindingGroup,
     block_ranges,
+    entries,
     name_pattern,
     pattern_groups,
 )
@@ -92,3 +93,13 @@ def test_round_trip():
     d = json.loads(json.dumps(g.to_dict()))
     assert FindingGroup.from_dict(d) == g
     assert d["blocks"] == [0, 1] and d["magnitude"] == [3.0, 9e8]
+
+
+def test_entries_list_each_group_once_at_its_first_member():
+    findings = [_f("b0/cast", op="Cast"), _f("x/other", kind="headroom"),
+                _f("b1/cast", op="Cast"), _f("b2/cast", op="Cast")]
+    groups = pattern_groups(findings)
+    listed = entries(findings, groups)
+    assert listed == [groups[0], findings[1]]
+    # a review removed all but one member: the finding is shown on its own
+    assert entries(findings[:2], groups) == findings[:2]

@@ -243,12 +243,12 @@ def entries(findings: Sequence[Finding], groups: Sequence[FindingGroup]
     out: list[Finding | FindingGroup] = []
     shown: set[int] = set()
     for f in findings:
-        g = by_node.get(f.node)
-        if g is None or (g.kind != "joint-cause" and not g.joint and g.kind != f.kind):
+        group = by_node.get(f.node)
+        if group is None or (not group.joint and group.kind != f.kind):
             out.append(f)
-        elif id(g) not in shown:
-            shown.add(id(g))
-            out.append(g)
+        elif id(group) not in shown:
+            shown.add(id(group))
+            out.append(group)
     return out
 
 
