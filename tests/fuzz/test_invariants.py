@@ -50,9 +50,16 @@ OPEN_BUGS: dict[str, frozenset[str]] = {
     # FP16 node; the writer casts it (test_contrib_output_is_rounded_by_the_plan_emulation)
     "writer": frozenset({"select", "attention:where", "contrib"}),
 }
-FAST = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+# Checks of an open bug, run only by ``benchmarks/fuzz.py --known`` (their own regression test
+# is marked xfail); the property counts where they would fail instead.
+OPEN_CHECKS: dict[str, str] = {
+    # diagnose calls an error "unexplained" that its findings' joint cure removes >= 90% of
+    # (two underflows in a row: each cure alone 0%): test_joint_cure_is_not_unexplained
+    "unexplained-with-joint-cure": "diagnose",
+}
+FAST = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
-SLOW = settings(max_examples=6, deadline=None, derandomize=True, database=None,
+SLOW = settings(max_examples=10, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -97,6 +104,7 @@ def differences(expected: Outputs, got: Outputs, rtol: float) -> list[str]:
 
 
 EVENTS: Counter[str] = Counter()  # what the checks saw (benchmarks/fuzz.py prints it)
+KNOWN = False  # benchmarks/fuzz.py --known: the OPEN_CHECKS fail too
 
 
 def note(what: str) -> None:
@@ -180,6 +188,12 @@ def check_diagnose(case: Case) -> None:
     if isinstance(d, PrecisionDoctorError):
         return
     note(f"diagnose: {d.verdict}, {d.assessment.kind if d.assessment else 'no assessment'}")
+    if d.assessment is not None and d.assessment.kind == "unexplained" \
+            and (d.explained_share or 0.0) >= 0.9:
+        note("diagnose: unexplained although the findings' joint cure removes >= 90%")
+        assert "unexplained-with-joint-cure" in OPEN_CHECKS and not KNOWN, (
+            f"diagnose says unexplained on {case.pieces}, but its findings jointly remove "
+            f"{d.explained_share:.1%} of the error")
     if not d.attribution:
         return
     status = d.attribution["status"]
