@@ -19,7 +19,9 @@ even when its members follow several patterns; its impact is the joint share.
 
 Impact: the share of the worst output's error removed when every member's nodes run in FP32
 together (one measurement through the caller's ``measure``, ``trials.ImpactTrials``, which
-remembers node sets already measured), only where some member's own impact was measured.
+remembers node sets already measured), only for a group in the main list (some member
+measured at ``MINOR_IMPACT`` or more, or unmeasured and an error) where some member's own impact
+was measured, and for at most ``MAX_MEASURED`` groups.
 """
 
 from __future__ import annotations
@@ -220,7 +222,7 @@ def pattern_groups(findings: Sequence[Finding],
         if len(members) < 2:
             continue
         group = _make(members)
-        if (measure is not None and baseline > 0 and budget > 0
+        if (measure is not None and baseline > 0 and budget > 0 and group.group == "main"
                 and any(f.impact is not None for f in members)):
             budget -= 1
             nodes = list(dict.fromkeys(n for f in members for n in f.nodes))
