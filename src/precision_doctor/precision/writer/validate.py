@@ -269,9 +269,12 @@ def _check(written: onnx.ModelProto, source: onnx.ModelProto | Path,
     error = ort_cpu_session_error(source, disabled=disabled)
     if error is None:
         return True, warnings
-    if optimizer_defect(error) and ort_cpu_session_error(source, False, disabled) is None:
+    if optimizer_defect(error):
         warnings.append(optimizer_note(error))
-        return True, warnings
+        retry = ort_cpu_session_error(source, False, disabled)
+        if retry is None:
+            return True, warnings
+        error = retry  # e.g. a BF16 model: no kernel, whatever the optimizer does
     if has_bf16 and "NOT_IMPLEMENTED" in error:
         warnings.append("ONNX Runtime CPU has no BF16 kernel for some op "
                         f"({error.splitlines()[0].split('NOT_IMPLEMENTED : ')[-1]}): it passed "
