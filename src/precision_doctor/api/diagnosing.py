@@ -25,7 +25,6 @@ from precision_doctor.api.options import (
     progress_reporter,
 )
 from precision_doctor.api.results import Diagnosis, convert
-from precision_doctor.diagnosis.causes.engine_constants import engine_verdicts
 from precision_doctor.diagnosis.diagnose import diagnose as diagnose_model
 from precision_doctor.errors import InputError
 from precision_doctor.formats import Precision
@@ -202,18 +201,14 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
                                                    if candidate_results is not None else None),
                                 candidate_log=(str(candidate_log)
                                                if candidate_log is not None else None),
-                                stress=stress, runs=runs)
+                                stress=stress, runs=runs, engine=engine,
+                                constants_plan=emulated_plan)
         if cpu_note:
             report = replace(report, warnings=(cpu_note, *report.warnings))
         if device_note:
             report = replace(report, warnings=(*report.warnings, device_note))
         if shipped is not None:
             report = replace(report, model={**report.model, **shipped.model_info()})
-        if "reference" in runs:  # what each engine makes of an out-of-range constant
-            report = replace(report, findings=tuple(engine_verdicts(
-                proto, samples, emulated_plan, runs["reference"],
-                {o.name: o.tolerance.rel_l2 for o in report.outputs if o.tolerance.rel_l2},
-                report.findings, engine, conv_bias, report.verdict != "pass")))
         task = (task_score(proto, samples, candidate, objective, callback, runs)
                 if objective is not None else None)
         measured = None
