@@ -155,10 +155,10 @@ def check_written(case: Case, written: onnx.ModelProto, source: onnx.ModelProto,
                      f"(low-precision nodes {low}): {bad}")
 
 
-def check_fix(case: Case) -> None:
+def check_fix(case: Case, target: str = "fp16") -> None:
     """(b) and (d) through ``fix``: the fixed model loads and emulates as its plan."""
     feeds = [s.feeds for s in case.samples]
-    fixed = public_call(pd.fix, case.model, feeds, target="fp16", quiet=True, device="cpu",
+    fixed = public_call(pd.fix, case.model, feeds, target=target, quiet=True, device="cpu",
                         max_evals=24)
     if isinstance(fixed, TargetNotMetError):  # all-FP32 is the reference: never, unless that
         ref = reference(case)                  # reference is not finite
