@@ -235,7 +235,10 @@ def entries(findings: Sequence[Finding], groups: Sequence[FindingGroup]
             ) -> list[Finding | FindingGroup]:
     """What a report lists, in the findings' order: each group once, at its first member among
     ``findings``, in place of its members; the findings of no group as they are. A group with
-    fewer than two members left in ``findings`` (a review removed the others) is not used."""
+    fewer than two members left in ``findings`` (a review removed the others) is not used.
+    Without ``groups`` (a report written before groups existed), they are formed from the
+    findings' names, without impacts."""
+    groups = groups or pattern_groups(findings)
     present = {f.node for f in findings}
     by_node: dict[str, FindingGroup] = {}
     for g in groups:
