@@ -56,7 +56,7 @@ def _writer(avoid: frozenset[str]):
 PROPERTIES = {
     "fp32_plan": (3, check_fp32_plan, False),
     "writer": (None, None, False),
-    "fix": (2, check_fix, True),
+    "fix": (2, lambda case: check_fix(case, "fp16"), True),
     "fix_bf16": (2, lambda case: check_fix(case, "bf16"), True),
     "diagnose": (2, check_diagnose, True),
 }
