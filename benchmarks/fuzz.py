@@ -68,9 +68,7 @@ def run_property(name: str, examples: int, at_seed: int, known: bool) -> str | N
     ``known``: also draw the pieces that trigger the open bugs (``OPEN_BUGS``).
     """
     pieces, check, _ = PROPERTIES[name]
-    avoid = frozenset() if known else OPEN_BUGS.get(name, frozenset())
-    if name == "fix_bf16" and not known:  # what breaks the writer's check breaks fix's
-        avoid = OPEN_BUGS.get("writer", frozenset())
+    avoid = frozenset() if known else OPEN_BUGS.get(name.removesuffix("_bf16"), frozenset())
     strategy = st.data() if pieces is None else cases(max_pieces=pieces, avoid=avoid)
     check = _writer(avoid) if check is None else check
     test = seed(at_seed)(settings(max_examples=examples, deadline=None, database=None,

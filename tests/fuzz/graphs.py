@@ -17,7 +17,8 @@ so pieces chain in any order. The pieces (``PIECES``) follow the exporters:
   filled with +-FLT_MAX, +-inf or -1e4; ``select``: Where/Expand/Gather;
 * ``linear``, ``elementwise``, ``cancellation``: weights and constants scaled so that FP16
   overflows (> 65504), underflows (< 6e-8) and cancels;
-* ``contrib``: ONNX Runtime's ``com.microsoft`` Gelu, FastGelu and QuickGelu.
+* ``conv``: Conv1d + BatchNormalization + Relu (dense or depthwise), running variances up to
+  1e5; ``contrib``: ONNX Runtime's ``com.microsoft`` Gelu, FastGelu and QuickGelu.
 
 Weights come from a numpy generator seeded by hypothesis, so a shrunk example is reproducible
 and small. Graphs are opset 17, IR version 8, and run in milliseconds.
@@ -337,6 +338,24 @@ def cancellation(draw, g: Graph, x: str) -> str:
     return g.op1("Sub", [g.op1("Add", [x, c]), c])
 
 
+def conv(draw, g: Graph, x: str) -> str:
+    """Conv1d (kernel 3, same padding, optionally depthwise) + BatchNormalization + Relu over
+    the sequence axis, as CNN exporters write it; a running variance up to 1e5 overflows FP16
+    (PP-OCRv4 det's defect)."""
+    group = H if g.variant(draw, "conv", ["dense", "depthwise"]) == "depthwise" else 1
+    y = g.op1("Transpose", [x], perm=[0, 2, 1])  # [1, H, S]
+    w = g.const(g.rng.normal(0, _scale(draw) / np.sqrt(3 * H // group), (H, H // group, 3)),
+                "w")
+    y = g.op1("Conv", [y, w, g.const(g.rng.normal(0, 0.1, H), "b")], group=group,
+              kernel_shape=[3], pads=[1, 1])
+    var = np.abs(g.rng.normal(1, 0.5, H)) * draw(st.sampled_from([1e-6, 1.0, 1e5]))
+    y = g.op1("BatchNormalization", [y, g.const(g.rng.normal(1, 0.1, H), "gamma"),
+                                     g.const(g.rng.normal(0, 0.1, H), "beta"),
+                                     g.const(g.rng.normal(0, 0.1, H), "mean"),
+                                     g.const(var, "var")], epsilon=1e-5)
+    return g.op1("Transpose", [g.op1("Relu", [y])], perm=[0, 2, 1])
+
+
 def contrib(draw, g: Graph, x: str) -> str:
     """An ONNX Runtime contrib op (domain ``com.microsoft``), as its transformer optimizer
     writes them: Gelu, FastGelu with a bias, or QuickGelu."""
@@ -352,7 +371,7 @@ PIECES: dict[str, Piece] = {
     "dynamic_quant": dynamic_quant, "qdq": qdq, "if_branch": if_branch, "loop": loop,
     "rnn": rnn, "layernorm": layernorm, "attention": attention, "select": select,
     "linear": linear, "elementwise": elementwise, "cancellation": cancellation,
-    "contrib": contrib,
+    "conv": conv, "contrib": contrib,
 }
 
 
