@@ -20,9 +20,20 @@ from typing import Any, Callable, Mapping
 
 from precision_doctor.diagnosis.decisions.records import DecisionFlip
 from precision_doctor.diagnosis.report import DiagnosisReport
+from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult
 from precision_doctor.numbers import fmt3, fmt_share
 
 Rule = tuple[tuple[str, ...], Callable[[Mapping[str, Any], str], str | None]]
+
+
+def tightest(lw: LayerwiseResult | None) -> LayerRecord | None:
+    """The tensor with the least headroom to the format's max among those that fit it
+    (``headroom_bits`` >= 0, a non-zero finite range): how close the model comes to overflow.
+    A tensor already beyond the max (a -FLT_MAX attention mask, an overflow) is a finding of
+    its own, not headroom; None when no tensor fits or no layerwise comparison ran."""
+    fits = [r for r in (lw.records if lw else ())
+            if r.ref_max_abs > 0 and math.isfinite(r.headroom_bits) and r.headroom_bits >= 0]
+    return min(fits, key=lambda r: r.headroom_bits, default=None)
 
 
 def _worst(e: Mapping[str, Any], target: str) -> str:

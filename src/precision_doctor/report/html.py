@@ -28,7 +28,12 @@ from precision_doctor.diagnosis.causes.groups import FindingGroup, entries
 from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult
 from precision_doctor.report import plots
-from precision_doctor.report.evidence import evidence_sentences, flip_counts, listed_flips
+from precision_doctor.report.evidence import (
+    evidence_sentences,
+    flip_counts,
+    listed_flips,
+    tightest,
+)
 from precision_doctor.report.html_fix import fix_verdict_section, render_fix_section
 from precision_doctor.report.templating import (
     COLLAPSE_ROWS,
@@ -76,7 +81,7 @@ def verdict_section(report: DiagnosisReport, secondary: bool = False) -> Section
         top=entries(report.findings, report.finding_groups)[0] if report.findings else None,
         errors=sum(f.severity == "error" for f in report.findings),
         hazards_high=severities.count("high") + severities.count("medium"),
-        tightest=_tightest(lw), metric=metric))
+        tightest=tightest(lw), metric=metric))
 
 
 def assessment_section(report: DiagnosisReport) -> Section | None:
@@ -133,12 +138,12 @@ def plots_section(report: DiagnosisReport) -> Section | None:
     if lw is None or not lw.records:
         return None
     floor = max(report.noise.per_output.values(), default=None) if report.noise else None
-    tightest = _tightest(lw)
+    closest = tightest(lw)
     return Section("plots", "Plots", render(
         "plots.j2", lw=lw, error_svg=Markup(plots.error_vs_depth_svg(lw, floor) or ""),
         range_svg=Markup(plots.range_svg(lw) or ""), floor=floor,
         first=lw.record(lw.first_divergence) if lw.first_divergence else None,
-        birth=lw.record(lw.nan_birth) if lw.nan_birth else None, tightest=tightest,
+        birth=lw.record(lw.nan_birth) if lw.nan_birth else None, tightest=closest,
         overflowing=sum(1 for r in lw.records if r.overflow), ids=_row_ids(lw),
         have_plots=plots.available()))
 
@@ -244,13 +249,6 @@ def render_html(report: DiagnosisReport, fix: Mapping[str, Any] | None = None,
         sections=report_sections(report, fix, command), script=script,
         script_hash=f"sha256-{digest}", r=report, verdict=verdict,
         title=f"{verdict}: {model_name(report)} in {report.target.upper()} - precision-doctor")
-
-
-def _tightest(lw: LayerwiseResult | None) -> LayerRecord | None:
-    """The tensor with the least headroom to the format's max (finite, non-zero range)."""
-    finite = [r for r in (lw.records if lw else ())
-              if r.ref_max_abs > 0 and math.isfinite(r.headroom_bits)]
-    return min(finite, key=lambda r: r.headroom_bits, default=None)
 
 
 def _finite_or_max(x: float) -> float:

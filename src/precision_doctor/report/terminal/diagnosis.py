@@ -17,6 +17,7 @@ from rich.text import Text
 from precision_doctor.diagnosis.report import DiagnosisReport, OutputResult
 from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult
 from precision_doctor.numbers import fmt3, fmt_count, fmt_share
+from precision_doctor.report.evidence import tightest
 from precision_doctor.report.terminal.assessment import render_assessment, render_flip_lines
 from precision_doctor.report.terminal.findings import render_findings, render_hazards, short_name
 from precision_doctor.report.terminal.tables import Cell, Col, MetricTable, metric_table
@@ -133,15 +134,12 @@ def render_pass(report: DiagnosisReport, console: Console) -> None:
 
 
 def headroom_line(report: DiagnosisReport) -> str | None:
-    """The tightest tensor and its bits to the format's max (``LayerRecord.headroom_bits``),
-    or None without a layerwise comparison."""
+    """The tightest tensor that fits the format and its bits to the format's max
+    (``report.evidence.tightest``), or None without a layerwise comparison."""
     lw = report.layerwise
-    if lw is None:
+    t = tightest(lw)
+    if lw is None or t is None:
         return None
-    finite = [r for r in lw.records if r.ref_max_abs > 0 and math.isfinite(r.headroom_bits)]
-    if not finite:
-        return None
-    t = min(finite, key=lambda r: r.headroom_bits)
     return (f"Headroom: the tightest of {len(lw.records)} tensors is {short_name(t.tensor)} "
             f"({t.op_type}), max |x| {fmt3(t.ref_max_abs)}, {fmt3(t.headroom_bits)} bits "
             f"below the {report.target.upper()} max (a {fmt3(2.0 ** t.headroom_bits)}x larger "
