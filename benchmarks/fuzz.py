@@ -11,6 +11,7 @@ Usage (repository root)::
 
     python -m benchmarks run fuzz [--seed 0] [--examples 500] [--slow-examples 50]
                                   [--only fp32_plan,writer,fix,fix_bf16,diagnose] [--known]
+                                  [--max-pieces N]
 
 ``--known`` also draws the pieces that trigger the open bugs (``OPEN_BUGS`` of the test file,
 left out by default so that a run finds new bugs) and fails on the checks of open bugs
@@ -62,12 +63,15 @@ PROPERTIES = {
 }
 
 
-def run_property(name: str, examples: int, at_seed: int, known: bool) -> str | None:
+def run_property(name: str, examples: int, at_seed: int, known: bool,
+                 max_pieces: int | None = None) -> str | None:
     """Run one property; the failure report (hypothesis's, shrunk) or None.
 
     ``known``: also draw the pieces that trigger the open bugs (``OPEN_BUGS``).
     """
     pieces, check, _ = PROPERTIES[name]
+    if pieces is not None and max_pieces is not None:
+        pieces = max_pieces
     avoid = frozenset() if known else OPEN_BUGS.get(name.removesuffix("_bf16"), frozenset())
     strategy = st.data() if pieces is None else cases(max_pieces=pieces, avoid=avoid)
     check = _writer(avoid) if check is None else check
@@ -90,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="examples of the fast properties (fp32_plan, writer)")
     parser.add_argument("--slow-examples", type=int, default=50,
                         help="examples of the properties that run diagnose or fix")
+    parser.add_argument("--max-pieces", type=int, default=None,
+                        help="pieces per graph of fp32_plan, fix and diagnose (default 3, 2, 2)")
     parser.add_argument("--known", action="store_true",
                         help="also draw what triggers the open bugs (OPEN_BUGS)")
     parser.add_argument("--only", default=",".join(PROPERTIES),
@@ -100,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only.split(","):
         examples = args.slow_examples if PROPERTIES[name][2] else args.examples
         t0 = time.perf_counter()
-        report = run_property(name, examples, args.seed, args.known)
+        report = run_property(name, examples, args.seed, args.known, args.max_pieces)
         status = "ok" if report is None else "FAILED"
         print(f"{name}: {status} ({examples} examples, seed {args.seed}, "
               f"{time.perf_counter() - t0:.1f} s)", flush=True)
