@@ -23,94 +23,30 @@ so pieces chain in any order. The pieces (``PIECES``) follow the exporters:
 Weights come from a numpy generator seeded by hypothesis, so a shrunk example is reproducible
 and small. Graphs are opset 17, IR version 8, and run in milliseconds.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import onnx
+from graph_builder import (
+    FLT_MAX,
+    IR_VERSION,
+    MS_DOMAIN,
+    OPSET,
+    SHAPE,
+    F,
+    Graph,
+    H,
+    Piece,
+    S,
+    Sample,
+    scale_of,
+)
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
-S, H = 4, 8
-SHAPE = [1, S, H]
-OPSET = 17
-IR_VERSION = 8
-FLT_MAX = float(np.finfo(np.float32).max)
-MS_DOMAIN = "com.microsoft"
-F = TensorProto.FLOAT
-# Weight scales: FP16 underflow (< 6e-8 after the product), ordinary, FP16 overflow (> 65504).
-SCALES = (1e-9, 1e-4, 1.0, 30.0, 3e3, 1e5)
-
-
-@dataclass
-class Sample:
-    """A sample (duck-types ``precision_doctor.inputs.Sample``)."""
-
-    name: str
-    feeds: dict
-
-
-class Graph:
-    """Nodes and initializers of one graph being built, with unique names."""
-
-    def __init__(self, rng: np.random.Generator, avoid: frozenset[str] = frozenset()) -> None:
-        self.rng = rng
-        self.avoid = avoid
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self.count = 0
-        self.pieces: list[str] = []
-        self.domains: set[str] = set()
-
-    def variant(self, draw, piece: str, names: list[str]) -> str:
-        """One of ``names``, leaving out the ``piece:name`` variants listed in ``avoid``."""
-        return draw(st.sampled_from([n for n in names if f"{piece}:{n}" not in self.avoid]))
-
-    def fresh(self, prefix: str) -> str:
-        self.count += 1
-        return f"{prefix}_{self.count}"
-
-    def const(self, array, prefix: str = "w", dtype=np.float32) -> str:
-        name = self.fresh(prefix)
-        self.inits.append(numpy_helper.from_array(np.asarray(array, dtype), name))
-        return name
-
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "",
-           **attrs) -> list[str]:
-        name = self.fresh(op_type.lower())
-        outs = [f"{name}/out{i}" for i in range(n_out)]
-        self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, domain=domain,
-                                           **attrs))
-        return outs
-
-    def op1(self, op_type: str, inputs: list[str], **attrs) -> str:
-        return self.op(op_type, inputs, 1, **attrs)[0]
-
-    def weight(self, shape, scale: float) -> str:
-        fan_in = shape[-2] if len(shape) >= 2 else 1
-        return self.const(self.rng.normal(0, scale / np.sqrt(fan_in), shape), "w")
-
-    def model(self, outputs: list[str]) -> onnx.ModelProto:
-        graph = helper.make_graph(
-            self.nodes, "fuzz", [helper.make_tensor_value_info("x", F, SHAPE)],
-            [helper.make_tensor_value_info(o, F, SHAPE) for o in outputs], self.inits)
-        opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, 1)
-                                                      for d in sorted(self.domains)]
-        model = helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION,
-                                  producer_name="tests.fuzz")
-        model.doc_string = " -> ".join(self.pieces)
-        onnx.checker.check_model(model)
-        return model
-
-
-Piece = Callable[[st.DrawFn, Graph, str], str]
-
-
-def _scale(draw: st.DrawFn) -> float:
-    return draw(st.sampled_from(SCALES))
+__all__ = ["IR_VERSION", "OPSET", "PIECES", "SHAPE", "Case", "Graph", "Sample", "cases"]
 
 
 # -- integer paths ---------------------------------------------------------------------------
@@ -120,7 +56,7 @@ def position(draw, g: Graph, x: str) -> str:
     n = g.op1("Gather", [shape, g.const(1, "i", np.int64)], axis=0)
     ids = g.op1("Range", [g.const(0, "i", np.int64), n, g.const(1, "i", np.int64)])
     pos = g.op1("Cast", [ids], to=F)
-    pos = g.op1("Mul", [pos, g.const(_scale(draw), "c")])
+    pos = g.op1("Mul", [pos, g.const(scale_of(draw), "c")])
     if draw(st.booleans()):
         pos = g.op1("Sin", [pos])
     pos = g.op1("Reshape", [pos, g.const([1, S, 1], "shape", np.int64)])
@@ -134,7 +70,7 @@ def shape_scale(draw, g: Graph, x: str) -> str:
     d = g.op1("Cast", [d], to=F)
     d = g.op1("Sqrt", [d])
     if draw(st.booleans()):
-        d = g.op1("Mul", [d, g.const(_scale(draw), "c")])
+        d = g.op1("Mul", [d, g.const(scale_of(draw), "c")])
     return g.op1("Div", [x, d])
 
 
@@ -145,7 +81,7 @@ def int_cast(draw, g: Graph, x: str) -> str:
         top = draw(st.sampled_from([10, 1000, 70000, 2**24 + 1]))
         ints = g.const(g.rng.integers(-top, top, (1, 1, H)), "int", np.int32)
         f = g.op1("Cast", [ints], to=F)
-        f = g.op1("Mul", [f, g.const(_scale(draw), "c")])
+        f = g.op1("Mul", [f, g.const(scale_of(draw), "c")])
         return g.op1("Add", [x, f])
     if kind == "argmax":
         idx = g.op1("ArgMax", [x], axis=-1, keepdims=1)
@@ -180,7 +116,7 @@ def qdq(draw, g: Graph, x: str) -> str:
     q = g.op1("QuantizeLinear", [x, s, zp])
     dq = g.op1("DequantizeLinear", [q, s, zp])
     wq = g.const(g.rng.integers(-127, 128, (H, H)), "wq", np.int8)
-    w = g.op1("DequantizeLinear", [wq, g.const(_scale(draw) / 127, "ws"),
+    w = g.op1("DequantizeLinear", [wq, g.const(scale_of(draw) / 127, "ws"),
                                    g.const(0, "wzp", np.int8)])
     return g.op1("MatMul", [dq, w])
 
@@ -194,7 +130,7 @@ def if_branch(draw, g: Graph, x: str) -> str:
     """If on the sign of the sum of x; branches read x and weights from the outer scope."""
     total = g.op1("ReduceSum", [x], keepdims=0)
     cond = g.op1("Greater", [total, g.const(0.0, "c")])
-    w, b = g.weight([H, H], _scale(draw)), g.const(g.rng.normal(0, 1, H), "b")
+    w, b = g.weight([H, H], scale_of(draw)), g.const(g.rng.normal(0, 1, H), "b")
     then_out, else_out = g.fresh("then"), g.fresh("else")
     then = helper.make_graph(
         [helper.make_node("MatMul", [x, w], [then_out], name=g.fresh("then_matmul"))],
@@ -207,7 +143,7 @@ def if_branch(draw, g: Graph, x: str) -> str:
 
 def loop(draw, g: Graph, x: str) -> str:
     """Loop of 2-3 iterations carrying v: v <- v * c + Tanh(v), c from the outer scope."""
-    c = g.const(_scale(draw), "c")
+    c = g.const(scale_of(draw), "c")
     it, cond_in, v_in = g.fresh("iter"), g.fresh("cond_in"), g.fresh("v_in")
     cond_out, v_out = g.fresh("cond_out"), g.fresh("v_out")
     mul, tanh = g.fresh("body_mul"), g.fresh("body_tanh")
@@ -227,7 +163,7 @@ def rnn(draw, g: Graph, x: str) -> str:
     """LSTM or GRU over the sequence axis (layout 0: [seq, batch, features])."""
     kind = g.variant(draw, "rnn", ["LSTM", "GRU"])
     gates = 4 if kind == "LSTM" else 3
-    scale = _scale(draw)
+    scale = scale_of(draw)
     seq = g.op1("Transpose", [x], perm=[1, 0, 2])
     w = g.const(g.rng.normal(0, scale / np.sqrt(H), (1, gates * H, H)), "w")
     r = g.const(g.rng.normal(0, 1 / np.sqrt(H), (1, gates * H, H)), "r")
@@ -243,7 +179,7 @@ def rnn(draw, g: Graph, x: str) -> str:
 # -- normalizations and attention --------------------------------------------------------------
 def layernorm(draw, g: Graph, x: str) -> str:
     """Decomposed LayerNorm, ``LayerNormalization`` or RMSNorm, after a scaling Mul."""
-    x = g.op1("Mul", [x, g.const(_scale(draw), "c")])
+    x = g.op1("Mul", [x, g.const(scale_of(draw), "c")])
     kind = g.variant(draw, "layernorm", ["decomposed", "op", "rms"])
     gamma = g.const(g.rng.normal(1, 0.1, H), "gamma")
     if kind == "op":
@@ -266,7 +202,7 @@ def layernorm(draw, g: Graph, x: str) -> str:
 
 def attention(draw, g: Graph, x: str) -> str:
     """One-head Softmax attention with a causal mask (every row keeps its diagonal)."""
-    scale = _scale(draw)
+    scale = scale_of(draw)
     q = g.op1("MatMul", [x, g.weight([H, H], scale)])
     k = g.op1("MatMul", [x, g.weight([H, H], 1.0)])
     v = g.op1("MatMul", [x, g.weight([H, H], 1.0)])
@@ -299,7 +235,7 @@ def select(draw, g: Graph, x: str) -> str:
     idx = g.const(g.rng.permutation(H), "idx", np.int64)
     gathered = g.op1("Gather", [x, idx], axis=2)
     shape = g.op1("Shape", [x])
-    bias = g.op1("Expand", [g.const(g.rng.normal(0, _scale(draw), (1, 1, H)), "b"), shape])
+    bias = g.op1("Expand", [g.const(g.rng.normal(0, scale_of(draw), (1, 1, H)), "b"), shape])
     cond = g.op1("Greater", [x, g.const(0.0, "c")])
     return g.op1("Where", [cond, gathered, bias])
 
@@ -307,7 +243,7 @@ def select(draw, g: Graph, x: str) -> str:
 # -- plain arithmetic with hostile ranges -----------------------------------------------------
 def linear(draw, g: Graph, x: str) -> str:
     """MatMul + Add bias (or Gemm-free Linear) with a scaled weight, optionally activated."""
-    y = g.op1("MatMul", [x, g.weight([H, H], _scale(draw))])
+    y = g.op1("MatMul", [x, g.weight([H, H], scale_of(draw))])
     y = g.op1("Add", [y, g.const(g.rng.normal(0, 1, H), "b")])
     act = g.variant(draw, "linear", ["none", "Relu", "Tanh", "Sigmoid", "gelu"])
     if act == "gelu":  # x * 0.5 * (1 + Erf(x / sqrt 2)), as torch.onnx writes GELU
@@ -320,7 +256,7 @@ def linear(draw, g: Graph, x: str) -> str:
 def elementwise(draw, g: Graph, x: str) -> str:
     """One unary or binary op with a scaled constant (Exp on bounded input)."""
     op = g.variant(draw, "elementwise", ["Mul", "Div", "Add", "Exp", "Reciprocal", "Pow", "Sqrt"])
-    c = _scale(draw)
+    c = scale_of(draw)
     if op == "Exp":
         return g.op1("Exp", [g.op1("Mul", [g.op1("Tanh", [x]), g.const(min(c, 20.0), "c")])])
     if op == "Reciprocal":
@@ -344,7 +280,7 @@ def conv(draw, g: Graph, x: str) -> str:
     (PP-OCRv4 det's defect)."""
     group = H if g.variant(draw, "conv", ["dense", "depthwise"]) == "depthwise" else 1
     y = g.op1("Transpose", [x], perm=[0, 2, 1])  # [1, H, S]
-    w = g.const(g.rng.normal(0, _scale(draw) / np.sqrt(3 * H // group), (H, H // group, 3)),
+    w = g.const(g.rng.normal(0, scale_of(draw) / np.sqrt(3 * H // group), (H, H // group, 3)),
                 "w")
     y = g.op1("Conv", [y, w, g.const(g.rng.normal(0, 0.1, H), "b")], group=group,
               kernel_shape=[3], pads=[1, 1])
@@ -360,7 +296,7 @@ def contrib(draw, g: Graph, x: str) -> str:
     """An ONNX Runtime contrib op (domain ``com.microsoft``), as its transformer optimizer
     writes them: Gelu, FastGelu with a bias, or QuickGelu."""
     kind = g.variant(draw, "contrib", ["Gelu", "FastGelu", "QuickGelu"])
-    x = g.op1("Mul", [x, g.const(_scale(draw), "c")])
+    x = g.op1("Mul", [x, g.const(scale_of(draw), "c")])
     inputs = [x, g.const(g.rng.normal(0, 1, H), "b")] if kind == "FastGelu" else [x]
     g.domains.add(MS_DOMAIN)
     return g.op(kind, inputs, 1, domain=MS_DOMAIN)[0]
