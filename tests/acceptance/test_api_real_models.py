@@ -1,6 +1,8 @@
 """Acceptance: the public API on the real PP-OCRv4 models (needs ../shared).
 
-Kept fast: three recognition crops, two full images at a reduced detection size.
+Kept fast: six recognition crops, two full images at a reduced detection size; the diagnosis
+and the fix are the session fixtures of tests/conftest.py, shared with
+test_diagnose_real_models.py and test_fix_real_models.py.
 """
 
 from __future__ import annotations
@@ -16,18 +18,14 @@ import precision_doctor as pd
 pytestmark = pytest.mark.shared
 
 
-def test_diagnose_rec_on_crops(shared_dir: Path):
-    d = pd.diagnose(str(shared_dir / "models/ppocrv4/rec.onnx"),
-                    str(shared_dir / "data/ocr/rec_crops/paddleocr"), preprocess="ppocr-rec",
-                    target="fp16", max_samples=3, noise=False, quiet=True)
+def test_diagnose_rec_on_crops(rec_fp16_on_six_crops):
+    d = rec_fp16_on_six_crops  # pd.diagnose(rec.onnx, crops, max_samples=6, noise=False)
     assert d.verdict == "pass"  # the recognizer survives FP16 (rel. L2 ~4e-3)
-    assert d.outputs[0].metrics.rel_l2 < 1e-2 and len(d.samples) == 3
+    assert d.outputs[0].metrics.rel_l2 < 1e-2 and len(d.samples) == 6
 
 
-def test_fix_det_and_save(shared_dir: Path, tmp_path: Path):
-    f = pd.fix(shared_dir / "models/ppocrv4/det.onnx", shared_dir / "data/ocr/full_images",
-               preprocess="ppocr-det:resize=max-side,side=480",
-               metric="mask-iou:threshold=0.3", threshold=0.99, max_samples=2, quiet=True)
+def test_fix_det_and_save(det_fix_mask_iou_480, tmp_path: Path):
+    f = det_fix_mask_iou_480  # pd.fix(det.onnx, 2 images at 480, mask-iou:threshold=0.3 >= 0.99)
     assert f.passed and f.report["score_after"]["value"] >= 0.99
     assert not list(tmp_path.iterdir())
     written = f.save(tmp_path / "det_fp16.onnx")

@@ -28,12 +28,13 @@ def _io_names(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
             [o.name for o in model.graph.output])
 
 
-def test_fix_det_meets_mask_iou_with_few_fp32_nodes(shared_dir):
+def test_fix_det_meets_mask_iou_with_few_fp32_nodes(shared_dir, det_fix_mask_iou_480):
     model = load_model(shared_dir / "models/ppocrv4/det.onnx")
     samples = load_samples(shared_dir / "data/ocr/full_images", input_metadata(model),
                            "ppocr-det:resize=max-side,side=480", max_samples=2)
-    objective = Objective(metric=get_metric("mask-iou:threshold=0.3"), threshold=0.99)
-    result = fix(model, samples, Precision.FP16, objective)
+    # fix(model, samples, FP16, mask-iou:threshold=0.3 >= 0.99), by pd.fix (tests/conftest.py)
+    result = det_fix_mask_iou_480.result
+    assert result is not None and "mask-iou:threshold=0.3 >= 0.99" in result.objective
 
     assert result.score_before.value < 0.9  # naive FP16 breaks the detector
     assert result.passed and result.score_after.value >= 0.99
