@@ -56,11 +56,7 @@ OPEN_BUGS: dict[str, frozenset[str]] = {
 }
 # Checks of an open bug, run only by ``benchmarks/fuzz.py --known`` (their own regression test
 # is marked xfail); the property counts where they would fail instead.
-OPEN_CHECKS: dict[str, str] = {
-    # diagnose calls an error "unexplained" that its findings' joint cure removes >= 90% of
-    # (two underflows in a row: each cure alone 0%): test_joint_cure_is_not_unexplained
-    "unexplained-with-joint-cure": "diagnose",
-}
+OPEN_CHECKS: dict[str, str] = {}
 FAST = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=10, deadline=None, derandomize=True, database=None,

@@ -188,9 +188,6 @@ def test_fp16_batch_transpose_into_fp32_matmul_does_not_crash() -> None:
         f"exit status {done.returncode}: {done.stderr[-300:]}")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "diagnose: two underflows in a row (each FP32 cure alone removes 0%, both together 100%) "
-    "are assessed 'unexplained' although explained_share, the findings' joint cure, is 1.0"))
 def test_joint_cure_is_not_unexplained() -> None:
     """(c) y = (x * 1e-9) * 1e-4: x * 1e-9 flushes to 0 in FP16, and so would the second
     product of the unrounded first one; the diagnosis must name the joint cure, not call the
@@ -203,10 +200,6 @@ def test_joint_cure_is_not_unexplained() -> None:
     assert d.assessment is not None and d.assessment.kind != "unexplained", d.assessment.summary
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "fix on a model whose FP32 reference is not finite raises TargetNotMetError ('not met even "
-    "with all 0 candidate nodes in FP32: best score inf. Either nodes excluded ...'), where "
-    "diagnose raises ReferenceError_ naming the output and the sample"))
 def test_fix_on_a_non_finite_reference_says_so() -> None:
     """(d) y = (x * 1e30) * 1e30 is inf in FP32 already."""
     c = case([node("Mul", ["x", "big"], "a"), node("Mul", ["a", "big"], "y")],

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from precision_doctor.errors import BackendError
+from precision_doctor.errors import BackendError, ReferenceError_
 from precision_doctor.graph.external import small_in_memory
 from precision_doctor.graph.load import input_metadata
 from precision_doctor.graph.outputs import mark_outputs
@@ -206,6 +206,23 @@ def reference_factory(model: onnx.ModelProto) -> OrtRunner:
 def reference_name() -> str:
     """Label of the reference on the current device (``ort-cpu``, ``ort-cuda:0-fp32 ...``)."""
     return device.current().reference_name()
+
+
+def check_finite_reference(reference: Mapping[str, Sequence[np.ndarray]],
+                           sample_names: Sequence[str]) -> None:
+    """Refuse a reference with NaN/Inf in a floating output: nothing can be compared with it.
+
+    Raises:
+        ReferenceError_: Naming the first output and sample with a non-finite value.
+    """
+    for name, arrays in reference.items():
+        for sample, a in zip(sample_names, arrays):
+            if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+                raise ReferenceError_(
+                    f"the FP32 reference ({reference_name()}) produces NaN/Inf in output {name!r} "
+                    f"for sample {sample!r}: nothing can be compared against it. Check the "
+                    "input preprocessing (scale, mean/std) and the model.", output=name,
+                    sample=sample)
 
 
 def recorded(recording: Recording, model: onnx.ModelProto,

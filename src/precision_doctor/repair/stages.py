@@ -31,7 +31,12 @@ from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision
 from precision_doctor.graph.external import small_in_memory
 from precision_doctor.graph.outputs import producer_inputs
-from precision_doctor.layerwise.candidates import emulated, reference_factory, run_samples
+from precision_doctor.layerwise.candidates import (
+    check_finite_reference,
+    emulated,
+    reference_factory,
+    run_samples,
+)
 from precision_doctor.layerwise.compare import compare_layerwise
 from precision_doctor.precision.conv_bias import FUSED
 from precision_doctor.precision.plan import NodeDecision, PrecisionPlan, select_nodes
@@ -134,11 +139,13 @@ def measure_baseline(request: FixRequest) -> Baseline:
     """Run the FP32 reference and the naive all-low emulation on every sample.
 
     Raises:
+        ReferenceError_: The FP32 reference produces NaN/Inf (nothing to meet).
         BackendError: ONNX Runtime fails on the model.
     """
     t0 = time.perf_counter()
     model, samples, names = request.model, request.samples, request.output_names
     reference = run_samples(reference_factory(model), samples, names)
+    check_finite_reference(reference, [getattr(s, "name", str(i)) for i, s in enumerate(samples)])
     objective = request.objective.with_samples(samples)
     near_ties = find_near_ties(model, samples, reference, objective)
     if near_ties:

@@ -9,8 +9,11 @@ from typing import Mapping
 import numpy as np
 
 from precision_doctor.diagnosis.stages.request import DiagnoseRequest
-from precision_doctor.errors import ReferenceError_
-from precision_doctor.layerwise.candidates import reference_factory, reference_name, run_samples
+from precision_doctor.layerwise.candidates import (
+    check_finite_reference,
+    reference_factory,
+    run_samples,
+)
 from precision_doctor.layerwise.recording import check_recorded_outputs
 
 Outputs = Mapping[str, list[np.ndarray]]
@@ -47,14 +50,7 @@ def run_reference(request: DiagnoseRequest) -> Reference:
     t0 = time.perf_counter()
     ref = run_samples(reference_factory(request.model), request.samples, request.output_names,
                       "reference", request.progress)
-    for name, arrays in ref.items():
-        for s, a in zip(request.samples, arrays):
-            if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
-                raise ReferenceError_(
-                    f"the FP32 reference ({reference_name()}) produces NaN/Inf in output {name!r} "
-                    f"for sample {s.name!r}: nothing can be compared against it. Check the "
-                    "input preprocessing (scale, mean/std) and the model.", output=name,
-                    sample=s.name)
+    check_finite_reference(ref, request.sample_names)
     return Reference(ref, time.perf_counter() - t0)
 
 
