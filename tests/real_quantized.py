@@ -13,6 +13,10 @@ The quantization itself is ``benchmarks/quantize_zoo.py``'s (:func:`quantize`); 
   ``quantize_dynamic`` settings, from ``.models/quantized/minilm17.onnx`` or quantized here from
   ``.models/minilm_op17.onnx`` (``benchmarks/export_minilm.py``), with the first batch of the
   export's sentences (8 x 128 tokens). Skips when ``.models`` has neither (CI).
+* :func:`quantized_whisper`: the Whisper tiny.en encoder (opset 17), default ``quantize_dynamic``
+  (its 2 convs become ``ConvInteger``), from ``.models/quantized/whisper17.onnx`` or
+  ``.models/whisper_enc_op17.onnx`` (``benchmarks/export_whisper.py``), with the first clip
+  (1 x 80 x 3000 log-mel). Skips without them (CI).
 
     @pytest.fixture(scope="session")      # one per test module (xdist: per worker)
     def rec(tmp_path_factory):
@@ -46,12 +50,12 @@ class QuantizedCase:
     """A quantized model and its real samples.
 
     Attributes:
-        name: ``rec`` or ``minilm17``.
+        name: ``rec``, ``minilm17`` or ``whisper17``.
         path: The quantized ``.onnx`` file.
         float_path: The float model it was quantized from.
         samples: Feed dicts ``{input name: array}``, one per sample (rec: float32
             [1, 3, 48, W]; MiniLM: int64 [8, 128] ``input_ids``/``attention_mask``/
-            ``token_type_ids``).
+            ``token_type_ids``; Whisper: float32 [1, 80, 3000] ``input_features``).
     """
 
     name: str
@@ -110,3 +114,23 @@ def quantized_minilm(folder: Path) -> QuantizedCase:
     with np.load(data) as batch:
         samples = [{k: batch[k] for k in batch.files}]
     return QuantizedCase("minilm17", path, float_path, samples)
+
+
+def quantized_whisper(folder: Path) -> QuantizedCase:
+    """The Whisper tiny.en encoder (opset 17) after default ``quantize_dynamic``
+    (``.models/quantized``, or written into ``folder``), one real 30 s clip.
+
+    Raises:
+        pytest.skip.Exception: ``.models/whisper_enc_op17.onnx`` or ``.models/whisper_data`` is
+            absent (run ``benchmarks/export_whisper.py``).
+    """
+    float_path = MODELS / "whisper_enc_op17.onnx"
+    data = MODELS / "whisper_data" / "sample0.npz"
+    if not (float_path.is_file() and data.is_file()):
+        pytest.skip("run benchmarks/export_whisper.py to write .models/whisper_enc_op17.onnx")
+    path = MODELS / "quantized" / "whisper17.onnx"
+    if not path.is_file():
+        path = _bench_module().quantize(float_path, folder / "whisper17.onnx")
+    with np.load(data) as clip:
+        samples = [{k: clip[k] for k in clip.files}]
+    return QuantizedCase("whisper17", path, float_path, samples)

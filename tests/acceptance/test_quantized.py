@@ -9,7 +9,7 @@ removes >= 90% of the output error; ``fix --target fp16`` writes a model that me
 tolerance (rel L2 <= 1e-2), verified by the tool on the same samples.
 
 Models: :mod:`real_quantized` (rec built from the ``rapidocr_onnxruntime`` wheel in a tmp dir;
-MiniLM from ``.models``, skipped when absent).
+MiniLM and the Whisper encoder from ``.models``, skipped when absent).
 
 MiniLM is harder than rec: ``DynamicQuantizeLinear`` rounds activations to 8 bits, so an FP32-level
 change upstream flips roundings. ONNX Runtime CPU's own ``SkipLayerNormFusion`` moves the quantized
@@ -34,6 +34,11 @@ INT_TO_FLOAT_CASTS = "_output_quantized_cast"  # quantize_dynamic's name for the
 @pytest.fixture(scope="session")
 def quantized_rec(tmp_path_factory: pytest.TempPathFactory) -> QuantizedCase:
     return real_quantized.quantized_rec(tmp_path_factory.mktemp("quantized"))
+
+
+@pytest.fixture(scope="session")
+def quantized_whisper(tmp_path_factory: pytest.TempPathFactory) -> QuantizedCase:
+    return real_quantized.quantized_whisper(tmp_path_factory.mktemp("quantized"))
 
 
 @pytest.fixture(scope="session")
@@ -80,3 +85,13 @@ def test_quantized_minilm_diagnose_names_a_joint_cure(quantized_minilm):
 @CORE
 def test_quantized_minilm_fix_meets_the_default_tolerance(quantized_minilm, tmp_path):
     _assert_fix_meets_default_tolerance(quantized_minilm, tmp_path)
+
+
+@CORE
+def test_quantized_whisper_diagnose_names_a_joint_cure(quantized_whisper):
+    _assert_causes_named(_diagnose(quantized_whisper))
+
+
+@CORE
+def test_quantized_whisper_fix_meets_the_default_tolerance(quantized_whisper, tmp_path):
+    _assert_fix_meets_default_tolerance(quantized_whisper, tmp_path)
