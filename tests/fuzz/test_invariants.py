@@ -46,14 +46,7 @@ FP32_RTOL = 1e-5  # relative to the output's largest magnitude: FP32 reassociati
 # Pieces and variants that trigger an open bug (each a regression test in test_regressions.py,
 # marked xfail): left out of the property they break, so that it guards everything else.
 # Remove an entry when its bug is fixed.
-OPEN_BUGS: dict[str, frozenset[str]] = {
-    # emulate keeps a constant that reaches an FP16 tensor through Expand/Where in FP32; the
-    # writer converts it (test_constant_through_data_movement_is_rounded)
-    # emulate leaves a contrib op's output (no ONNX schema: unknown dtype) unrounded into an
-    # FP16 node; the writer casts it (test_contrib_output_is_rounded_by_the_plan_emulation)
-    "writer": frozenset({"select", "attention:where", "contrib"}),
-    "fix": frozenset({"select", "attention:where", "contrib"}),  # fix writes: the same
-}
+OPEN_BUGS: dict[str, frozenset[str]] = {}
 # Checks of an open bug, run only by ``benchmarks/fuzz.py --known`` (their own regression test
 # is marked xfail); the property counts where they would fail instead.
 OPEN_CHECKS: dict[str, str] = {}

@@ -92,10 +92,6 @@ def test_bf16_decomposed_layernorm_is_written_despite_the_fusion_defect() -> Non
     check_writer(c, PrecisionPlan(Precision.BF16))
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "precision.emulate keeps a constant that reaches an FP16 tensor only through data movement "
-    "(Expand -> Where) in FP32, while the writer stores it in FP16 (1e-9 flushes to 0): "
-    "emulate(plan) != emulate_written(written)"))
 def test_constant_through_data_movement_is_rounded() -> None:
     """(b) y = Where(a > 0, a, Expand(b, Shape(a))), a = x * 1 in FP16, b a [1, 1, 8] constant
     below FP16's smallest subnormal (and one value that FP16 rounds)."""
@@ -138,10 +134,6 @@ def test_contrib_output_into_fp16_node_is_cast() -> None:
     run(OrtRunner(written, ("cpu",)), c)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "precision.emulate types tensors with ONNX shape inference alone: a contrib op's output "
-    "(com.microsoft.Gelu) has no element type there, so an FP16 node reads it unrounded, "
-    "while the written model casts it to FP16 (emulate(plan) != emulate_written(written))"))
 def test_contrib_output_is_rounded_by_the_plan_emulation() -> None:
     """(b) The same graph: the emulation of the plan rounds g where the FP16 Add reads it."""
     check_writer(contrib_gelu(), PrecisionPlan(Precision.FP16))

@@ -111,6 +111,7 @@ class _Emulator:
         self.n_init = 0
         self.unknown: list[str] = []
         self.methods: dict[str, str] = {}
+        self.constants: set[int] = set()  # values computed from constants only
 
     # -- rounding primitives -------------------------------------------------------------
     def _method(self, p: Precision) -> str:
@@ -227,12 +228,37 @@ class _Emulator:
             if v is not None and self.is_float(v):
                 node.replace_input_with(i, self.rounded_input(v, p, node))
 
+    def _constant(self, v: ir.Value) -> bool:
+        """Whether ``v`` is a weight, a Constant's output, or data movement on those only."""
+        if id(v) in self.constants:
+            return True
+        producer = v.producer()
+        return v.is_initializer() or v.const_value is not None or (
+            producer is not None and producer.op_type == "Constant")
+
     def _follow_producer(self, node: ir.Node) -> None:
-        """A data-movement node: its outputs are in a format when all its float inputs are."""
+        """A data-movement node: its outputs are in a format when all its float inputs are.
+
+        Constants do not vote, as in the writer (``precision.writer.decide``): a constant that
+        meets an FP16 tensor in a data-movement node (``Where(c, x, Expand(b))``) is stored in
+        FP16 there and rounded here, unless the plan names the node FP32 (found by
+        tests/fuzz). Data movement on constants only stays a constant."""
         floats = [v for v in node.inputs if self.is_float(v)]
+        voters = [v for v in floats if not self._constant(v)]
+        if not voters:
+            self.constants.update(id(o) for o in node.outputs if self.is_float(o))
+            return
+        pinned = self.plan.overrides.get(node.name or "")
+        fp32 = pinned is not None and pinned.precision is Precision.FP32
         for p in (Precision.FP16, Precision.BF16):
-            if floats and all(id(v) in self.rounded[p] for v in floats):
-                self.rounded[p].update(id(o) for o in node.outputs if self.is_float(o))
+            if not all(id(v) in self.rounded[p] for v in voters):
+                continue
+            if fp32 and len(voters) < len(floats):
+                continue  # FP32 by the plan: its constants stay FP32, its output is mixed
+            for i, v in enumerate(node.inputs):
+                if v is not None and v in floats and v not in voters:
+                    node.replace_input_with(i, self.rounded_input(v, p, node))
+            self.rounded[p].update(id(o) for o in node.outputs if self.is_float(o))
 
     def _low_precision_node(self, node: ir.Node, p: Precision) -> None:
         # A Cast reads its input as its producer stored it (FP32 from an FP32 node: a Cast to
@@ -307,6 +333,7 @@ def build_emulation(model: onnx.ModelProto, make: Callable[[ir.Model], _E]
             f"ONNX shape inference failed ({exc}); the emulator needs tensor dtypes. Run "
             "onnx.shape_inference or export with value_info.") from exc
     ir_model = ir.serde.deserialize_model(inferred)
+    _contrib_dtypes(inferred, ir_model)
     emulator = make(ir_model)
     emulator.run()
     subgraph_nodes = sum(1 for _ in ir_model.graph.all_nodes()) - len(list(ir_model.graph))
@@ -315,6 +342,24 @@ def build_emulation(model: onnx.ModelProto, make: Callable[[ir.Model], _E]
     info = EmulationInfo(emulator.n_act, emulator.n_init, dict(sorted(emulator.methods.items())),
                          tuple(emulator.unknown), subgraph_nodes)
     return out, info, emulator
+
+
+def _contrib_dtypes(inferred: onnx.ModelProto, ir_model: ir.Model) -> None:
+    """Give the outputs of ops ONNX inference cannot type (``com.microsoft`` Gelu, ...), and
+    what inference then left untyped after them, their element type from ONNX Runtime's
+    schema, as the writer does
+    (``precision.writer.validate.inferred_dtypes``): an FP16 node reading such a float output
+    rounds it, as the written model casts it (found by tests/fuzz)."""
+    if not any(v.dtype is None for n in ir_model.graph for v in n.outputs
+               if n.domain not in ("", "ai.onnx")):
+        return
+    from precision_doctor.precision.writer.validate import inferred_dtypes
+
+    types = inferred_dtypes(inferred)  # also what ONNX inference left untyped downstream
+    for v in (v for n in ir_model.graph for v in n.outputs if v.dtype is None):
+        dtype = types.get(v.name or "")
+        if dtype is not None:
+            v.dtype = dtype
 
 
 def describe_method(model: onnx.ModelProto, precision: Precision) -> str:

@@ -33,6 +33,11 @@ plan puts in FP16/BF16 (its statistics chain replaces the node, ``emulate_layern
 ``conv_bias=separate`` every low-precision convolution is split into Conv + Add; a switched
 convolution then adds its bias in a second FP32 operation, a difference of at most one FP32
 rounding from the fused FP32 convolution (2^-24 relative).
+
+One case is emulated differently from ``precision.emulate``: a constant that meets a rounded
+tensor in a data-movement node (``Where(m, scores, Expand(-FLT_MAX))``) is rounded there by the
+per-plan graph, as the writer stores it; the switched graph leaves it to the node that reads the
+result, which rounds it anyway unless that node is switched to FP32.
 """
 
 from __future__ import annotations

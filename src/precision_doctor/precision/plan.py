@@ -53,8 +53,10 @@ def candidate_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
       accumulator or a position id (from Shape/Range) becomes float there, and the engine stores
       it in the node's format (an int32 of 1.2e5 overflows FP16).
 
-    Element types come from ONNX shape inference (``graph.shapes.infer_types``); a value whose
-    type inference cannot determine counts as non-float, as the emulator treats it.
+    Element types come from ONNX shape inference (``graph.shapes.infer_types``), and for
+    contrib ops (``com.microsoft``) and what follows them from ONNX Runtime's schemas, as the
+    emulator types them; a value whose type stays unknown counts as non-float, as the emulator
+    treats it.
 
     Args:
         model: The model (nodes named).
@@ -62,12 +64,21 @@ def candidate_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     Returns:
         The candidate nodes, graph order.
     """
-    types = infer_types(model)
+    elem = {k: t.tensor_type.elem_type for k, t in infer_types(model).items()
+            if t.HasField("tensor_type")}
+    if any(n.domain not in ("", "ai.onnx") for n in model.graph.node):
+        # contrib ops ONNX inference cannot type, and what follows them: the emulator types
+        # them from ONNX Runtime's schemas (``precision.emulate``), so the plan must too
+        from precision_doctor.errors import UnsupportedModelError
+        from precision_doctor.precision.writer.validate import inferred_dtypes
+
+        try:
+            elem.update({k: int(v) for k, v in inferred_dtypes(model).items() if k not in elem})
+        except UnsupportedModelError:
+            pass
 
     def is_float(name: str) -> bool:
-        t = types.get(name) if name else None
-        return t is not None and t.HasField("tensor_type") and \
-            t.tensor_type.elem_type in FLOAT_ELEM_TYPES
+        return bool(name) and elem.get(name) in FLOAT_ELEM_TYPES
 
     out = []
     for node in model.graph.node:
