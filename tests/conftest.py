@@ -21,6 +21,7 @@ Under pytest-xdist each worker process runs some of the tests:
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -118,16 +119,98 @@ def _once_per_run(factory: pytest.TempPathFactory, name: str, make: Callable[[],
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-@pytest.fixture(scope="session")
-def rec_fp16_on_six_crops(shared_root: Path, tmp_path_factory: pytest.TempPathFactory):
-    """``pd.diagnose`` of the PP-OCRv4 recognizer in FP16 on the first six PaddleOCR crops,
-    without the noise floor (a ``Diagnosis``; shared, do not modify)."""
-    import precision_doctor as pd
+# PP-OCRv4 model -> (data folder under data/ocr, --preprocess) of ``cli_diagnose_at_80_columns``
+CLI_REAL_MODELS = {"det": ("full_images", "ppocr-det:resize=max-side,side=480"),
+                   "rec": ("rec_crops/paddleocr", "ppocr-rec")}
 
-    return _once_per_run(tmp_path_factory, "rec_fp16_on_six_crops", lambda: pd.diagnose(
-        str(shared_root / "models/ppocrv4/rec.onnx"),
-        str(shared_root / "data/ocr/rec_crops/paddleocr"), preprocess="ppocr-rec",
-        target="fp16", max_samples=6, noise=False, quiet=True))
+
+@dataclass(frozen=True)
+class CliRun:
+    """One ``precision-doctor diagnose`` run through the CLI (typer's ``CliRunner``).
+
+    Attributes:
+        exit_code: The command's exit code.
+        output: What it printed (stdout and stderr).
+        report: Its ``--json`` report, or None when none was written.
+        diagnosis: The ``Diagnosis`` that ``pd.diagnose`` returned to the CLI, or None.
+    """
+
+    exit_code: int
+    output: str
+    report: dict | None
+    diagnosis: Any
+
+
+def _cli_diagnose(root: Path, folder: Path, model: str) -> dict[str, Any]:
+    """``diagnose MODEL --data DATA --preprocess P --max-samples 6 --no-noise --json`` with
+    ``COLUMNS=80``; the ``Diagnosis`` is taken on its way from ``pd.diagnose`` to the CLI's
+    renderer (a wrapper that calls the real function and keeps what it returns). Returns
+    ``CliRun``'s fields (a dict pickles without importing this module by name)."""
+    import json
+
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from precision_doctor import cli
+    from precision_doctor.workflows import diagnose as workflow
+
+    data, preprocess = CLI_REAL_MODELS[model]
+    real, seen = workflow.diagnose, []
+
+    def keep(*args: Any, **kwargs: Any) -> Any:
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    out = folder / "r.json"
+    with pytest.MonkeyPatch.context() as mp:
+        # a Console created without COLUMNS reads it at every print (rich Console.size)
+        mp.delenv("COLUMNS", raising=False)
+        mp.setattr(cli, "console", Console())
+        mp.setattr(workflow, "diagnose", keep)
+        res = CliRunner().invoke(cli.app, [
+            "diagnose", str(root / f"models/ppocrv4/{model}.onnx"), "--data",
+            str(root / "data/ocr" / data), "--preprocess", preprocess, "--max-samples", "6",
+            "--no-noise", "--json", str(out)], env={"COLUMNS": "80"})
+    report = json.loads(out.read_text()) if out.is_file() else None
+    return {"exit_code": res.exit_code, "output": res.output, "report": report,
+            "diagnosis": seen[0] if seen else None}
+
+
+@pytest.fixture(scope="session")
+def cli_diagnose_at_80_columns(shared_root: Path, tmp_path_factory: pytest.TempPathFactory
+                               ) -> Callable[[str], CliRun]:
+    """``get("det")`` / ``get("rec")``: the CLI's FP16 diagnosis of that PP-OCRv4 model on its
+    real inputs (``CLI_REAL_MODELS``; det: the 3 full images at max side 480, rec: the first 6
+    PaddleOCR crops), without the noise floor, at 80 columns (a ``CliRun``; shared, do not
+    modify)."""
+    runs: dict[str, CliRun] = {}
+
+    def get(model: str) -> CliRun:
+        if model not in runs:
+            fields = _once_per_run(tmp_path_factory, f"cli_diagnose_{model}", lambda: _cli_diagnose(
+                shared_root, tmp_path_factory.mktemp(f"cli_{model}"), model))
+            runs[model] = CliRun(**fields)
+        return runs[model]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def rec_fp16_on_six_crops(cli_diagnose_at_80_columns: Callable[[str], CliRun]):
+    """``pd.diagnose`` of the PP-OCRv4 recognizer in FP16 on the first six PaddleOCR crops,
+    without the noise floor, as the CLI called it (a ``Diagnosis``; shared, do not modify)."""
+    run = cli_diagnose_at_80_columns("rec")
+    assert run.diagnosis is not None, run.output
+    return run.diagnosis
+
+
+@pytest.fixture(scope="session")
+def det_fp16_at_480(cli_diagnose_at_80_columns: Callable[[str], CliRun]):
+    """``pd.diagnose`` of the PP-OCRv4 detector in FP16 on the 3 full images at max side 480,
+    without the noise floor, as the CLI called it (a ``Diagnosis``; shared, do not modify)."""
+    run = cli_diagnose_at_80_columns("det")
+    assert run.diagnosis is not None, run.output
+    return run.diagnosis
 
 
 @pytest.fixture(scope="session")

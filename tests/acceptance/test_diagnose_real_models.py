@@ -12,16 +12,14 @@ from precision_doctor.precision.plan import PrecisionPlan
 pytestmark = pytest.mark.shared
 
 
-def test_det_is_a_defect_of_one_batchnorm_explaining_the_error(shared_dir):
+def test_det_is_a_defect_of_one_batchnorm_explaining_the_error(det_fp16_at_480):
     """Assessment defect, the 9.8e7-variance BatchNorm as the only main finding
     (once), explained_share >= 0.9; the Conv near the FP16 max is a headroom warning (it did
     not overflow; it was once reported as activation-overflow)."""
-    model = load_model(shared_dir / "models/ppocrv4/det.onnx")
-    # the real images, at a smaller detection size so the test stays fast
-    samples = load_samples(shared_dir / "data/ocr/full_images", input_metadata(model),
-                           "ppocr-det:resize=max-side,side=480")
-    report = diagnose(model, samples, Precision.FP16, emulated(PrecisionPlan(Precision.FP16)),
-                      noise=False)
+    # the real images, at a smaller detection size so the test stays fast; the CLI's run, shared
+    # with tests/report/test_terminal.py (tests/conftest.py)
+    report = det_fp16_at_480
+    assert len(report.samples) == 3
     assert report.verdict == "fail"
     assert report.assessment.kind == "defect"
     main = [f for f in report.findings if f.group == "main"]

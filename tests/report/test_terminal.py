@@ -93,19 +93,15 @@ def test_cli_diagnose_with_columns(monkeypatch, tmp_path, columns):
 
 @pytest.mark.shared
 @pytest.mark.slow
-@pytest.mark.parametrize("model, data, preprocess", [
-    ("det", "full_images", "ppocr-det:resize=max-side,side=480"),
-    ("rec", "rec_crops/paddleocr", "ppocr-rec"),
-])
-def test_cli_diagnose_real_models_at_80_columns(monkeypatch, tmp_path, shared_dir, model, data,
-                                                preprocess):
-    out = tmp_path / "r.json"
-    res = _cli(monkeypatch, ["diagnose", str(shared_dir / f"models/ppocrv4/{model}.onnx"),
-                             "--data", str(shared_dir / "data/ocr" / data), "--preprocess",
-                             preprocess, "--max-samples", "6", "--no-noise", "--json",
-                             str(out)], 80)
+@pytest.mark.parametrize("model", ["det", "rec"])
+def test_cli_diagnose_real_models_at_80_columns(cli_diagnose_at_80_columns, model):
+    """``diagnose MODEL --data ... --max-samples 6 --no-noise --json`` with ``COLUMNS=80`` on the
+    real det (3 images at max side 480) and rec (6 crops); the run is shared with the
+    acceptance tests (tests/conftest.py)."""
+    res = cli_diagnose_at_80_columns(model)
     assert res.exit_code in (0, 1), res.output
-    report = json.loads(out.read_text())
+    report = res.report
+    assert report is not None, res.output
     _assert_readable(res.output, 80, report)
     if report["verdict"] == "fail":  # a pass leads with the answer: no layerwise rows
         for header in ("tensor", "op", "rel L2", "max|x|", "bits", "NaN/Inf"):
