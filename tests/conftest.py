@@ -1,17 +1,16 @@
 """Shared fixtures: the location of ../shared (tests that need it skip cleanly without it), the
-real-model runs several test files check (one run per model and options, per test process),
-and what keeps the suite correct and fast under pytest-xdist (``-n auto``).
-
-Under pytest-xdist each worker process runs some of the tests:
+real-model runs several test files check (one run per model and options for the whole test
+run), and what keeps the suite correct and fast under pytest-xdist (``-n auto``), where each
+worker process runs some of the tests:
 
 * a test module's ``RNG = np.random.default_rng(seed)`` restarts for every test from its state
   right after import, so a test draws the same numbers whichever tests ran before it in its
   process (``_same_module_rng_in_every_test``);
 * ONNX Runtime sessions do not spin (``session.intra_op.allow_spinning`` = 0): by default its
-  worker threads busy-wait after each run, taking the cores the other workers need (on 2 cores,
-  the recognizer diagnosis of ``test_rec_passes_fp16_with_layernorm_hazards_measured`` took
-  10.0 CPU-s spinning and 7.7-8.0 without, measured 2026-11-28). The thread count is left as
-  it is, so the numbers are the same as in a run without xdist;
+  worker threads busy-wait after each run, taking the cores the other workers need (on the
+  2-core machine, loaded, 2026-11-28: the six-crop recognizer diagnosis took 10.0-10.2 CPU-s
+  spinning and 7.7-8.0 without). The thread count is left as it is, so the numbers are the
+  same as in a run without xdist;
 * a real-model run that tests in several files check is computed once per test run: the first
   worker to need it computes it and leaves it pickled for the others (``_once_per_run``;
   ``--dist loadgroup`` cannot group them: pytest-xdist 3.8 renames ``item._nodeid``, which
