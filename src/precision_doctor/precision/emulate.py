@@ -243,7 +243,7 @@ class _Emulator:
         meets an FP16 tensor in a data-movement node (``Where(c, x, Expand(b))``) is stored in
         FP16 there and rounded here, unless the plan names the node FP32 (found by
         tests/fuzz). Data movement on constants only stays a constant."""
-        floats = [v for v in node.inputs if self.is_float(v)]
+        floats = [v for v in node.inputs if v is not None and self.is_float(v)]
         voters = [v for v in floats if not self._constant(v)]
         if not voters:
             self.constants.update(id(o) for o in node.outputs if self.is_float(o))
