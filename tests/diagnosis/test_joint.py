@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from tiny_models import quantized_block
 
 import precision_doctor as pd
 from precision_doctor.diagnosis.causes.findings import Finding
 from precision_doctor.diagnosis.causes.joint import _reduce, find_joint_cause
-from tiny_models import quantized_block
 
 
 def test_reduction_finds_the_minimal_jointly_sufficient_set():
@@ -73,3 +73,28 @@ def test_fix_cures_the_quantized_encoder(quantized):
     f = pd.fix(str(quantized / "m.onnx"), str(quantized / "x.npz"), target="fp16")
     assert f.passed
     assert {"b0/cast", "b1/cast", "b2/cast"} <= set(f.fp32_nodes)
+
+
+def test_unmask_finds_a_cause_hidden_behind_the_first():
+    """Block 1's overflow is never *born* in the plain layerwise comparison (block 0's Inf has
+    already made everything NaN); once block 0's cure runs in FP32 it is."""
+    from tiny_models import S
+
+    from precision_doctor.diagnosis.causes.joint import unmask
+    from precision_doctor.diagnosis.causes.trials import ImpactTrials
+    from precision_doctor.formats import Precision
+    from precision_doctor.layerwise.candidates import emulated, reference_factory, run_samples
+    from precision_doctor.precision.plan import PrecisionPlan
+
+    model = quantized_block(blocks=2)
+    x = np.random.default_rng(1).uniform(0, 1, (1, 8, 64)).astype(np.float32)
+    samples = [S("s0", {"x": x})]
+    reference = run_samples(reference_factory(model), samples, ["y"])
+    candidate = emulated(PrecisionPlan(Precision.FP16))
+    measure = ImpactTrials(model, candidate.plan, candidate.conv_bias, samples, reference, ["y"])
+    first = Finding("activation-overflow", "b0/cast", "Cast", "b0/accf", "", {}, "", "error",
+                    ("b0/cast", "b0/deq"))
+    found = unmask(model, {"x": x}, candidate, [first], measure, float("inf"), 1e-2)
+    assert [f.node for f in found] == ["b1/cast"]
+    assert found[0].evidence["found_by"] == "unmasking"
+    assert np.isfinite(measure(["b0/cast", "b0/deq", *found[0].nodes]))

@@ -7,6 +7,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+from tiny_models import make_model, quantized_block, tensor
 
 from precision_doctor.errors import InvariantError
 from precision_doctor.formats import Precision
@@ -15,7 +16,6 @@ from precision_doctor.precision.emulate import emulate
 from precision_doctor.precision.plan import PrecisionPlan, candidate_nodes
 from precision_doctor.search.cost import node_costs
 from precision_doctor.search.invariant import check_all_fp32, unreached_nodes
-from tiny_models import make_model, quantized_block, tensor
 
 
 def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
@@ -99,7 +99,8 @@ def test_attention_flops_use_the_samples_shapes():
              helper.make_tensor("ax0", i64, [1], [0]), helper.make_tensor("heads", i64, [1], [2]),
              helper.make_tensor("dh", i64, [1], [h // 2])]
     model = make_model(nodes, [helper.make_tensor_value_info("x", f, ["batch", "seq", h])],
-                       [helper.make_tensor_value_info("ctx", f, ["batch", 2, "seq", h // 2])], inits)
+                       [helper.make_tensor_value_info("ctx", f, ["batch", 2, "seq", h // 2])],
+                       inits)
     costs = node_costs(model, {"x": (2, 32, h)})
     assert costs["scores"].flops == 2.0 * (2 * 2 * 32 * 32) * (h // 2)
     assert costs["ctx"].flops == 2.0 * (2 * 2 * 32 * (h // 2)) * 32

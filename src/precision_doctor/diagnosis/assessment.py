@@ -142,16 +142,16 @@ def rounding_depth(model: onnx.ModelProto) -> int:
 def defect_candidates(findings: Sequence[Finding], target: Precision) -> list[Finding]:
     """Main-group findings of a defect kind (module docstring): range events, mechanisms of
     the taxonomy whose cure was measured, and catastrophic amplifiers (``accumulated-rounding``
-    with gain >= ``catastrophic_gain``). A range event that is a member of a joint cause
-    (``diagnosis.causes.joint``: its cure measured jointly) counts whatever its severity."""
+    with gain >= ``catastrophic_gain``). A member of a joint cause (``diagnosis.causes.joint``:
+    its cure measured jointly with the others) counts whatever its kind and severity."""
     limit = catastrophic_gain(target)
     out = []
     for f in findings:
         if f.group != "main":
             continue
         gain = f.evidence.get("gain")
-        if (f.kind in DEFECT_KINDS and (f.severity == "error" or "joint_cause" in f.evidence)
-                ) or (f.kind in MECHANISM_KINDS and f.impact is not None) or (
+        if (f.kind in DEFECT_KINDS and f.severity == "error") or "joint_cause" in f.evidence \
+                or (f.kind in MECHANISM_KINDS and f.impact is not None) or (
                 f.kind in ("accumulated-rounding", *MECHANISM_KINDS)
                 and isinstance(gain, (int, float)) and gain >= limit):
             out.append(f)

@@ -45,7 +45,12 @@ from precision_doctor.diagnosis.causes.findings import (
 )
 from precision_doctor.diagnosis.causes.groups import FindingGroup, pattern_groups
 from precision_doctor.diagnosis.causes.hazards import Hazard
-from precision_doctor.diagnosis.causes.joint import JointCause, find_joint_cause, mark_members
+from precision_doctor.diagnosis.causes.joint import (
+    JointCause,
+    find_joint_cause,
+    mark_members,
+    unmask,
+)
 from precision_doctor.diagnosis.causes.mechanisms import ORDER, name_mechanism, remedy
 from precision_doctor.diagnosis.causes.operands import measure_operands
 from precision_doctor.diagnosis.causes.trials import ImpactTrials
@@ -135,6 +140,16 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     findings = rank_findings(findings, measure, baseline)
     explained = _joint(findings, measure, baseline)
     seconds["findings"] = time.perf_counter() - t0
+    if measure is not None and layerwise is not None and math.isinf(baseline) \
+            and (explained or 0.0) < 0.5:  # causes masked by the ones found (joint.unmask)
+        t0 = time.perf_counter()
+        first = worst_samples(reference, cand, list(failing), 1)[0]
+        masked = unmask(model, samples[first].feeds, candidate, findings, measure, baseline,
+                        layerwise.threshold)
+        if masked:
+            findings = rank_findings(list(findings) + masked, measure, baseline)
+            explained = _joint(findings, measure, baseline)
+        seconds["unmasking"] = time.perf_counter() - t0
     attribution = None
     worst = max(failing.values(), default=0.0)
     if (plan is not None and layerwise is not None

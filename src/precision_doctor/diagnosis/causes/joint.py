@@ -8,11 +8,17 @@ them together remove it all. Then:
 
 1. the union of the findings' cures is measured (``explain``'s ``explained_share``);
 2. when it removes at least ``JOINT_MIN_SHARE`` of the error and no finding alone does, the
-   cause findings (``CAUSE_KINDS``: range events, mechanisms, harmful flushes, amplifiers; at
-   most ``MAX_UNITS``, hard events first) are reduced to a minimal set whose joint cure still
-   removes ``KEEP_SHARE`` of what the union removes, by QuickXplain's divide and conquer
+   cause findings (``CAUSE_KINDS``: range events, mechanisms, harmful flushes, amplifiers,
+   tensors close to the format max; at most ``MAX_UNITS``, hard events first) are reduced to
+   a minimal set whose joint cure still removes ``KEEP_SHARE`` of what the union removes, by
+   QuickXplain's divide and conquer
    (``_reduce``): findings that play no part go by halves;
 3. that set is one ``JointCause``: its members, their joint share and each one's share alone.
+
+Causes can also hide behind each other: downstream of the first NaN/Inf birth every tensor is
+NaN, so a later, independent overflow is never *born* in the layerwise comparison. ``unmask``
+finds them: while the findings' cures leave the output destroyed, the cured plan is compared
+layer by layer again and its NaN birth becomes a finding (at most ``UNMASK_ROUNDS`` rounds).
 
 Members get ``evidence["joint_cause"]`` (the group's share and size), so the reports show them
 as one group and the assessment counts the joint cure (``explained_share``). Every measurement
@@ -23,7 +29,10 @@ measured twice costs one evaluation); at most ``MAX_EVALS`` new measurements.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
 
 from precision_doctor.diagnosis.assessment import (
     DEFECT_MIN_SHARE,
@@ -31,14 +40,20 @@ from precision_doctor.diagnosis.assessment import (
     MECHANISM_KINDS,
     share_removed,
 )
+from precision_doctor.diagnosis.causes.cures import layerwise_regions
 from precision_doctor.diagnosis.causes.findings import Finding
+from precision_doctor.formats import FORMATS
+from precision_doctor.layerwise.candidates import Candidate, emulated, reference_factory
+from precision_doctor.layerwise.compare import compare_layerwise
 
 JOINT_MIN_SHARE = DEFECT_MIN_SHARE  # the union must remove at least half of the error
 KEEP_SHARE = 0.9  # the minimal set keeps >= 90% of what the union removes
 MAX_EVALS = 32
 MAX_UNITS = 24
-# Findings that can be a cause, in the order the reduction prefers them.
-CAUSE_KINDS = (*HARD_KINDS, *MECHANISM_KINDS, "underflow", "accumulated-rounding")
+UNMASK_ROUNDS = 4
+# Findings that can be a cause, in the order the reduction prefers them; a tensor with little
+# headroom in FP32 can overflow in the emulation (its inputs already rounded): last.
+CAUSE_KINDS = (*HARD_KINDS, *MECHANISM_KINDS, "underflow", "accumulated-rounding", "headroom")
 
 
 @dataclass(frozen=True)
@@ -134,6 +149,67 @@ def _reduce(units: list[int], passes: Callable[[Sequence[int]], bool]) -> list[i
     return rec([], [], list(units))
 
 
+def unmask(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], candidate: Candidate,
+           findings: Sequence[Finding], measure: Callable[[Sequence[str]], float],
+           baseline: float, threshold: float, rounds: int = UNMASK_ROUNDS) -> list[Finding]:
+    """Causes hidden behind others: new findings for the NaN/Inf births that appear only once
+    the findings' cures run in FP32.
+
+    A layerwise comparison sees where NaN/Inf is *born* from finite inputs; downstream of the
+    first birth every tensor is already NaN, so a second, independent overflow (a later
+    int32-to-float Cast of a quantized encoder, close to the format max in FP32 and beyond it
+    in the emulation) is never born and never found. While the findings' joint cure leaves the
+    output destroyed (NaN/Inf), the candidate's plan with every cure in FP32 is compared layer
+    by layer on one sample (``feeds``, the worst), its NaN birth becomes a finding whose cure is
+    its overflow region (``cures.layerwise_regions``), and the next round starts from there; at
+    most ``rounds`` rounds.
+
+    Args:
+        model / candidate: The FP32 model and the emulated candidate (its plan is the start).
+        findings: The findings so far (their ``nodes`` are the cures).
+        measure: Output error with the given nodes in FP32 (``trials.ImpactTrials``).
+        baseline: The candidate's output error (rel L2; inf when destroyed).
+        threshold: Layerwise divergence threshold (rel L2).
+
+    Returns:
+        The new findings (``activation-overflow`` or ``nan-source``, evidence
+        ``found_by: unmasking``), in the order found; empty when the cures already leave the
+        output finite or no birth is found.
+    """
+    plan = candidate.plan
+    if plan is None:
+        return []
+    nodes = list(dict.fromkeys(n for f in findings if f.kind != "reference-mismatch"
+                               for n in f.nodes))
+    limit = FORMATS[plan.default].max
+    found: list[Finding] = []
+    for _ in range(rounds):
+        if np.isfinite(measure(nodes)):  # the output is no longer destroyed
+            break
+        cured = emulated(plan.keep_fp32(nodes, "diagnose"), candidate.conv_bias)
+        lw = compare_layerwise(model, [dict(feeds)], reference_factory, cured.factory,
+                               plan.default, threshold)
+        birth = lw.record(lw.nan_birth) if lw.nan_birth else None
+        if birth is None:
+            break
+        region = layerwise_regions(model, lw).get(birth.node, (birth.node,))
+        new = [n for n in region if n not in nodes]
+        if not new:
+            break
+        kind = "activation-overflow" if birth.cand_inf else "nan-source"
+        found.append(Finding(
+            kind, birth.node, birth.op_type, birth.tensor,
+            f"{birth.op_type} {birth.node} produces {birth.cand_inf} Inf and {birth.cand_nan} "
+            f"NaN (reference max |x| {birth.ref_max_abs:.3g}, {plan.default.value.upper()} max "
+            f"{limit:g}) once the causes above run in FP32: a cause they masked",
+            {"found_by": "unmasking", "ref_max_abs": birth.ref_max_abs,
+             "cand_inf": birth.cand_inf, "cand_nan": birth.cand_nan, "cure_nodes": len(region)},
+            f"keep its overflow region in FP32 ({region[0]} .. {region[-1]}), with the other "
+            "causes", "error", tuple(region)))
+        nodes.extend(new)
+    return found
+
+
 def mark_members(findings: Sequence[Finding], joint: JointCause | None) -> list[Finding]:
     """``findings`` with each member of ``joint`` carrying ``evidence["joint_cause"]``
     (``{"share", "members", "alone"}``: the group's joint share, its size, the largest share
@@ -147,4 +223,4 @@ def mark_members(findings: Sequence[Finding], joint: JointCause | None) -> list[
             if (f.kind, f.node) in members else f for f in findings]
 
 
-__all__ = ["JointCause", "find_joint_cause", "mark_members"]
+__all__ = ["JointCause", "find_joint_cause", "mark_members", "unmask"]
