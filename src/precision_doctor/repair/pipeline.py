@@ -130,6 +130,7 @@ def _result(request: FixRequest, baseline: Baseline, rewritten: Rewritten, searc
         warnings.append(f"the search used its whole budget of {request.max_evals} evaluations: "
                         f"the {len(result.kept)} nodes it kept in FP32 meet the target but may "
                         "not all be needed; raise --max-evals for a smaller set")
+    warnings.extend(noise_warnings(request, baseline, searched, len(final_fp32)))
     notes = []
     if any(r.rule == "fuse-layernorm" and r.applied for r in rewritten.report.records):
         low = request.target.value.upper()
@@ -150,6 +151,37 @@ def _result(request: FixRequest, baseline: Baseline, rewritten: Rewritten, searc
                      objective.pass_mark(),
                      _resources(result, time.perf_counter() - t_start, request.jobs),
                      verified.verified_by.to_dict(), engine=request.engine or "")
+
+
+def noise_warnings(request: FixRequest, baseline: Baseline, searched: Searched,
+                   fp32_nodes: int) -> list[str]:
+    """Where the search struggled (it used its whole budget, or kept more than half the
+    compute nodes in FP32), the FP32 noise floor of each output with a relative L2 tolerance
+    (``diagnosis.noise``: the same FP32 model under other ONNX Runtime optimizations), and a
+    warning for each whose floor is at least half its tolerance: no precision plan can be told
+    apart from noise there (a dynamically quantized MiniLM: floor 0.10 against 1e-2, from
+    ONNX Runtime's own SkipLayerNorm fusion flipping 8-bit roundings)."""
+    tolerances = baseline.objective.tolerances or {}
+    candidates = max(len(compute_nodes(request.model)), 1)
+    struggled = (searched.result.evaluations >= request.max_evals
+                 or fp32_nodes > candidates / 2 or not searched.result.score.passed)
+    if not struggled or not any(t.rel_l2 for t in tolerances.values()):
+        return []
+    from precision_doctor.diagnosis.noise import measure_noise_floor
+
+    floor = measure_noise_floor(request.model, [s.feeds for s in request.samples],
+                                baseline.reference)
+    out = []
+    for name, nf in floor.per_output.items():
+        tol = tolerances.get(name) or tolerances.get("*")
+        if tol is not None and tol.rel_l2 and nf >= tol.rel_l2 / 2:
+            out.append(f"output {name!r}: its FP32 noise floor is {nf:.3g} relative L2 (the same "
+                       "FP32 model under other ONNX Runtime graph optimizations differs that "
+                       f"much), {nf / tol.rel_l2:.2g}x the tolerance {tol.rel_l2:.3g}: no "
+                       "precision plan can be told apart from that noise, which is why the "
+                       f"search kept {fp32_nodes} nodes in FP32. Set --tolerance at least "
+                       f"{2 * nf:.2g}, or judge the model by its task (--metric)")
+    return out
 
 
 def _metrics(ref: Outputs, cand: Outputs) -> dict:
