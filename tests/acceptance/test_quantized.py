@@ -27,13 +27,6 @@ from real_quantized import QuantizedCase
 import precision_doctor as pd
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared]
-# ONNX Runtime CPU's own SkipLayerNormFusion moves the quantized MiniLM's FP32 output by rel L2
-# 0.10 (module docstring): its FP32 noise floor is 10x the default tolerance, and any FP16 node
-# that blocks the fusion in the emulation costs that much. No plan short of all-FP32 meets 1e-2
-# there; the fix keeps 239 of 258 candidates and its written model scores 10.1 (2026-11-28).
-NOISE_ABOVE_TOLERANCE = pytest.mark.xfail(
-    reason="the quantized MiniLM's FP32 noise floor (0.10, ONNX Runtime's own fusion) is 10x "
-           "the default tolerance", strict=False)
 INT_TO_FLOAT_CASTS = "_output_quantized_cast"  # quantize_dynamic's name for the int32 -> float Cast
 
 
@@ -86,7 +79,6 @@ def test_quantized_minilm_diagnose_names_a_joint_cure(quantized_minilm):
     _assert_causes_named(_diagnose(quantized_minilm))
 
 
-@NOISE_ABOVE_TOLERANCE
 def test_quantized_minilm_fix_meets_the_default_tolerance(quantized_minilm, tmp_path):
     _assert_fix_meets_default_tolerance(quantized_minilm, tmp_path)
 
