@@ -105,15 +105,8 @@ def quantized_minilm(folder: Path) -> QuantizedCase:
         pytest.skip.Exception: ``.models/minilm_op17.onnx`` or ``.models/minilm_data`` is absent
             (run ``benchmarks/export_minilm.py``).
     """
-    float_path, data = MODELS / "minilm_op17.onnx", MODELS / "minilm_data" / "batch0.npz"
-    if not (float_path.is_file() and data.is_file()):
-        pytest.skip("run benchmarks/export_minilm.py to write .models/minilm_op17.onnx")
-    path = MODELS / "quantized" / "minilm17.onnx"
-    if not path.is_file():
-        path = _bench_module().quantize(float_path, folder / "minilm17.onnx")
-    with np.load(data) as batch:
-        samples = [{k: batch[k] for k in batch.files}]
-    return QuantizedCase("minilm17", path, float_path, samples)
+    return _exported("minilm17", "minilm_op17.onnx", "minilm_data/batch0.npz",
+                     "export_minilm.py", folder)
 
 
 def quantized_whisper(folder: Path) -> QuantizedCase:
@@ -124,13 +117,19 @@ def quantized_whisper(folder: Path) -> QuantizedCase:
         pytest.skip.Exception: ``.models/whisper_enc_op17.onnx`` or ``.models/whisper_data`` is
             absent (run ``benchmarks/export_whisper.py``).
     """
-    float_path = MODELS / "whisper_enc_op17.onnx"
-    data = MODELS / "whisper_data" / "sample0.npz"
-    if not (float_path.is_file() and data.is_file()):
-        pytest.skip("run benchmarks/export_whisper.py to write .models/whisper_enc_op17.onnx")
-    path = MODELS / "quantized" / "whisper17.onnx"
+    return _exported("whisper17", "whisper_enc_op17.onnx", "whisper_data/sample0.npz",
+                     "export_whisper.py", folder)
+
+
+def _exported(name: str, model: str, data: str, export: str, folder: Path) -> QuantizedCase:
+    """A model ``benchmarks/<export>`` wrote into ``.models/``, quantized (``.models/quantized/
+    <name>.onnx``, else written into ``folder``), with the one sample of ``.models/<data>``."""
+    float_path, data_path = MODELS / model, MODELS / data
+    if not (float_path.is_file() and data_path.is_file()):
+        pytest.skip(f"run benchmarks/{export} to write .models/{model}")
+    path = MODELS / "quantized" / f"{name}.onnx"
     if not path.is_file():
-        path = _bench_module().quantize(float_path, folder / "whisper17.onnx")
-    with np.load(data) as clip:
-        samples = [{k: clip[k] for k in clip.files}]
-    return QuantizedCase("whisper17", path, float_path, samples)
+        path = _bench_module().quantize(float_path, folder / f"{name}.onnx")
+    with np.load(data_path) as arrays:
+        samples = [{k: arrays[k] for k in arrays.files}]
+    return QuantizedCase(name, path, float_path, samples)

@@ -199,3 +199,12 @@ def quantized_block(blocks: int = 2, hidden: int = 64, seq: int = 8, seed: int =
     return make_model(nodes, [helper.make_tensor_value_info("x", f, [1, seq, hidden])],
                       [helper.make_tensor_value_info("y", f, [1, seq, hidden])], inits,
                       opset=13)
+
+
+def write_quantized_block(folder, blocks: int):
+    """``quantized_block(blocks)`` saved as ``folder/m.onnx`` with one real-valued sample
+    ``folder/x.npz`` (x uniform in [0, 1), seed 1); returns the two paths as strings."""
+    onnx.save(quantized_block(blocks=blocks), folder / "m.onnx")
+    rng = np.random.default_rng(1)
+    np.savez(folder / "x.npz", x=rng.uniform(0, 1, (1, 8, 64)).astype(np.float32))
+    return str(folder / "m.onnx"), str(folder / "x.npz")

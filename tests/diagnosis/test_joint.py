@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
-from tiny_models import quantized_block
+from tiny_models import quantized_block, write_quantized_block
 
 import precision_doctor as pd
 from precision_doctor.diagnosis.causes.findings import Finding
@@ -51,15 +50,11 @@ def test_joint_cause_only_when_no_single_cure_explains():
 
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("quantized")
-    onnx.save(quantized_block(blocks=3), folder / "m.onnx")
-    rng = np.random.default_rng(1)
-    np.savez(folder / "x.npz", x=rng.uniform(0, 1, (1, 8, 64)).astype(np.float32))
-    return folder
+    return write_quantized_block(tmp_path_factory.mktemp("quantized"), blocks=3)
 
 
 def test_quantized_encoder_is_a_defect_of_independent_causes(quantized):
-    d = pd.diagnose(str(quantized / "m.onnx"), str(quantized / "x.npz"), target="fp16")
+    d = pd.diagnose(*quantized, target="fp16")
     assert d.verdict == "fail"
     assert d.assessment.kind == "defect"
     assert d.explained_share is not None and d.explained_share >= 0.9
@@ -70,7 +65,7 @@ def test_quantized_encoder_is_a_defect_of_independent_causes(quantized):
 
 
 def test_fix_cures_the_quantized_encoder(quantized):
-    f = pd.fix(str(quantized / "m.onnx"), str(quantized / "x.npz"), target="fp16")
+    f = pd.fix(*quantized, target="fp16")
     assert f.passed
     assert {"b0/cast", "b1/cast", "b2/cast"} <= set(f.fp32_nodes)
 

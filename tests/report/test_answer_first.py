@@ -12,11 +12,9 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-import numpy as np
-import onnx
 import pytest
 from rich.console import Console
-from tiny_models import quantized_block, random_samples, transformer_block
+from tiny_models import random_samples, transformer_block, write_quantized_block
 
 import precision_doctor as pd
 from precision_doctor.diagnosis.decisions.records import DecisionFlip
@@ -72,11 +70,8 @@ def test_a_flip_that_damages_is_listed(passing):
 
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("encoder8")
-    onnx.save(quantized_block(blocks=8), folder / "m.onnx")
-    rng = np.random.default_rng(1)
-    np.savez(folder / "x.npz", x=rng.uniform(0, 1, (1, 8, 64)).astype(np.float32))
-    return pd.diagnose(str(folder / "m.onnx"), str(folder / "x.npz"), target="fp16")
+    model, data = write_quantized_block(tmp_path_factory.mktemp("encoder8"), blocks=8)
+    return pd.diagnose(model, data, target="fp16")
 
 
 def test_a_destroyed_encoder_fits_120_lines_at_80_columns(encoder):

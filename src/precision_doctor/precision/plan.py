@@ -43,7 +43,7 @@ def candidate_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
     The one definition the emulator, the writer, the search, attribution and the impact trials
     share, so that the plan with every candidate in FP32 is the FP32 model (the invariant
-    ``precision.invariant`` checks):
+    ``search.invariant`` checks):
 
     * a node that is not pure data movement (``DATA_MOVEMENT_OPS``) and reads or writes a
       floating-point tensor, in any domain: arithmetic, DequantizeLinear, the float scale of

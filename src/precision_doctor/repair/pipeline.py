@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -130,7 +130,7 @@ def _result(request: FixRequest, baseline: Baseline, rewritten: Rewritten, searc
         warnings.append(f"the search used its whole budget of {request.max_evals} evaluations: "
                         f"the {len(result.kept)} nodes it kept in FP32 meet the target but may "
                         "not all be needed; raise --max-evals for a smaller set")
-    warnings.extend(noise_warnings(request, baseline, searched, len(final_fp32)))
+    warnings.extend(noise_warnings(request, baseline, searched, share))
     notes = []
     if any(r.rule == "fuse-layernorm" and r.applied for r in rewritten.report.records):
         low = request.target.value.upper()
@@ -154,7 +154,7 @@ def _result(request: FixRequest, baseline: Baseline, rewritten: Rewritten, searc
 
 
 def noise_warnings(request: FixRequest, baseline: Baseline, searched: Searched,
-                   fp32_nodes: int) -> list[str]:
+                   share: Mapping[str, float]) -> list[str]:
     """Where the search struggled (it used its whole budget, or kept more than half the
     compute nodes in FP32), the FP32 noise floor of each output with a relative L2 tolerance
     (``diagnosis.noise``: the same FP32 model under other ONNX Runtime optimizations), and a
@@ -162,9 +162,9 @@ def noise_warnings(request: FixRequest, baseline: Baseline, searched: Searched,
     apart from noise there (a dynamically quantized MiniLM: floor 0.10 against 1e-2, from
     ONNX Runtime's own SkipLayerNorm fusion flipping 8-bit roundings)."""
     tolerances = baseline.objective.tolerances or {}
-    candidates = max(len(compute_nodes(request.model)), 1)
+    fp32_nodes = int(share["fp32_nodes"])  # of the report's compute nodes (``fp32_share``)
     struggled = (searched.result.evaluations >= request.max_evals
-                 or fp32_nodes > candidates / 2 or not searched.result.score.passed)
+                 or fp32_nodes > share["compute_nodes"] / 2 or not searched.result.score.passed)
     if not struggled or not any(t.rel_l2 for t in tolerances.values()):
         return []
     from precision_doctor.diagnosis.noise import measure_noise_floor

@@ -10,10 +10,10 @@ and before the search, ``check_all_fp32`` verifies it once:
 1. statically: the emulation of the all-FP32 plan (``precision.emulate``) inserts no rounding
    at all (no activation round trip, no rounded weight). Where it does, the nodes that still
    round are named: a tool defect (``InvariantError``), never a diagnosis;
-2. by measurement, on one sample: the all-FP32 plan's outputs, run the way the search runs its
-   plans (``runners.emulator.EmulatorRunner``, a switched session where the search uses one),
-   equal the FP32 reference within ``bound`` (relative L2 error, ``compare.metrics``), and are
-   finite wherever the reference is.
+2. by measurement, on one sample: that same emulation, run by ONNX Runtime
+   (``runners.emulator.EmulatorRunner``), equals the FP32 reference within ``bound`` (relative
+   L2 error, ``compare.metrics``) and is finite wherever the reference is: ONNX Runtime must
+   optimize it as it optimized the model (the emulation keeps its value_info for that).
 
 Cost: one emulation build (a pass over the graph) and one run of one sample.
 """
@@ -29,7 +29,7 @@ from precision_doctor.compare.metrics import relative_l2
 from precision_doctor.errors import InvariantError
 from precision_doctor.formats import Precision
 from precision_doctor.precision.conv_bias import FUSED
-from precision_doctor.precision.emulate import emulate
+from precision_doctor.precision.emulate import EmulationInfo, emulate
 from precision_doctor.precision.plan import PrecisionPlan, candidate_nodes
 from precision_doctor.runners.emulator import EmulatorRunner
 
@@ -58,17 +58,23 @@ def unreached_nodes(model: onnx.ModelProto, plan: PrecisionPlan, conv_bias: str 
     """
     if plan.default is Precision.FP32:
         return []
-    emulation, info = emulate(model, all_fp32_plan(model, plan), conv_bias)
+    return _unreached(model, emulate(model, all_fp32_plan(model, plan), conv_bias))
+
+
+def _unreached(model: onnx.ModelProto, emulation: tuple[onnx.ModelProto, EmulationInfo]
+               ) -> list[str]:
+    """``unreached_nodes`` read from the all-FP32 plan's emulation."""
+    graph, info = emulation
     if info.rounded_activations == 0 and info.rounded_initializers == 0:
         return []
-    round_nodes = [n for n in emulation.graph.node if n.name.startswith("pd_round/")]
+    round_nodes = [n for n in graph.graph.node if n.name.startswith("pd_round/")]
     # an input rounding (pd_round/<p>/in/...) or a rounded weight: its reader still rounds;
     # an output rounding (pd_round/<p>/out/...) reads the raw output of a node that rounds
     rounded = {o for n in round_nodes if n.name.split("/")[2] == "in" for o in n.output}
-    rounded |= {t.name for t in emulation.graph.initializer if "__pd_" in t.name}
+    rounded |= {t.name for t in graph.graph.initializer if "__pd_" in t.name}
     raw = {i for n in round_nodes if n.name.split("/")[2] == "out" for i in n.input}
     names = {n.name for n in model.graph.node}
-    found = [n.name for n in emulation.graph.node if n.name in names
+    found = [n.name for n in graph.graph.node if n.name in names
              and (set(n.input) & rounded or set(n.output) & raw)]
     order = {n.name: i for i, n in enumerate(model.graph.node)}
     return sorted(set(found), key=lambda n: order.get(n, 0))
@@ -95,7 +101,11 @@ def check_all_fp32(model: onnx.ModelProto, plan: PrecisionPlan,
             reference is.
         BackendError: The emulation fails to run.
     """
-    unreached = unreached_nodes(model, plan, conv_bias)
+    if plan.default is Precision.FP32:
+        return
+    full = all_fp32_plan(model, plan)
+    emulation = emulate(model, full, conv_bias)  # built once: checked, then run
+    unreached = _unreached(model, emulation)
     if unreached:
         shown = ", ".join(unreached[:5]) + (f" (+{len(unreached) - 5} more)"
                                             if len(unreached) > 5 else "")
@@ -107,7 +117,7 @@ def check_all_fp32(model: onnx.ModelProto, plan: PrecisionPlan,
     if feeds is None or reference is None:
         return
     names = list(reference)
-    with EmulatorRunner(model, all_fp32_plan(model, plan), conv_bias=conv_bias) as runner:
+    with EmulatorRunner(model, full, conv_bias=conv_bias, emulation=emulation) as runner:
         outs = runner.run(dict(feeds), names)
     for name in names:
         ref = np.asarray(reference[name])

@@ -101,8 +101,7 @@ def find_joint_cause(findings: Sequence[Finding], measure: Callable[[Sequence[st
         The ``JointCause``, or None when a single finding already explains at least
         ``JOINT_MIN_SHARE``, the union does not, or fewer than two findings take part.
     """
-    # causes only (a headroom note is no event), the hard range events first: the reduction
-    # prefers earlier units
+    # cause findings, the hard range events first: the reduction prefers earlier units
     units = sorted((i for i, f in enumerate(findings) if f.nodes and f.kind in CAUSE_KINDS),
                    key=lambda i: (CAUSE_KINDS.index(findings[i].kind), i))[:MAX_UNITS]
     if union_share is None or union_share < JOINT_MIN_SHARE or len(units) < 2 or baseline <= 0:
@@ -117,8 +116,8 @@ def find_joint_cause(findings: Sequence[Finding], measure: Callable[[Sequence[st
         return share_removed(baseline, measure(nodes)) if nodes else 0.0
 
     need = KEEP_SHARE * union_share
-    if len(units) < 2 or share(units) < need:
-        return None  # the causes without the headroom notes fall short: no joint group
+    if share(units) < need:
+        return None  # the cause findings fall short of what all findings' cures remove
     kept = sorted(_reduce(units, lambda s: calls[0] < MAX_EVALS and share(s) >= need))
     joint = share(kept)
     if len(kept) < 2 or joint < JOINT_MIN_SHARE:
