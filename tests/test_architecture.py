@@ -32,6 +32,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("layerwise", ("precision_doctor.layerwise",)),
     # Objective, sensitivity ranking, bisection, evaluation pool, cost.
     ("search", ("precision_doctor.search",)),
+    # INT8/FP8: placement, calibration, Q/DQ emulation, per-layer measurements, quantized fix.
+    ("quant", ("precision_doctor.quant",)),
     # Assessment, decisions, root causes, hazards, noise, transformer headroom.
     ("diagnosis", ("precision_doctor.diagnosis",)),
     # fix: rewrite, rank, search, write, verify; the review of the fixed model.

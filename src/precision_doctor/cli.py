@@ -45,6 +45,8 @@ def main(version: bool = typer.Option(False, "--version", callback=_version, is_
 DEVICE_OPTION = typer.Option("auto", "--device", help="Where the reference, the emulation, "
                              "layerwise and search run: cpu, cuda, cuda:N, or auto (CUDA when "
                              "onnxruntime-gpu sees a GPU, else cpu)")
+CALIBRATOR_OPTION = typer.Option("max", "--calibrator", help="INT8/FP8 activation calibrator: "
+                                 "max, percentile (99.99), entropy (TensorRT's KL) or mse")
 LABELS_OPTION = typer.Option(None, "--labels", help="Ground truth: COCO JSON (detection) or "
                              "file,class CSV (classification); reports the task accuracy of "
                              "FP32 and of the candidate side by side")
@@ -60,7 +62,7 @@ def diagnose(
                                              "ppocr-rec, ppocr-cls, ultralytics, none) "
                                              "and/or key=value overrides"),
     target: str = typer.Option("fp16", "--target", "-t", help="fp16, bf16 or tf32 (fp32 to "
-                               "compare two FP32 engines)"),
+                               "compare two FP32 engines); int8 or fp8 (E4M3) for quantization"),
     runner: str = typer.Option("emulate", "--runner", "-r", help="emulate, emulate-fused (BN "
                                "folded, LayerNorm fused, as engines run it), emulate-written "
                                "(--candidate-model emulated as written, e.g. a BF16 model), or "
@@ -102,10 +104,24 @@ def diagnose(
     engine: Optional[str] = typer.Option(None, "--engine", "-e", help="The engine you deploy "
                                          "on, whose arithmetic the emulator then follows: "
                                          "ort-cuda (a convolution's bias added after rounding)"),
+    calibrator: str = CALIBRATOR_OPTION,
 ) -> None:
     """Diagnose MODEL in reduced precision against its FP32 reference, layer by layer."""
+    from precision_doctor.quant.qformats import parse_quant_target
     from precision_doctor.workflows.diagnose import run_diagnose
 
+    if parse_quant_target(target) is not None:
+        from precision_doctor.workflows.quantize import run_quant_diagnose
+
+        try:
+            quant = run_quant_diagnose(model, data=data, preprocess=preprocess, target=target,
+                                       tolerances=tolerance, max_samples=max_samples,
+                                       json_path=json_path, force=force, console=console,
+                                       quiet=quiet, verbose=verbose, calibrator=calibrator,
+                                       html_path=html_path)
+        except PrecisionDoctorError as exc:
+            _fail(exc)
+        raise typer.Exit(0 if quant.passed else 1)
     try:
         report = run_diagnose(
             model, data=data, preprocess=preprocess, target=target, runner=runner,
@@ -128,7 +144,8 @@ def fix_command(
     data: str = typer.Option(..., "--data", "-d", help="Calibration data (as for diagnose)"),
     preprocess: Optional[str] = typer.Option(None, "--preprocess", "-p", help="Image "
                                              "preprocessing (as for diagnose)"),
-    target: str = typer.Option("fp16", "--target", "-t", help="fp16 or bf16"),
+    target: str = typer.Option("fp16", "--target", "-t", help="fp16 or bf16; int8 or fp8 "
+                               "(E4M3) for a Q/DQ model"),
     tolerance: List[str] = typer.Option([], "--tolerance", help="Output tolerance target "
                                         "(as for diagnose)"),
     metric: Optional[str] = typer.Option(None, "--metric", help="Task metric target: top1, "
@@ -164,10 +181,27 @@ def fix_command(
                              "GPU, measured slower than one); same result for any value"),
     device: str = DEVICE_OPTION,
     labels: Optional[Path] = LABELS_OPTION,
+    calibrator: str = CALIBRATOR_OPTION,
 ) -> None:
     """Write a strongly typed mixed-precision model meeting the accuracy target."""
+    from precision_doctor.quant.qformats import parse_quant_target
     from precision_doctor.workflows.fix import run_fix
 
+    if parse_quant_target(target) is not None:
+        from precision_doctor.workflows.quantize import run_quant_fix
+
+        try:
+            fixed = run_quant_fix(model, output, data=data, preprocess=preprocess,
+                                  target=target, tolerances=tolerance, metric=metric,
+                                  threshold=threshold, no_rewrites=no_rewrites,
+                                  max_samples=max_samples, max_evals=max_evals, force=force,
+                                  console=console, quiet=quiet, calibrator=calibrator)
+        except TargetNotMetError as exc:
+            err_console.print(f"target not met: {exc}", style="red", markup=False)
+            raise typer.Exit(1) from None
+        except PrecisionDoctorError as exc:
+            _fail(exc)
+        raise typer.Exit(0 if fixed.passed else 1)
     try:
         result = run_fix(model, output, data=data, preprocess=preprocess, target=target,
                          tolerances=tolerance, metric=metric, threshold=threshold, keep=keep,
@@ -329,7 +363,8 @@ def recipe_collect(
                                          "(recorded strongly typed too)"),
     out: Path = typer.Option(Path("trt-collect"), "--out", "-o", help="Folder for inputs.json,"
                              " collect.sh and COLLECT.md; results go to OUT/results"),
-    target: str = typer.Option("fp16", "--target", "-t", help="fp16 or bf16"),
+    target: str = typer.Option("fp16", "--target", "-t", help="fp16 or bf16; int8 or fp8 "
+                               "(E4M3) for a Q/DQ model"),
     max_samples: Optional[int] = typer.Option(None, "--max-samples"),
     force: bool = typer.Option(False, "--force", help="Overwrite files of a previous run"),
 ) -> None:

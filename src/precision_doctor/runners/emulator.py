@@ -133,6 +133,8 @@ class WrittenEmulatorRunner(_OnOrt):
         intra_op_threads: ONNX Runtime threads (0 = default).
         conv_bias: Where the deployment engine adds a low-precision convolution's bias:
             ``fused`` or ``separate`` (ONNX Runtime CUDA; ``precision.conv_bias``).
+        graph_optimization: ONNX Runtime's optimization level (``OrtRunner``); Q/DQ models
+            run at ``basic`` (``quant.emulation.EMULATION_OPTIMIZATION`` says why).
 
     Raises:
         UnsupportedModelError: (on ``__enter__``) shape inference cannot type the model.
@@ -140,8 +142,10 @@ class WrittenEmulatorRunner(_OnOrt):
     """
 
     def __init__(self, model: onnx.ModelProto, name: str | None = None,
-                 intra_op_threads: int = 0, conv_bias: str = FUSED) -> None:
+                 intra_op_threads: int = 0, conv_bias: str = FUSED,
+                 graph_optimization: str = "all") -> None:
         self.model = model
+        self.graph_optimization = graph_optimization
         self.conv_bias = conv_bias
         self.name = name or "emulate-written"
         self._named = name is not None
@@ -154,6 +158,7 @@ class WrittenEmulatorRunner(_OnOrt):
         if not self._named and self.info.formats:
             self.name = "emulate-written-" + "+".join(self.info.formats)
         self._ort = OrtRunner(emulated, ("cpu",), name=self.name,
+                              graph_optimization=self.graph_optimization,
                               intra_op_threads=self.intra_op_threads).__enter__()
         return self
 

@@ -1,0 +1,200 @@
+"""``diagnose``/``fix`` with ``target="int8"`` or ``"fp8"``: quantization (``quant/``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from precision_doctor.api.options import (
+    DataLike,
+    ModelLike,
+    Progress,
+    ToleranceLike,
+    as_model,
+    as_samples,
+    progress_reporter,
+)
+from precision_doctor.errors import InputError
+from precision_doctor.formats import Precision
+from precision_doctor.graph.upcast import upcast
+from precision_doctor.inputs import PreprocessSpec
+from precision_doctor.jsonable import dumps
+from precision_doctor.quant.diagnose import QuantDiagnosis, default_objective, diagnose_quantized
+from precision_doctor.quant.fix import QuantFix, fix_quantized
+from precision_doctor.quant.qformats import QuantFormat, parse_quant_target
+from precision_doctor.search.objective import Objective
+
+
+@dataclass(frozen=True)
+class QuantizedDiagnosis:
+    """What ``diagnose(target="int8"|"fp8")`` found (``quant.diagnose.QuantDiagnosis``).
+
+    Attributes:
+        result: Per-layer SQNR, clipped/zeroed shares, channel spread, causes with cures.
+        model: ``{"input": path}`` of the diagnosed model.
+    """
+
+    result: QuantDiagnosis
+    model: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.result.passed
+
+    @property
+    def target(self) -> str:
+        return self.result.target
+
+    @property
+    def verdict(self) -> str:
+        return "pass" if self.passed else "fail"
+
+    def to_dict(self) -> dict:
+        """The JSON report."""
+        return {**self.result.to_dict(), "model": self.model}
+
+    def to_json(self, path: str | os.PathLike, force: bool = False) -> Path:
+        """Write the JSON report atomically (``force`` to overwrite)."""
+        from precision_doctor.report.files import write_json
+
+        return write_json(path, self.to_dict(), force)
+
+
+@dataclass(frozen=True)
+class QuantizedFix:
+    """What ``fix(target="int8"|"fp8")`` produced; nothing is on disk until :meth:`save`.
+
+    Attributes:
+        model: The Q/DQ model (FP16 between the pairs, FP32 inputs and outputs).
+        result: Scores, unquantized layers, calibrator, SmoothQuant, recipes.
+        report: The JSON report.
+    """
+
+    model: onnx.ModelProto = field(repr=False)
+    result: QuantFix
+    report: dict
+
+    @property
+    def passed(self) -> bool:
+        return self.result.passed
+
+    def save(self, path: str | os.PathLike, force: bool = False) -> list[Path]:
+        """Write the model, ``<stem>.report.json`` and ``<stem>.recipes.md`` atomically.
+
+        Raises:
+            OutputPathError: A file exists (without ``force``) or cannot be written.
+        """
+        from precision_doctor.report.files import check_writable, write_model, write_text_atomic
+
+        stem = Path(path).with_suffix("")
+        report, recipes = Path(f"{stem}.report.json"), Path(f"{stem}.recipes.md")
+        check_writable([path, report, recipes], force)
+        write_model(path, self.model, force)
+        write_text_atomic(report, dumps(self.report), force)
+        lines = [f"# Engine recipes for {Path(path).name} ({self.result.target.upper()} Q/DQ, "
+                 f"{self.result.between.upper()} between)", "",
+                 "Untested here: TensorRT cannot run on the machine that wrote this model.", ""]
+        lines += [f"    {r}" for r in self.result.recipes]
+        write_text_atomic(recipes, "\n".join(lines) + "\n", force)
+        return [Path(path), report, recipes]
+
+
+def quant_format(target: str) -> QuantFormat | None:
+    """The quantized format ``target`` names (``int8``, ``fp8``...), or None for a float one."""
+    return parse_quant_target(target)
+
+
+def _inputs(model: ModelLike, data: DataLike, preprocess: PreprocessSpec | str | None,
+            max_samples: int | None, tolerance: ToleranceLike, metric: str | None,
+            threshold: float | None) -> tuple[onnx.ModelProto, str | None, list, Objective]:
+    from precision_doctor.api.options import build_objective
+
+    proto, path = as_model(model)
+    proto, _shipped = upcast(proto)
+    samples = as_samples(data, proto, preprocess, max_samples)
+    objective = (build_objective(tolerance, metric, threshold, Precision.FP16)
+                 if tolerance or metric or threshold is not None else default_objective())
+    return proto, path, samples, objective
+
+
+def diagnose_quantized_model(model: ModelLike, data: DataLike, *, target: str = "int8",
+                             preprocess: PreprocessSpec | str | None = None,
+                             tolerance: ToleranceLike = None, metric: str | None = None,
+                             threshold: float | None = None, calibrator: str = "max",
+                             max_samples: int | None = None, progress: Progress | None = None,
+                             quiet: bool = False) -> QuantizedDiagnosis:
+    """Diagnose ``model`` quantized to INT8 or FP8 (E4M3) on ``data``.
+
+    Q/DQ placement follows TensorRT's explicit-quantization rules (``quant.placement``),
+    weights per output channel, activations per tensor calibrated on ``data`` (also the
+    evaluation samples); everything between runs in FP16; ONNX Runtime CPU runs the exact
+    emulation.
+
+    Args:
+        model: The FP32 model (path, proto or ``onnx_ir.Model``).
+        data: Samples, as for :func:`precision_doctor.diagnose`.
+        target: ``int8`` or ``fp8`` (``fp8e5m2`` for E5M2).
+        preprocess: Image preprocessing, as for :func:`precision_doctor.diagnose`.
+        tolerance: Output tolerance; default relative L2 <= 0.1
+            (``quant.diagnose.DEFAULT_TOLERANCE``).
+        metric / threshold: Task metric and its pass mark instead.
+        calibrator: ``max``, ``percentile`` (99.99), ``entropy`` (TensorRT's KL) or ``mse``.
+        max_samples: Use the first N samples.
+        progress / quiet: Progress callback; no progress output.
+
+    Returns:
+        :class:`QuantizedDiagnosis`.
+
+    Raises:
+        InputError: Unknown target or calibrator, bad data.
+        ModelLoadError, UnsupportedModelError, BackendError: As for ``diagnose``.
+    """
+    fmt = parse_quant_target(target)
+    if fmt is None:
+        raise InputError(f"{target!r} is not a quantized format: use int8, fp8 or fp8e5m2")
+    proto, path, samples, objective = _inputs(model, data, preprocess, max_samples, tolerance,
+                                              metric, threshold)
+    with progress_reporter(progress, quiet) as callback:
+        result = diagnose_quantized(proto, samples, fmt, objective, calibrator,
+                                    progress=callback)
+    return QuantizedDiagnosis(result, {"input": path})
+
+
+def fix_quantized_model(model: ModelLike, data: DataLike, *, target: str = "int8",
+                        preprocess: PreprocessSpec | str | None = None,
+                        tolerance: ToleranceLike = None, metric: str | None = None,
+                        threshold: float | None = None, calibrator: str = "max",
+                        rewrites: bool = True, max_samples: int | None = None,
+                        max_evals: int = 60, progress: Progress | None = None,
+                        quiet: bool = False) -> QuantizedFix:
+    """Write the INT8/FP8 Q/DQ model with the fewest layers left in FP16 that meets the
+    target: calibrators compared, SmoothQuant (alpha searched), then the accuracy search;
+    the written model verified by its exact emulation on ONNX Runtime CPU.
+
+    Args:
+        model, data, target, preprocess, tolerance, metric, threshold, calibrator,
+            max_samples, progress, quiet: As :func:`diagnose_quantized_model`.
+        rewrites: Try the other calibrators and SmoothQuant before the search.
+        max_evals: Search budget in evaluations.
+
+    Returns:
+        :class:`QuantizedFix` (``.save(path)`` writes the model, report and recipes).
+
+    Raises:
+        TargetNotMetError: Not even every layer in FP16 meets the target.
+        InputError, ModelLoadError, UnsupportedModelError, BackendError: As above.
+    """
+    fmt = parse_quant_target(target)
+    if fmt is None:
+        raise InputError(f"{target!r} is not a quantized format: use int8, fp8 or fp8e5m2")
+    proto, path, samples, objective = _inputs(model, data, preprocess, max_samples, tolerance,
+                                              metric, threshold)
+    with progress_reporter(progress, quiet) as callback:
+        result = fix_quantized(proto, samples, fmt, objective, calibrator,
+                               max_evals=max_evals, rewrites=rewrites, progress=callback)
+    report: dict[str, Any] = {**result.to_dict(), "model": {"input": path}}
+    return QuantizedFix(result.model, result, report)

@@ -1,0 +1,196 @@
+"""``diagnose --target int8|fp8``: does the model survive quantization, which layers break it,
+and why (each cause by a measured cure).
+
+    prepare (opset) -> place (units) -> collect (FP32 reference, calibration)
+      -> measure (per-layer SQNR, clipped and zeroed shares, channel spread; the quantized
+         model's outputs) -> score (tolerance or task metric) -> causes (measured cures)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import onnx
+
+from precision_doctor.compare.metrics import compute_metrics
+from precision_doctor.compare.tolerance import Tolerance
+from precision_doctor.errors import UnsupportedModelError
+from precision_doctor.formats import Precision
+from precision_doctor.jsonable import json_float
+from precision_doctor.quant.causes import QuantCause, find_causes
+from precision_doctor.quant.collect import Calibration, collect
+from precision_doctor.quant.measure import LayerMeasure, measure_layers
+from precision_doctor.quant.placement import QuantUnit, place
+from precision_doctor.quant.qdq import QuantConfig, prepare
+from precision_doctor.quant.qformats import QuantFormat
+from precision_doctor.search.objective import Objective, Outputs
+
+Progress = Callable[[str, int, int], None]
+# Relative L2 on every output when no tolerance or metric is given: INT8/FP8 layers reach
+# 30-45 dB SQNR each (0.6-3% relative noise), accumulated over tens of layers; a task metric
+# (--metric) is the better judge for a quantized model.
+DEFAULT_TOLERANCE = 1e-1
+
+
+def default_objective() -> Objective:
+    """Relative L2 <= ``DEFAULT_TOLERANCE`` on every output."""
+    return Objective(tolerances={"*": Tolerance(DEFAULT_TOLERANCE)})
+
+
+@dataclass(frozen=True)
+class QuantSetup:
+    """The prepared model, its units and the calibration: what diagnose and fix share.
+
+    Attributes:
+        model: The FP32 model at the Q/DQ opset (``quant.qdq.prepare``).
+        units: Its units (``quant.placement.place``).
+        calibration: Activation ranges of the calibration samples.
+        reference: FP32 outputs on the evaluation samples.
+        config: Every unit quantized with ``calibration``'s amax.
+        seconds: Wall time of preparing and calibrating.
+    """
+
+    model: onnx.ModelProto
+    units: tuple[QuantUnit, ...]
+    calibration: Calibration
+    reference: Outputs
+    config: QuantConfig
+    seconds: float
+
+
+def setup(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat, calibrator: str,
+          calibration_samples: Sequence | None = None, progress: Progress | None = None
+          ) -> QuantSetup:
+    """Prepare, place and calibrate.
+
+    Args:
+        model: FP32 model (nodes named).
+        samples: Evaluation samples (``.feeds``).
+        fmt: INT8 or FP8.
+        calibrator: ``max``, ``percentile``, ``entropy`` or ``mse``.
+        calibration_samples: Samples to calibrate on (default: ``samples``).
+        progress: ``progress(stage, done, total)``.
+
+    Raises:
+        UnsupportedModelError: No quantizable layer, or the opset cannot be raised.
+        InputError: Unknown calibrator.
+        BackendError: ONNX Runtime fails.
+    """
+    t0 = time.perf_counter()
+    prepared = prepare(model, fmt)
+    units = tuple(place(prepared))
+    if not units:
+        raise UnsupportedModelError("the model has no Conv, ConvTranspose, MatMul, Gemm or "
+                                    "pooling layer with float inputs: nothing to quantize")
+    calib, ref = collect(prepared, units, calibration_samples or samples, fmt, calibrator,
+                         progress=progress)
+    if calibration_samples is not None:
+        from precision_doctor.quant.emulation import run_outputs
+
+        ref = run_outputs(prepared, samples, [o.name for o in prepared.graph.output])
+    config = QuantConfig(fmt, calib.amax, frozenset(u.name for u in units),
+                         channel_amax=calib.channel_amax)
+    return QuantSetup(prepared, units, calib, ref, config, time.perf_counter() - t0)
+
+
+@dataclass(frozen=True)
+class QuantDiagnosis:
+    """The answer of ``diagnose --target int8|fp8``.
+
+    Attributes:
+        target: ``int8`` or ``fp8``.
+        between: Float precision between the Q/DQ pairs (``fp16``).
+        objective: The objective, in words.
+        passed: The quantized model meets it on every sample.
+        score: The objective's value (relative L2 / tolerance ratio, or the task metric).
+        metrics: Per output: ``compute_metrics`` of the quantized emulation against FP32.
+        layers: Per unit measures, graph order.
+        causes: Causes with their measured cures, largest first.
+        explained_share: Share of the error power the causes' cures remove together.
+        calibration: ``Calibration.to_dict()``.
+        seconds: Wall time per stage.
+    """
+
+    target: str
+    between: str
+    objective: str
+    passed: bool
+    score: float
+    metrics: dict
+    layers: tuple[LayerMeasure, ...]
+    causes: tuple[QuantCause, ...]
+    explained_share: float
+    calibration: dict = field(repr=False)
+    seconds: dict = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        """One sentence: survives, or what breaks it."""
+        fmt = self.target.upper()
+        if self.passed:
+            return f"survives {fmt} ({self.objective}, score {self.score:.3g})"
+        if not self.causes:
+            return f"does not survive {fmt} ({self.objective}, score {self.score:.3g})"
+        kinds = sorted({c.kind for c in self.causes})
+        return (f"does not survive {fmt}: {len(self.causes)} cause(s) ({', '.join(kinds)}) "
+                f"explain {self.explained_share:.0%} of the error")
+
+    def to_dict(self) -> dict:
+        """JSON form (stable keys; timings under ``seconds``)."""
+        return {"kind": "quantized-diagnosis", "target": self.target, "between": self.between,
+                "objective": self.objective, "passed": self.passed,
+                "score": json_float(self.score), "verdict": self.verdict,
+                "metrics": self.metrics, "layers": [m.to_dict() for m in self.layers],
+                "causes": [c.to_dict() for c in self.causes],
+                "explained_share": json_float(self.explained_share),
+                "calibration": self.calibration, "seconds": self.seconds}
+
+
+def diagnose_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat,
+                       objective: Objective | None = None, calibrator: str = "max",
+                       between: Precision = Precision.FP16,
+                       calibration_samples: Sequence | None = None,
+                       progress: Progress | None = None) -> QuantDiagnosis:
+    """Diagnose ``model`` quantized to ``fmt`` (module docstring).
+
+    Args:
+        model: FP32 model (nodes named).
+        samples: Evaluation samples (``.feeds``).
+        fmt: INT8 or FP8 (``quant.qformats.QUANT_FORMATS``).
+        objective: Tolerance or task metric (default ``default_objective``).
+        calibrator: Activation calibrator.
+        between: Float precision of everything between the Q/DQ pairs.
+        calibration_samples: Calibrate on these (default: ``samples``).
+        progress: ``progress(stage, done, total)``.
+
+    Returns:
+        ``QuantDiagnosis``.
+
+    Raises:
+        UnsupportedModelError, InputError, BackendError: As ``setup``.
+    """
+    objective = objective or default_objective()
+    s = setup(model, samples, fmt, calibrator, calibration_samples, progress)
+    t0 = time.perf_counter()
+    measures, cand = measure_layers(s.model, s.units, s.config, s.calibration, samples,
+                                    between, progress)
+    t1 = time.perf_counter()
+    score = objective.score(s.reference, cand)
+    causes: list[QuantCause] = []
+    explained = 0.0
+    if not score.passed:
+        causes, measures, explained = find_causes(s.model, s.units, s.config, s.calibration,
+                                                  measures, samples, s.reference, cand,
+                                                  between, progress=progress)
+    causes.sort(key=lambda c: (-c.removed, c.units))
+    metrics = {k: compute_metrics(s.reference[k], cand[k]).to_dict() for k in s.reference
+               if s.reference[k] and s.reference[k][0].dtype.kind == "f"}
+    value = float(score.value) if score.value is not None else math.nan
+    return QuantDiagnosis(fmt.name, between.value, objective.describe(), bool(score.passed),
+                          value, metrics, tuple(measures), tuple(causes), explained,
+                          s.calibration.to_dict(),
+                          {"calibrate": round(s.seconds, 3), "measure": round(t1 - t0, 3),
+                           "causes": round(time.perf_counter() - t1, 3)})
