@@ -51,11 +51,13 @@ if TYPE_CHECKING:
         audit,
         compare_inputs,
         diagnose,
+        diagnose_quantized,
         fix,
+        fix_quantized,
     )
 
 _API = ("Audit", "Diagnosis", "Fix", "InputComparison", "audit", "compare_inputs", "diagnose",
-        "fix")
+        "diagnose_quantized", "fix", "fix_quantized")
 
 __all__ = [
     "Audit", "BackendError", "BackendUnavailable", "DataFormatError", "Diagnosis", "Fix",
@@ -63,7 +65,8 @@ __all__ = [
     "MetricError",
     "ModelError", "ModelLoadError", "OutputError", "OutputExistsError", "OutputPathError",
     "PlanError", "PrecisionDoctorError", "ReferenceError_", "TargetNotMetError",
-    "UnsupportedModelError", "__version__", "audit", "compare_inputs", "diagnose", "fix",
+    "UnsupportedModelError", "__version__", "audit", "compare_inputs", "diagnose",
+    "diagnose_quantized", "fix", "fix_quantized",
 ]
 
 

@@ -62,5 +62,5 @@ def test_user_errors_exit_2_without_traceback(tmp_path):
                               "--keep", "no_such_node"])
     assert res.exit_code == 2 and "no_such_node" in res.output
     res = runner.invoke(app, ["diagnose", str(model), "--data", "random:count=1",
-                              "--target", "fp8"])
-    assert res.exit_code == 2 and "fp8" in res.output
+                              "--target", "fp4"])
+    assert res.exit_code == 2 and "fp4" in res.output and "int8" in res.output

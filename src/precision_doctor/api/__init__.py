@@ -1,4 +1,5 @@
-"""The public API: ``diagnose``, ``fix``, ``audit``, ``compare_inputs`` and their results.
+"""The public API: ``diagnose``, ``fix``, ``diagnose_quantized``, ``fix_quantized`` (INT8/FP8),
+``audit``, ``compare_inputs`` and their results.
 
 Re-exported at the package root (``precision_doctor.diagnose`` ...). The CLI and the workflows
 are thin layers over these functions.
@@ -9,6 +10,12 @@ from precision_doctor.api.checks import audit, compare_inputs
 from precision_doctor.api.diagnosing import diagnose
 from precision_doctor.api.fixing import Fix, fix
 from precision_doctor.api.options import DataLike, ModelLike, Progress, ToleranceLike
+from precision_doctor.api.quantizing import (
+    QuantizedDiagnosis,
+    QuantizedFix,
+    diagnose_quantized,
+    fix_quantized,
+)
 from precision_doctor.api.results import Audit, Diagnosis, InputComparison
 
 # ``precision_doctor.audit`` is a subpackage and the public function: loading the subpackage
@@ -17,5 +24,6 @@ precision_doctor.audit = audit
 
 __all__ = [
     "Audit", "DataLike", "Diagnosis", "Fix", "InputComparison", "ModelLike", "Progress",
-    "ToleranceLike", "audit", "compare_inputs", "diagnose", "fix",
+    "QuantizedDiagnosis", "QuantizedFix", "ToleranceLike", "audit", "compare_inputs",
+    "diagnose", "diagnose_quantized", "fix", "fix_quantized",
 ]

@@ -57,7 +57,13 @@ def parse_precision(text: str | Precision) -> Precision:
     try:
         return Precision.parse(text)
     except ValueError as exc:
-        raise InputError(str(exc)) from None
+        from precision_doctor.quant.qformats import parse_quant_target
+
+        if parse_quant_target(text) is not None:
+            raise InputError(f"{text} is a quantized format: use "
+                             f"precision_doctor.diagnose_quantized / fix_quantized "
+                             f"(target={text!r}; the CLI's --target {text} does)") from None
+        raise InputError(f"{exc} (int8 or fp8 for a quantized model)") from None
 
 
 def as_model(model: ModelLike) -> tuple[onnx.ModelProto, str | None]:

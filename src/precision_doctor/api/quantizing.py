@@ -23,8 +23,10 @@ from precision_doctor.formats import Precision
 from precision_doctor.graph.upcast import upcast
 from precision_doctor.inputs import PreprocessSpec
 from precision_doctor.jsonable import dumps
-from precision_doctor.quant.diagnose import QuantDiagnosis, default_objective, diagnose_quantized
-from precision_doctor.quant.fix import QuantFix, fix_quantized
+from precision_doctor.quant.diagnose import QuantDiagnosis, default_objective
+from precision_doctor.quant.diagnose import diagnose_quantized as run_diagnosis
+from precision_doctor.quant.fix import QuantFix
+from precision_doctor.quant.fix import fix_quantized as run_fix
 from precision_doctor.quant.qformats import QuantFormat, parse_quant_target
 from precision_doctor.search.objective import Objective
 
@@ -121,7 +123,7 @@ def _inputs(model: ModelLike, data: DataLike, preprocess: PreprocessSpec | str |
     return proto, path, samples, objective
 
 
-def diagnose_quantized_model(model: ModelLike, data: DataLike, *, target: str = "int8",
+def diagnose_quantized(model: ModelLike, data: DataLike, *, target: str = "int8",
                              preprocess: PreprocessSpec | str | None = None,
                              tolerance: ToleranceLike = None, metric: str | None = None,
                              threshold: float | None = None, calibrator: str = "max",
@@ -159,12 +161,12 @@ def diagnose_quantized_model(model: ModelLike, data: DataLike, *, target: str = 
     proto, path, samples, objective = _inputs(model, data, preprocess, max_samples, tolerance,
                                               metric, threshold)
     with progress_reporter(progress, quiet) as callback:
-        result = diagnose_quantized(proto, samples, fmt, objective, calibrator,
+        result = run_diagnosis(proto, samples, fmt, objective, calibrator,
                                     progress=callback)
     return QuantizedDiagnosis(result, {"input": path})
 
 
-def fix_quantized_model(model: ModelLike, data: DataLike, *, target: str = "int8",
+def fix_quantized(model: ModelLike, data: DataLike, *, target: str = "int8",
                         preprocess: PreprocessSpec | str | None = None,
                         tolerance: ToleranceLike = None, metric: str | None = None,
                         threshold: float | None = None, calibrator: str = "max",
@@ -177,7 +179,7 @@ def fix_quantized_model(model: ModelLike, data: DataLike, *, target: str = "int8
 
     Args:
         model, data, target, preprocess, tolerance, metric, threshold, calibrator,
-            max_samples, progress, quiet: As :func:`diagnose_quantized_model`.
+            max_samples, progress, quiet: As :func:`diagnose_quantized`.
         rewrites: Try the other calibrators and SmoothQuant before the search.
         max_evals: Search budget in evaluations.
 
@@ -194,7 +196,7 @@ def fix_quantized_model(model: ModelLike, data: DataLike, *, target: str = "int8
     proto, path, samples, objective = _inputs(model, data, preprocess, max_samples, tolerance,
                                               metric, threshold)
     with progress_reporter(progress, quiet) as callback:
-        result = fix_quantized(proto, samples, fmt, objective, calibrator,
+        result = run_fix(proto, samples, fmt, objective, calibrator,
                                max_evals=max_evals, rewrites=rewrites, progress=callback)
     report: dict[str, Any] = {**result.to_dict(), "model": {"input": path}}
     return QuantizedFix(result.model, result, report)
