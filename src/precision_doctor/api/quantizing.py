@@ -143,10 +143,12 @@ def diagnose_quantized(model: ModelLike, data: DataLike, *, target: str = "int8"
         preprocess: Image preprocessing, as for :func:`precision_doctor.diagnose`.
         tolerance: Output tolerance; default relative L2 <= 0.1
             (``quant.diagnose.DEFAULT_TOLERANCE``).
-        metric / threshold: Task metric and its pass mark instead.
+        metric: Task metric instead (as for :func:`precision_doctor.fix`).
+        threshold: Pass mark of ``metric``.
         calibrator: ``max``, ``percentile`` (99.99), ``entropy`` (TensorRT's KL) or ``mse``.
         max_samples: Use the first N samples.
-        progress / quiet: Progress callback; no progress output.
+        progress: ``progress(stage, done, total)`` callback.
+        quiet: No progress output.
 
     Returns:
         :class:`QuantizedDiagnosis`.
@@ -178,10 +180,19 @@ def fix_quantized(model: ModelLike, data: DataLike, *, target: str = "int8",
     the written model verified by its exact emulation on ONNX Runtime CPU.
 
     Args:
-        model, data, target, preprocess, tolerance, metric, threshold, calibrator,
-            max_samples, progress, quiet: As :func:`diagnose_quantized`.
+        model: The FP32 model (path, proto or ``onnx_ir.Model``).
+        data: Samples (calibration and evaluation), as for :func:`precision_doctor.fix`.
+        target: ``int8`` or ``fp8`` (``fp8e5m2`` for E5M2).
+        preprocess: Image preprocessing.
+        tolerance: Output tolerance; default relative L2 <= 0.1.
+        metric: Task metric instead (``top1``, ``ctc-string``, ``box-map`` ...).
+        threshold: Pass mark of ``metric``.
+        calibrator: The starting calibrator.
         rewrites: Try the other calibrators and SmoothQuant before the search.
+        max_samples: Use the first N samples.
         max_evals: Search budget in evaluations.
+        progress: ``progress(stage, done, total)`` callback.
+        quiet: No progress output.
 
     Returns:
         :class:`QuantizedFix` (``.save(path)`` writes the model, report and recipes).

@@ -155,7 +155,7 @@ def find_causes(model: onnx.ModelProto, units: Sequence[QuantUnit], config: Quan
     by_name = {m.unit: m for m in measures}
     unit_of = {u.name: u for u in units}
     ranked = sorted((m for m in measures if m.quantized),
-                    key=lambda m: (-m.injected_noise, m.unit))[:top]
+                    key=lambda m: (-m.added_noise, -m.injected_noise, m.unit))[:top]
     causes: list[QuantCause] = []
     for m in ranked:
         e_cure = trials.error(config.with_quantized(config.quantized - {m.unit}))

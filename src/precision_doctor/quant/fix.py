@@ -191,7 +191,7 @@ def _search(s: QuantSetup, config: QuantConfig, samples: Sequence, objective: Ob
         measures, _out = measure_layers(s.model, s.units, config, s.calibration, samples,
                                         between)
         ranked = sorted((m for m in measures if m.quantized),
-                        key=lambda m: (-m.injected_noise, m.unit))
+                        key=lambda m: (-m.added_noise, -m.injected_noise, m.unit))
         return [m.unit for m in ranked]
 
     try:

@@ -8,7 +8,7 @@ Per unit:
   against its own Q/DQ under the scale in use (local: no upstream error);
 * **weight SQNR**: the same for its weights, per output channel;
 * **output SQNR**: its output in the quantized emulation against FP32 (accumulated: everything
-  upstream included);
+  upstream included); **arriving SQNR** the same for its inputs before its own Q/DQ;
 * **clipped share**: activation values beyond the amax (saturated by Q);
 * **zeroed share**: non-zero activation values that quantize to zero (below half a step for
   INT8; below FP8's smallest subnormal over two);
@@ -63,12 +63,20 @@ class LayerMeasure:
     calibrator: str
     depthwise: bool
     after: str
+    arriving_sqnr_db: float = math.inf
     error_share: float | None = None
     cure: float | None = None
 
     def to_dict(self) -> dict:
         """JSON form (non-finite floats as strings)."""
         return {k: json_float(v) for k, v in asdict(self).items()}
+
+    @property
+    def added_noise(self) -> float:
+        """Relative noise power the unit adds to what reaches it: its output's minus its
+        inputs' (as they arrive, before its own Q/DQ), from the output and arriving SQNR; the
+        search's ranking key (a layerwise gain, measured once)."""
+        return max(0.0, _power(self.output_sqnr_db) - _power(self.arriving_sqnr_db))
 
     @property
     def injected_noise(self) -> float:
@@ -79,6 +87,13 @@ class LayerMeasure:
             if db is not None and not math.isnan(db):
                 total += 10 ** (-db / 10) if math.isfinite(db) else (0.0 if db > 0 else 1.0)
         return total
+
+
+def _power(db: float) -> float:
+    """Relative noise power of an SQNR in dB (inf dB: 0; -inf or NaN: 1, all noise)."""
+    if math.isnan(db) or db == -math.inf:
+        return 1.0
+    return 0.0 if db == math.inf else 10 ** (-db / 10)
 
 
 class _Sum:
@@ -157,9 +172,10 @@ def measure_layers(model: onnx.ModelProto, units: Sequence[QuantUnit], config: Q
     ref_marks = [m for m in dict.fromkeys(list(acts) + list(unit_out.values()))
                  if m not in inputs]
     reference = mark_outputs(model, [m for m in ref_marks if m not in outputs])
-    candidate = quantized_model(model, units, config, between, list(unit_out.values()))
+    tracked = list(dict.fromkeys([*unit_out.values(), *(t for t in acts if t not in inputs)]))
+    candidate = quantized_model(model, units, config, between, tracked)
     local = {t: _Sum() for t in acts}
-    accumulated = {t: _Sum() for t in set(unit_out.values())}
+    accumulated = {t: _Sum() for t in tracked}  # unit outputs and arriving activations
     cand_out: dict[str, list[np.ndarray]] = {o: [] for o in outputs}
     with OrtRunner(reference, name="ort-cpu-layers") as ref_run, \
             OrtRunner(candidate, name="quant-emulate-layers",
@@ -191,6 +207,7 @@ def measure_layers(model: onnx.ModelProto, units: Sequence[QuantUnit], config: Q
     for u in units:
         sites = [s for s in u.sites if s.kind != WEIGHT]
         ins = [local[s.tensor] for s in sites]
+        arriving = [accumulated[s.tensor].sqnr() for s in sites if s.tensor in accumulated]
         worst = min(sites, key=lambda s: local[s.tensor].sqnr()) if sites else None
         measures.append(LayerMeasure(
             u.name, u.op_type, u.name in config.quantized,
@@ -201,5 +218,5 @@ def measure_layers(model: onnx.ModelProto, units: Sequence[QuantUnit], config: Q
             max((calibration.channel_spread(s.tensor) for s in sites), default=1.0),
             calibration.amax.get(worst.tensor, 0.0) if worst else 0.0,
             calibration.choice.get(worst.tensor, "") if worst else "",
-            u.depthwise, u.after))
+            u.depthwise, u.after, min(arriving, default=math.inf)))
     return measures, cand_out
