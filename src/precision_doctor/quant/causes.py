@@ -1,7 +1,9 @@
 """Why quantization breaks a model: each cause established by a measured cure.
 
-The units whose quantization injects the most noise (``LayerMeasure.injected_noise``) are
-tried one by one: left unquantized (FP16; the *cure*) and quantized alone (the *share*). A unit
+First the quantized layers, in up to ``BLOCKS`` runs of consecutive layers, are each quantized
+alone: where the error builds up. Then, from the blocks with the largest shares, the layers
+adding the most noise (``LayerMeasure.added_noise``) are tried one by one: left unquantized
+(FP16; the *cure*) and quantized alone (the *share*). A unit
 whose cure removes at least ``CAUSE_MIN`` of the output error power is a cause; its mechanism is
 named by a second, narrower cure that removes at least half of what the FP16 cure removes:
 
@@ -17,9 +19,10 @@ named by a second, narrower cure that removes at least half of what the FP16 cur
   input zeroed that much that no narrower cure fixes; FP16 cures it;
 * ``layer-noise``: only FP16 cures it, no narrower mechanism found.
 
-When no single unit's cure reaches ``CAUSE_MIN`` but the error fails the target, the tried
-units left unquantized together are the joint cure: ``accumulated-requantization`` when that
-removes at least half the error.
+When no single unit's cure reaches ``CAUSE_MIN`` but the error fails the target, the blocks
+carrying half the error, left unquantized together, are the joint cure:
+``accumulated-requantization`` when that removes at least ``CAUSE_MIN`` of the error (as a
+single layer's cure must), ``unexplained`` otherwise.
 
 Error power = sum over float outputs and samples of |ref - cand|^2 over sum |ref|^2 (relative
 L2 squared); a non-finite candidate counts as infinite error.
@@ -47,6 +50,7 @@ CAUSE_MIN = 0.2      # share of the error power a unit's cure must remove to be 
 MECHANISM_MIN = 0.5  # share of the FP16 cure a narrower cure must reach to name the mechanism
 SPREAD_MIN = 8.0     # channel spread (max / median channel amax) worth a per-channel trial
 ZEROED_MIN = 0.3     # share of non-zero inputs quantized to zero that names a wide distribution
+BLOCKS = 8           # runs of consecutive layers measured alone to locate the error
 TOP_UNITS = 6        # units tried one by one
 TRIAL_SAMPLES = 4    # samples each trial runs (the ones with the largest error)
 WIDE_AFTER = frozenset({"Softmax", "Gelu", "FastGelu", "BiasGelu", "Erf", "Sigmoid",
@@ -130,7 +134,7 @@ def find_causes(model: onnx.ModelProto, units: Sequence[QuantUnit], config: Quan
                 calibration: Calibration, measures: Sequence[LayerMeasure], samples: Sequence,
                 reference: Outputs, candidate: Outputs, between: Precision = Precision.FP16,
                 top: int = TOP_UNITS, progress: Progress | None = None
-                ) -> tuple[list[QuantCause], list[LayerMeasure], float]:
+                ) -> CauseSearch:
     """Try the noisiest units' cures and name the causes (module docstring).
 
     Args:
@@ -142,20 +146,20 @@ def find_causes(model: onnx.ModelProto, units: Sequence[QuantUnit], config: Quan
         progress: ``progress("causes", trials done, 0)``.
 
     Returns:
-        ``(causes, measures with error_share/cure filled for the tried units, explained
-        share)``: the share of the error power that leaving every cause's units unquantized
-        together removes (0 when there is no cause).
+        ``CauseSearch``: causes; measures with error_share/cure filled for the tried units;
+        the explained share, the share of the error power that leaving every cause's units
+        unquantized together removes (0 when there is no cause); the blocks' shares.
     """
     pick = worst_samples(reference, candidate, TRIAL_SAMPLES)
     ref = {k: [v[i] for i in pick] for k, v in reference.items()}
     trials = Trials(model, units, [samples[i] for i in pick], ref, between, progress)
     e_all = error_power(ref, {k: [v[i] for i in pick] for k, v in candidate.items()})
     if e_all == 0:
-        return [], list(measures), 0.0
+        return CauseSearch([], list(measures), 0.0, [])
     by_name = {m.unit: m for m in measures}
     unit_of = {u.name: u for u in units}
-    ranked = sorted((m for m in measures if m.quantized),
-                    key=lambda m: (-m.added_noise, -m.injected_noise, m.unit))[:top]
+    blocks = block_shares(trials, config, measures, e_all)
+    ranked = candidates(measures, blocks, top)
     causes: list[QuantCause] = []
     for m in ranked:
         e_cure = trials.error(config.with_quantized(config.quantized - {m.unit}))
@@ -166,24 +170,107 @@ def find_causes(model: onnx.ModelProto, units: Sequence[QuantUnit], config: Quan
             causes.append(_mechanism(unit_of[m.unit], by_name[m.unit], config, calibration,
                                      trials, e_all, e_cure))
     if not causes and ranked:
-        tried = frozenset(m.unit for m in ranked)
-        e_joint = trials.error(config.with_quantized(config.quantized - tried))
-        removed = _removed(e_all, e_joint)
-        first, last = _depth_sqnr(measures)
-        kind = "accumulated-requantization" if removed >= MECHANISM_MIN else "unexplained"
-        causes.append(QuantCause(
-            kind, tuple(sorted(tried)), "joint-fp16", removed, math.sqrt(e_all),
-            math.sqrt(e_joint),
-            f"no single layer's FP16 cure removes {CAUSE_MIN:.0%} of the error; the "
-            f"{len(tried)} noisiest together remove {removed:.0%}; output SQNR falls from "
-            f"{first:.1f} dB at the first quantized layer to {last:.1f} dB at the last",
-            "keep the listed layers in FP16 (fix finds the fewest), or calibrate on more "
-            "representative samples"))
+        causes.append(_accumulated(trials, config, measures, blocks, ranked, e_all))
     explained = 0.0
     if causes:
         cured = frozenset(u for c in causes for u in c.units)
         explained = _removed(e_all, trials.error(config.with_quantized(config.quantized - cured)))
-    return causes, [by_name[m.unit] for m in measures], explained
+    return CauseSearch(causes, [by_name[m.unit] for m in measures], explained, blocks)
+
+
+@dataclass(frozen=True)
+class Block:
+    """A run of consecutive quantized layers and the error it causes quantized alone.
+
+    Attributes:
+        units: Its layers, graph order.
+        share: Output error power with only these layers quantized, over the error with every
+            layer quantized (measured; shares of independent blocks add up to about 1).
+    """
+
+    units: tuple[str, ...]
+    share: float
+
+    def to_dict(self) -> dict:
+        return {"first": self.units[0], "last": self.units[-1], "layers": len(self.units),
+                "share": json_float(self.share)}
+
+
+@dataclass(frozen=True)
+class CauseSearch:
+    """What ``find_causes`` found: causes, the measures with the tried layers' shares and
+    cures, the explained share, and the blocks' shares (where the error builds up)."""
+
+    causes: list[QuantCause]
+    measures: list[LayerMeasure]
+    explained: float
+    blocks: list[Block]
+
+
+def block_shares(trials: Trials, config: QuantConfig, measures: Sequence[LayerMeasure],
+                 e_all: float) -> list[Block]:
+    """Split the quantized layers (graph order) into at most ``BLOCKS`` runs and measure each
+    quantized alone (group testing: ``BLOCKS`` trials locate where the error builds up, which
+    a layer's local noise alone does not tell: a layer near the output weighs more)."""
+    q = [m.unit for m in measures if m.quantized]
+    if len(q) <= TOP_UNITS:
+        return []
+    size = math.ceil(len(q) / BLOCKS)
+    out = []
+    for i in range(0, len(q), size):
+        units = tuple(q[i:i + size])
+        out.append(Block(units, _share(trials.error(config.with_quantized(frozenset(units))),
+                                       e_all)))
+    return out
+
+
+def candidates(measures: Sequence[LayerMeasure], blocks: Sequence[Block], top: int
+               ) -> list[LayerMeasure]:
+    """The layers to try one by one: from the blocks with the largest shares, a number in
+    proportion to the share, the noisiest (added noise) first; all layers of a small model."""
+    quantized = [m for m in measures if m.quantized]
+    noisy = sorted(quantized, key=lambda m: (-m.added_noise, -m.injected_noise, m.unit))
+    if not blocks:
+        return noisy[:top]
+    total = sum(b.share for b in blocks) or 1.0
+    picked: list[LayerMeasure] = []
+    for b in sorted(blocks, key=lambda b: (-b.share, b.units)):
+        members = set(b.units)
+        take = max(1, round(top * b.share / total))
+        picked += [m for m in noisy if m.unit in members][:take]
+        if len(picked) >= top:
+            break
+    return picked[:top]
+
+
+def _accumulated(trials: Trials, config: QuantConfig, measures: Sequence[LayerMeasure],
+                 blocks: Sequence[Block], tried: Sequence[LayerMeasure], e_all: float
+                 ) -> QuantCause:
+    """No single layer is a cause: the joint FP16 cure of the blocks carrying half the error
+    (of the tried layers when the model has no blocks)."""
+    joint: set[str] = set()
+    covered = 0.0
+    total = sum(b.share for b in blocks)
+    for b in sorted(blocks, key=lambda b: (-b.share, b.units)):
+        if covered >= total / 2:
+            break
+        joint.update(b.units)
+        covered += b.share
+    if not joint:
+        joint = {m.unit for m in tried}
+    e_joint = trials.error(config.with_quantized(config.quantized - joint))
+    removed = _removed(e_all, e_joint)
+    first, last = _depth_sqnr(measures)
+    kind = "accumulated-requantization" if removed >= CAUSE_MIN else "unexplained"
+    where = (f"the {len(joint)} layers of the blocks carrying {covered / (total or 1):.0%} of "
+             "the error" if blocks else f"the {len(joint)} noisiest layers")
+    return QuantCause(
+        kind, tuple(sorted(joint)), "joint-fp16", removed, math.sqrt(e_all), math.sqrt(e_joint),
+        f"no single layer's FP16 cure removes {CAUSE_MIN:.0%} of the error; {where} together "
+        f"remove {removed:.0%}; output SQNR falls from {first:.1f} dB at the first quantized "
+        f"layer to {last:.1f} dB at the last",
+        "keep layers in FP16 (fix finds the fewest), or calibrate on more representative "
+        "samples")
 
 
 def _mechanism(unit: QuantUnit, m: LayerMeasure, config: QuantConfig, calibration: Calibration,

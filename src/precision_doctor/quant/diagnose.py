@@ -111,6 +111,8 @@ class QuantDiagnosis:
         causes: Causes with their measured cures, largest first.
         explained_share: Share of the error power the causes' cures remove together.
         calibration: ``Calibration.to_dict()``.
+        blocks: Runs of consecutive layers with the error each causes quantized alone
+            (``quant.causes.Block.to_dict``), when the diagnosis failed.
         seconds: Wall time per stage.
     """
 
@@ -124,6 +126,7 @@ class QuantDiagnosis:
     causes: tuple[QuantCause, ...]
     explained_share: float
     calibration: dict = field(repr=False)
+    blocks: tuple[dict, ...] = ()
     seconds: dict = field(default_factory=dict)
 
     @property
@@ -146,6 +149,7 @@ class QuantDiagnosis:
                 "metrics": self.metrics, "layers": [m.to_dict() for m in self.layers],
                 "causes": [c.to_dict() for c in self.causes],
                 "explained_share": json_float(self.explained_share),
+                "blocks": list(self.blocks),
                 "calibration": self.calibration, "seconds": self.seconds}
 
 
@@ -180,17 +184,18 @@ def diagnose_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantForm
     t1 = time.perf_counter()
     score = objective.score(s.reference, cand)
     causes: list[QuantCause] = []
-    explained = 0.0
+    explained, blocks = 0.0, []
     if not score.passed:
-        causes, measures, explained = find_causes(s.model, s.units, s.config, s.calibration,
-                                                  measures, samples, s.reference, cand,
-                                                  between, progress=progress)
+        found = find_causes(s.model, s.units, s.config, s.calibration, measures, samples,
+                            s.reference, cand, between, progress=progress)
+        causes, measures, explained = found.causes, found.measures, found.explained
+        blocks = [b.to_dict() for b in found.blocks]
     causes.sort(key=lambda c: (-c.removed, c.units))
     metrics = {k: compute_metrics(s.reference[k], cand[k]).to_dict() for k in s.reference
                if s.reference[k] and s.reference[k][0].dtype.kind == "f"}
     value = float(score.value) if score.value is not None else math.nan
     return QuantDiagnosis(fmt.name, between.value, objective.describe(), bool(score.passed),
                           value, metrics, tuple(measures), tuple(causes), explained,
-                          s.calibration.to_dict(),
+                          s.calibration.to_dict(), tuple(blocks),
                           {"calibrate": round(s.seconds, 3), "measure": round(t1 - t0, 3),
                            "causes": round(time.perf_counter() - t1, 3)})

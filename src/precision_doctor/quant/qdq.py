@@ -24,7 +24,7 @@ from onnx import numpy_helper
 from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.graph.constants import constant_values
 from precision_doctor.graph.load import opset_of
-from precision_doctor.precision.rewrites.api import convert_opset
+from precision_doctor.precision.rewrites.api import apply_rewrites, convert_opset
 from precision_doctor.quant.placement import WEIGHT, QuantSite, QuantUnit
 from precision_doctor.quant.qformats import QuantFormat, quantize
 
@@ -34,21 +34,30 @@ def min_opset(fmt: QuantFormat) -> int:
     return 19 if fmt.is_float else 13
 
 
+# Exact in real arithmetic, and what engines do before quantizing: TensorRT folds a
+# BatchNormalization into the preceding Conv at build time, ModelOpt and ONNX Runtime's
+# quant_pre_process before placing Q/DQ. Unfolded, an FP16 BatchNormalization between the pairs
+# can overflow where no engine computes it (PP-OCRv4 det: rel L2 1.0 in INT8 before folding).
+PREPARE_REWRITES = ("fold-constants", "fold-bias-add", "fold-batchnorm")
+
+
 def prepare(model: onnx.ModelProto, fmt: QuantFormat) -> onnx.ModelProto:
-    """``model`` at an opset that can hold ``fmt``'s Q/DQ (unchanged when it already can).
+    """``model`` as an engine quantizes it: ``PREPARE_REWRITES`` applied (a copy), at an opset
+    that can hold ``fmt``'s Q/DQ.
 
     Raises:
         UnsupportedModelError: ``onnx.version_converter`` cannot convert the model; the message
             has the converter's reason and says to re-export at the opset needed.
     """
     need = min_opset(fmt)
-    if opset_of(model) >= need:
-        return model
-    converted, record = convert_opset(model, need, f"{fmt.name} Q/DQ")
-    if not record.applied:
-        raise UnsupportedModelError(f"{record.reason}; re-export the model at opset >= {need} "
-                                    f"for {fmt.name.upper()} Q/DQ")
-    return converted
+    if opset_of(model) < need:
+        converted, record = convert_opset(model, need, f"{fmt.name} Q/DQ")
+        if not record.applied:
+            raise UnsupportedModelError(f"{record.reason}; re-export the model at opset >= "
+                                        f"{need} for {fmt.name.upper()} Q/DQ")
+        model = converted
+    rewritten, _report = apply_rewrites(model, PREPARE_REWRITES)
+    return rewritten
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,12 @@ def render_quant_diagnosis(result: QuantDiagnosis, console: Console, layers: int
             console.print(Text(f"  {c.kind}: {units}", style="bold"))
             console.print(Text(f"    {c.evidence}"))
             console.print(Text(f"    remedy: {c.remedy}"))
+    if result.blocks:
+        top = sorted(result.blocks, key=lambda b: -float(b["share"]))[:3]
+        where = "; ".join(f"{b['first']} .. {b['last']} ({b['layers']} layers) "
+                          f"{_pct(float(b['share']))}" for b in top)
+        console.print(Text(f"Where the error builds up (each run of layers quantized alone): "
+                           f"{where}"))
     worst = sorted((m for m in result.layers if m.quantized),
                    key=lambda m: (m.output_sqnr_db, m.unit))[:layers]
     rows = [[m.unit, m.op_type, _db(m.input_sqnr_db), _db(m.weight_sqnr_db),
