@@ -106,3 +106,18 @@ def deep_chain(layers: int = 8, samples: int = 3, seed: int = 0):
     model = make_model(nodes, [_io("x", [1, 64, d])], [_io("y", [1, 64, d])], inits, opset=17)
     return model, [S(f"s{i}", {"x": rng.standard_normal((1, 64, d)).astype(np.float32)})
                    for i in range(samples)]
+
+
+def fp16_overflow(samples: int = 2, seed: int = 0):
+    """A MatMul whose output is scaled by 1e5 and back: the float part between the Q/DQ pairs
+    overflows FP16 (65504) whatever the quantization does."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((16, 16)).astype(np.float32)
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"),
+         helper.make_node("Mul", ["h", "up"], ["big"], name="scale_up"),
+         helper.make_node("Mul", ["big", "down"], ["y"], name="scale_down")],
+        [_io("x", [1, 8, 16])], [_io("y", [1, 8, 16])],
+        [tensor("w", w), tensor("up", 1e5), tensor("down", 1e-5)], opset=17)
+    return model, [S(f"s{i}", {"x": rng.standard_normal((1, 8, 16)).astype(np.float32)})
+                   for i in range(samples)]

@@ -102,3 +102,24 @@ def test_cli_writes_the_qdq_model_its_report_and_recipes(tmp_path, target):
     else:  # E4M3 keeps 3 mantissa bits at every magnitude: the outlier does not matter
         assert diag.exit_code == 0, diag.output
         assert "survives FP8" in diag.output and causes == []
+
+
+def test_fp16_between_that_fails_by_itself_is_named_and_fixed_with_fp32_nodes(tmp_path):
+    import precision_doctor as pd
+
+    model, samples = quant_models.fp16_overflow()
+    (tmp_path / "data").mkdir()
+    for s in samples:
+        np.savez(tmp_path / "data" / f"{s.name}.npz", x=s.feeds["x"])
+    src = tmp_path / "m.onnx"
+    onnx.save(model, str(src))
+    diagnosis = pd.diagnose_quantized(src, str(tmp_path / "data"), target="int8", quiet=True)
+    first = diagnosis.result.causes[0]
+    assert not diagnosis.passed and first.kind == "float-between" and first.units == ()
+    assert first.cure == "fp32-between" and first.removed > 0.9
+    fixed = pd.fix_quantized(src, str(tmp_path / "data"), target="int8", quiet=True)
+    assert fixed.passed and fixed.result.unquantized == ()  # the MatMul stays INT8
+    assert set(fixed.result.float_fp32) >= {"scale_up"}  # found by the FP16 search
+    assert fixed.report["between"].startswith("fp16 + ")
+    y = _run(fixed.model, samples[0].feeds)
+    assert np.isfinite(y).all()

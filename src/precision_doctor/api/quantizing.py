@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import onnx
 
@@ -23,6 +23,7 @@ from precision_doctor.formats import Precision
 from precision_doctor.graph.upcast import upcast
 from precision_doctor.inputs import PreprocessSpec
 from precision_doctor.jsonable import dumps
+from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.quant.diagnose import QuantDiagnosis, default_objective
 from precision_doctor.quant.diagnose import diagnose_quantized as run_diagnosis
 from precision_doctor.quant.fix import QuantFix
@@ -105,6 +106,15 @@ class QuantizedFix:
         return [Path(path), report, recipes]
 
 
+def _float_fix(model: onnx.ModelProto, samples: Sequence, objective: Objective
+               ) -> PrecisionPlan:
+    """The FP16 plan (FP32 nodes kept) ``fix --target fp16`` finds for the prepared model:
+    what the float part between the Q/DQ pairs needs when FP16 alone fails the target."""
+    from precision_doctor.repair.pipeline import fix as fix_float
+
+    return fix_float(model, samples, Precision.FP16, objective, rewrites=[]).plan
+
+
 def quant_format(target: str) -> QuantFormat | None:
     """The quantized format ``target`` names (``int8``, ``fp8``...), or None for a float one."""
     return parse_quant_target(target)
@@ -177,7 +187,10 @@ def fix_quantized(model: ModelLike, data: DataLike, *, target: str = "int8",
                         quiet: bool = False) -> QuantizedFix:
     """Write the INT8/FP8 Q/DQ model with the fewest layers left in FP16 that meets the
     target: calibrators compared, SmoothQuant (alpha searched), then the accuracy search;
-    the written model verified by its exact emulation on ONNX Runtime CPU.
+    the written model verified by its exact emulation on ONNX Runtime CPU. When the model
+    fails the target in FP16 alone (no layer quantized), the FP16 search of
+    :func:`precision_doctor.fix` first finds the nodes it needs in FP32, and they stay FP32
+    between the Q/DQ pairs (``report["float_fp32"]``).
 
     Args:
         model: The FP32 model (path, proto or ``onnx_ir.Model``).
@@ -208,6 +221,7 @@ def fix_quantized(model: ModelLike, data: DataLike, *, target: str = "int8",
                                               metric, threshold)
     with progress_reporter(progress, quiet) as callback:
         result = run_fix(proto, samples, fmt, objective, calibrator,
-                               max_evals=max_evals, rewrites=rewrites, progress=callback)
+                         max_evals=max_evals, rewrites=rewrites, progress=callback,
+                         float_fix=_float_fix)
     report: dict[str, Any] = {**result.to_dict(), "model": {"input": path}}
     return QuantizedFix(result.model, result, report)

@@ -40,7 +40,7 @@ import onnx
 from precision_doctor.formats import Precision
 from precision_doctor.jsonable import json_float
 from precision_doctor.quant.collect import Calibration
-from precision_doctor.quant.emulation import run_config
+from precision_doctor.quant.emulation import Between, run_config
 from precision_doctor.quant.measure import LayerMeasure
 from precision_doctor.quant.placement import WEIGHT, QuantUnit
 from precision_doctor.quant.qdq import QuantConfig
@@ -108,7 +108,7 @@ class Trials:
     """Runs configurations on the trial samples and scores them by error power."""
 
     def __init__(self, model: onnx.ModelProto, units: Sequence[QuantUnit], samples: Sequence,
-                 reference: Outputs, between: Precision, progress: Progress | None) -> None:
+                 reference: Outputs, between: Between, progress: Progress | None) -> None:
         self.model, self.units, self.between, self.progress = model, units, between, progress
         self.samples, self.reference = list(samples), reference
         self.runs = 0
@@ -132,7 +132,7 @@ def worst_samples(reference: Outputs, candidate: Outputs, count: int) -> list[in
 
 def find_causes(model: onnx.ModelProto, units: Sequence[QuantUnit], config: QuantConfig,
                 calibration: Calibration, measures: Sequence[LayerMeasure], samples: Sequence,
-                reference: Outputs, candidate: Outputs, between: Precision = Precision.FP16,
+                reference: Outputs, candidate: Outputs, between: Between = Precision.FP16,
                 top: int = TOP_UNITS, progress: Progress | None = None
                 ) -> CauseSearch:
     """Try the noisiest units' cures and name the causes (module docstring).
@@ -164,7 +164,7 @@ def find_causes(model: onnx.ModelProto, units: Sequence[QuantUnit], config: Quan
     for m in ranked:
         e_cure = trials.error(config.with_quantized(config.quantized - {m.unit}))
         e_alone = trials.error(config.with_quantized(frozenset({m.unit})))
-        cure = _removed(e_all, e_cure)
+        cure = removed_share(e_all, e_cure)
         by_name[m.unit] = replace(m, cure=cure, error_share=_share(e_alone, e_all))
         if cure >= CAUSE_MIN:
             causes.append(_mechanism(unit_of[m.unit], by_name[m.unit], config, calibration,
@@ -174,7 +174,8 @@ def find_causes(model: onnx.ModelProto, units: Sequence[QuantUnit], config: Quan
     explained = 0.0
     if causes:
         cured = frozenset(u for c in causes for u in c.units)
-        explained = _removed(e_all, trials.error(config.with_quantized(config.quantized - cured)))
+        e_cured = trials.error(config.with_quantized(config.quantized - cured))
+        explained = removed_share(e_all, e_cured)
     return CauseSearch(causes, [by_name[m.unit] for m in measures], explained, blocks)
 
 
@@ -259,7 +260,7 @@ def _accumulated(trials: Trials, config: QuantConfig, measures: Sequence[LayerMe
     if not joint:
         joint = {m.unit for m in tried}
     e_joint = trials.error(config.with_quantized(config.quantized - joint))
-    removed = _removed(e_all, e_joint)
+    removed = removed_share(e_all, e_joint)
     first, last = _depth_sqnr(measures)
     kind = "accumulated-requantization" if removed >= CAUSE_MIN else "unexplained"
     where = (f"the {len(joint)} layers of the blocks carrying {covered / (total or 1):.0%} of "
@@ -275,17 +276,17 @@ def _accumulated(trials: Trials, config: QuantConfig, measures: Sequence[LayerMe
 
 def _mechanism(unit: QuantUnit, m: LayerMeasure, config: QuantConfig, calibration: Calibration,
                trials: Trials, e_all: float, e_cure: float) -> QuantCause:
-    cure = _removed(e_all, e_cure)
+    cure = removed_share(e_all, e_cure)
     before, fp16_after = math.sqrt(e_all), math.sqrt(e_cure)
     acts = [s.tensor for s in unit.sites if s.kind != WEIGHT]
     name = unit.name
     if unit.depthwise and m.weight_sqnr_db is not None and m.weight_sqnr_db < m.input_sqnr_db:
         e = trials.error(replace(config, weights_float=config.weights_float | {name}))
-        if _removed(e_all, e) >= MECHANISM_MIN * cure:
-            return QuantCause("depthwise-weights", (name,), "float-weights", _removed(e_all, e),
-                              before, math.sqrt(e),
+        if removed_share(e_all, e) >= MECHANISM_MIN * cure:
+            return QuantCause("depthwise-weights", (name,), "float-weights",
+                              removed_share(e_all, e), before, math.sqrt(e),
                               f"depthwise Conv weights at {m.weight_sqnr_db:.1f} dB SQNR; "
-                              f"float weights remove {_removed(e_all, e):.0%} of the error",
+                              f"float weights remove {removed_share(e_all, e):.0%} of the error",
                               "keep this depthwise Conv in FP16, or quantize its weights with "
                               "finer (per-channel) scales after weight equalization")
     wide = m.after in WIDE_AFTER and m.zeroed_share >= ZEROED_MIN
@@ -294,13 +295,13 @@ def _mechanism(unit: QuantUnit, m: LayerMeasure, config: QuantConfig, calibratio
     if m.channel_spread >= SPREAD_MIN and any(calibration.channel_amax.get(t) is not None
                                                for t in acts):
         e = trials.error(replace(config, per_channel=config.per_channel | {name}))
-        if _removed(e_all, e) >= MECHANISM_MIN * cure:
+        if removed_share(e_all, e) >= MECHANISM_MIN * cure:
             gemm = unit.op_type in ("MatMul", "Gemm") and bool(unit.weight_sites)
             return QuantCause(
-                "outlier-channels", (name,), "per-channel", _removed(e_all, e), before,
+                "outlier-channels", (name,), "per-channel", removed_share(e_all, e), before,
                 math.sqrt(e),
                 f"its widest input channel is {m.channel_spread:.0f}x the median under one "
-                f"per-tensor scale; per-channel scales remove {_removed(e_all, e):.0%} of the "
+                f"per-tensor scale; per-channel scales remove {removed_share(e_all, e):.0%} of the "
                 f"error (FP16: {cure:.0%})",
                 "apply SmoothQuant scale migration (fix searches alpha)" if gemm else
                 "keep this layer in FP16, or equalize its input channels (cross-layer "
@@ -311,11 +312,11 @@ def _mechanism(unit: QuantUnit, m: LayerMeasure, config: QuantConfig, calibratio
             recal = recal.with_choice(t, "max")
         e = trials.error(replace(config, amax={**config.amax,
                                                **{t: recal.amax[t] for t in acts}}))
-        if _removed(e_all, e) >= MECHANISM_MIN * cure:
-            return QuantCause("clipped-tail", (name,), "max-calibration", _removed(e_all, e),
+        if removed_share(e_all, e) >= MECHANISM_MIN * cure:
+            return QuantCause("clipped-tail", (name,), "max-calibration", removed_share(e_all, e),
                               before, math.sqrt(e),
                               f"the {m.calibrator} calibration clips {m.clipped_share:.2%} of "
-                              f"its inputs; max calibration removes {_removed(e_all, e):.0%} "
+                              f"its inputs; max calibration removes {removed_share(e_all, e):.0%} "
                               "of the error",
                               "calibrate this tensor by max (fix chooses per tensor)")
     if m.after in WIDE_AFTER or m.zeroed_share >= ZEROED_MIN:
@@ -337,7 +338,9 @@ def _db(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.1f} dB"
 
 
-def _removed(before: float, after: float) -> float:
+def removed_share(before: float, after: float) -> float:
+    """Share of the error power ``before`` that a cure leaves at ``after`` removed, in [0, 1]
+    (an infinite error cured to a finite one: 1)."""
     if not math.isfinite(before):
         return 1.0 if math.isfinite(after) else 0.0
     if before <= 0:

@@ -20,8 +20,9 @@ from precision_doctor.compare.tolerance import Tolerance
 from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.formats import Precision
 from precision_doctor.jsonable import json_float
-from precision_doctor.quant.causes import QuantCause, find_causes
+from precision_doctor.quant.causes import QuantCause, error_power, find_causes, removed_share
 from precision_doctor.quant.collect import Calibration, collect
+from precision_doctor.quant.emulation import Between, as_plan, describe_between, run_config
 from precision_doctor.quant.measure import LayerMeasure, measure_layers
 from precision_doctor.quant.placement import QuantUnit, place
 from precision_doctor.quant.qdq import QuantConfig, prepare
@@ -96,6 +97,34 @@ def setup(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat, calibrato
     return QuantSetup(prepared, units, calib, ref, config, time.perf_counter() - t0)
 
 
+FLOAT_BETWEEN = "float-between"
+
+
+def float_between_cause(s: QuantSetup, samples: Sequence, objective: Objective,
+                        between: Between, candidate: Outputs) -> QuantCause | None:
+    """The float part alone (no layer quantized) scored on every sample; a ``float-between``
+    cause when it fails the objective by itself, its cure measured with FP32 between."""
+    plan = as_plan(between)
+    if plan.default is Precision.FP32 and not plan.overrides:
+        return None
+    none = s.config.with_quantized(frozenset())
+    alone = objective.score(s.reference, run_config(s.model, s.units, none, samples, between))
+    if alone.passed:
+        return None
+    wide = run_config(s.model, s.units, s.config, samples, Precision.FP32)
+    fp32 = objective.score(s.reference, wide)
+    label = objective.score_label()
+    before, after = error_power(s.reference, candidate), error_power(s.reference, wide)
+    removed = removed_share(before, after)
+    return QuantCause(
+        FLOAT_BETWEEN, (), "fp32-between", removed, math.sqrt(before), math.sqrt(after),
+        f"with no layer quantized, {describe_between(between).upper()} alone scores "
+        f"{alone.value:.4g} ({label}) and fails; every layer quantized with FP32 between "
+        f"scores {fp32.value:.4g} ({'passes' if fp32.passed else 'fails'})",
+        "fix --target int8/fp8 first finds the nodes FP16 needs in FP32 (as fix --target fp16 "
+        "does) and keeps them there; diagnose --target fp16 explains them")
+
+
 @dataclass(frozen=True)
 class QuantDiagnosis:
     """The answer of ``diagnose --target int8|fp8``.
@@ -155,7 +184,7 @@ class QuantDiagnosis:
 
 def diagnose_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat,
                        objective: Objective | None = None, calibrator: str = "max",
-                       between: Precision = Precision.FP16,
+                       between: Between = Precision.FP16,
                        calibration_samples: Sequence | None = None,
                        progress: Progress | None = None) -> QuantDiagnosis:
     """Diagnose ``model`` quantized to ``fmt`` (module docstring).
@@ -166,7 +195,10 @@ def diagnose_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantForm
         fmt: INT8 or FP8 (``quant.qformats.QUANT_FORMATS``).
         objective: Tolerance or task metric (default ``default_objective``).
         calibrator: Activation calibrator.
-        between: Float precision of everything between the Q/DQ pairs.
+        between: Float precision of everything between the Q/DQ pairs (a format, or a plan
+            naming FP32 nodes). When the quantized model fails, the float part alone (no layer
+            quantized) is scored too: if it fails by itself, the first cause is
+            ``float-between``, cured by FP32 between.
         calibration_samples: Calibrate on these (default: ``samples``).
         progress: ``progress(stage, done, total)``.
 
@@ -190,11 +222,15 @@ def diagnose_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantForm
                             s.reference, cand, between, progress=progress)
         causes, measures, explained = found.causes, found.measures, found.explained
         blocks = [b.to_dict() for b in found.blocks]
-    causes.sort(key=lambda c: (-c.removed, c.units))
+        floating = float_between_cause(s, samples, objective, between, cand)
+        if floating is not None:
+            causes.insert(0, floating)
+    causes.sort(key=lambda c: (c.kind != FLOAT_BETWEEN, -c.removed, c.units))
     metrics = {k: compute_metrics(s.reference[k], cand[k]).to_dict() for k in s.reference
                if s.reference[k] and s.reference[k][0].dtype.kind == "f"}
     value = float(score.value) if score.value is not None else math.nan
-    return QuantDiagnosis(fmt.name, between.value, objective.describe(), bool(score.passed),
+    return QuantDiagnosis(fmt.name, describe_between(between), objective.describe(),
+                          bool(score.passed),
                           value, metrics, tuple(measures), tuple(causes), explained,
                           s.calibration.to_dict(), tuple(blocks),
                           {"calibrate": round(s.seconds, 3), "measure": round(t1 - t0, 3),

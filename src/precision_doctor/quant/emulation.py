@@ -9,7 +9,7 @@ against ``onnx.reference`` and ``quant.qformats``).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Sequence, Union
 
 import numpy as np
 import onnx
@@ -23,6 +23,21 @@ from precision_doctor.quant.qdq import QuantConfig, insert_qdq
 from precision_doctor.runners.ort import OrtRunner
 
 Outputs = dict[str, list[np.ndarray]]
+# The float precision between the Q/DQ pairs: one format, or a plan (FP16 with the FP32 nodes
+# the model needs in FP16 itself, found by ``fix --target fp16``'s search).
+Between = Union[Precision, PrecisionPlan]
+
+
+def as_plan(between: Between) -> PrecisionPlan:
+    """``between`` as a plan (a format: every node in it)."""
+    return between if isinstance(between, PrecisionPlan) else PrecisionPlan(between)
+
+
+def describe_between(between: Between) -> str:
+    """``fp16``, or ``fp16 + 3 nodes FP32`` for a plan with FP32 nodes."""
+    plan = as_plan(between)
+    kept = plan.fp32_nodes()
+    return plan.default.value + (f" + {len(kept)} nodes FP32" if kept else "")
 # ONNX Runtime's extended graph optimizations change what an FP8 Q/DQ model computes: on
 # PP-OCR cls quantized to FP8 (E4M3), a depthwise Conv's output moved 0.0108 -> 0.556 relative
 # error power between ``basic`` and ``extended`` (ONNX Runtime 1.32 CPU, 2026-11-28;
@@ -32,7 +47,7 @@ EMULATION_OPTIMIZATION = "basic"
 
 
 def quantized_model(model: onnx.ModelProto, units: Sequence[QuantUnit], config: QuantConfig,
-                    between: Precision = Precision.FP16, marks: Sequence[str] = ()
+                    between: Between = Precision.FP16, marks: Sequence[str] = ()
                     ) -> onnx.ModelProto:
     """The emulation model of ``config``: Q/DQ inserted, ``marks`` made outputs, the rest
     emulated in ``between`` (FP32: the Q/DQ model as it is).
@@ -44,9 +59,10 @@ def quantized_model(model: onnx.ModelProto, units: Sequence[QuantUnit], config: 
     if marks:
         qdq = mark_outputs(qdq, [m for m in marks if m not in
                                  {o.name for o in qdq.graph.output}])
-    if between is Precision.FP32:
+    plan = as_plan(between)
+    if plan.default is Precision.FP32 and not plan.overrides:
         return qdq
-    emulated, _ = emulate(qdq, PrecisionPlan(between))
+    emulated, _ = emulate(qdq, plan)
     return emulated
 
 
@@ -69,7 +85,7 @@ def run_outputs(model: onnx.ModelProto, samples: Sequence, names: Sequence[str],
 
 
 def run_config(model: onnx.ModelProto, units: Sequence[QuantUnit], config: QuantConfig,
-               samples: Sequence, between: Precision = Precision.FP16) -> Outputs:
+               samples: Sequence, between: Between = Precision.FP16) -> Outputs:
     """The model outputs of ``config``'s emulation on every sample."""
     names = [o.name for o in model.graph.output]
     return run_outputs(quantized_model(model, units, config, between), samples, names)

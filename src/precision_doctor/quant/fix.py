@@ -24,6 +24,9 @@ from precision_doctor.quant.calibrate import CALIBRATORS
 from precision_doctor.quant.diagnose import QuantSetup, default_objective, setup
 from precision_doctor.quant.emulation import (
     EMULATION_OPTIMIZATION,
+    Between,
+    as_plan,
+    describe_between,
     quantized_model,
     run_config,
 )
@@ -36,6 +39,7 @@ from precision_doctor.search.bisection import search_fp32_set
 from precision_doctor.search.objective import Objective, Score
 
 Progress = Callable[[str, int, int], None]
+FloatFix = Callable[[onnx.ModelProto, Sequence, Objective], PrecisionPlan]
 SMOOTH_ALPHAS = (0.5, 0.75, 0.25)  # SmoothQuant's default first (Xiao et al. 2023, sec. 4)
 
 
@@ -57,6 +61,8 @@ class QuantFix:
         evaluations: Search evaluations.
         verified_by: The runner that verified the written model.
         recipes: Engine commands for the written model.
+        float_fp32: Nodes kept in FP32 between the pairs (the float part alone failed the
+            objective in FP16; ``float_fix`` found them), sorted.
         seconds: Wall time per stage.
     """
 
@@ -75,6 +81,7 @@ class QuantFix:
     evaluations: int
     verified_by: str
     recipes: tuple[str, ...]
+    float_fp32: tuple[str, ...]
     seconds: dict
 
     def to_dict(self) -> dict:
@@ -87,12 +94,13 @@ class QuantFix:
                 "calibrators": {k: json_float(v) for k, v in self.calibrators.items()},
                 "smoothquant": self.smoothquant, "evaluations": self.evaluations,
                 "verified_by": self.verified_by, "recipes": list(self.recipes),
+                "float_fp32": list(self.float_fp32),
                 "seconds": self.seconds}
 
 
 class _Scorer:
     def __init__(self, s: QuantSetup, samples: Sequence, objective: Objective,
-                 between: Precision) -> None:
+                 between: Between) -> None:
         self.s, self.samples, self.objective, self.between = s, samples, objective, between
         self.runs = 0
 
@@ -104,9 +112,10 @@ class _Scorer:
 
 def fix_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat,
                   objective: Objective | None = None, calibrator: str = "max",
-                  between: Precision = Precision.FP16, max_evals: int = 60,
+                  between: Between = Precision.FP16, max_evals: int = 60,
                   rewrites: bool = True, calibration_samples: Sequence | None = None,
-                  progress: Progress | None = None) -> QuantFix:
+                  progress: Progress | None = None,
+                  float_fix: FloatFix | None = None) -> QuantFix:
     """Find and write the Q/DQ model with the fewest unquantized layers (module docstring).
 
     Args:
@@ -115,11 +124,16 @@ def fix_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat,
         fmt: INT8 or FP8.
         objective: Tolerance or task metric (default ``quant.diagnose.default_objective``).
         calibrator: The starting calibrator (the others are tried when it fails).
-        between: Float precision between the Q/DQ pairs.
+        between: Float precision between the Q/DQ pairs (a format, or a plan with FP32
+            nodes).
         max_evals: Search budget in evaluations.
         rewrites: Try other calibrators and SmoothQuant before the search.
         calibration_samples: Calibrate on these (default: ``samples``).
         progress: ``progress(stage, done, total)``.
+        float_fix: ``(prepared model, samples, objective) -> plan``: called when the float
+            part alone (no layer quantized) fails the objective, to find the nodes it needs in
+            FP32 (the API passes ``fix --target fp16``'s search, ``repair.pipeline.fix``);
+            the quantized search then runs with that plan between.
 
     Returns:
         ``QuantFix``.
@@ -131,8 +145,11 @@ def fix_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat,
     objective = objective or default_objective()
     t0 = time.perf_counter()
     s = setup(model, samples, fmt, calibrator, calibration_samples, progress)
-    score = _Scorer(s, samples, objective, between)
     config = s.config
+    if float_fix is not None and not _Scorer(s, samples, objective, between)(
+            config.with_quantized(frozenset())).passed:
+        between = float_fix(s.model, samples, objective)
+    score = _Scorer(s, samples, objective, between)
     before = score(config)
     best, tried, chosen, smooth = before, {calibrator: before.value}, calibrator, None
     t1 = time.perf_counter()
@@ -166,17 +183,18 @@ def fix_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat,
     final = config.with_quantized(config.quantized - set(unquantized))
     t3 = time.perf_counter()
     written, verified, by = write_and_verify(s, final, samples, objective, between)
-    return QuantFix(written, fmt.name, between.value, objective.describe(),
+    return QuantFix(written, fmt.name, describe_between(between), objective.describe(),
                     bool(verified.passed), float(before.value), float(verified.value),
                     len(s.units), unquantized, chosen, tried, smooth, evaluations, by,
-                    recipes(fmt), {"calibrate": round(s.seconds, 3),
+                    recipes(fmt), tuple(as_plan(between).fp32_nodes()),
+                    {"calibrate": round(s.seconds, 3),
                                    "rewrites": round(t2 - t1, 3), "search": round(t3 - t2, 3),
                                    "write_verify": round(time.perf_counter() - t3, 3),
                                    "total": round(time.perf_counter() - t0, 3)})
 
 
 def _search(s: QuantSetup, config: QuantConfig, samples: Sequence, objective: Objective,
-            between: Precision, max_evals: int, progress: Progress | None
+            between: Between, max_evals: int, progress: Progress | None
             ) -> tuple[tuple[str, ...], int]:
     """The fewest units to leave in FP16: ``search.bisection`` over units, where a plan's
     FP32 overrides name the units left unquantized."""
@@ -199,14 +217,14 @@ def _search(s: QuantSetup, config: QuantConfig, samples: Sequence, objective: Ob
                                  PrecisionPlan(Precision.FP16), ranking, max_evals, progress)
     except TargetNotMetError as exc:
         raise TargetNotMetError(f"{exc} (INT8/FP8: every layer was left in "
-                                f"{between.value.upper()}; the float precision between the "
-                                "Q/DQ pairs fails the target by itself: diagnose it with "
-                                f"--target {between.value})", **exc.context) from exc
+                                f"{describe_between(between).upper()}; the float precision "
+                                "between the Q/DQ pairs fails the target by itself: "
+                                "diagnose it with --target fp16)", **exc.context) from exc
     return result.kept, result.evaluations
 
 
 def write_and_verify(s: QuantSetup, config: QuantConfig, samples: Sequence,
-                     objective: Objective, between: Precision
+                     objective: Objective, between: Between
                      ) -> tuple[onnx.ModelProto, Score, str]:
     """Write ``config`` as a Q/DQ model (strongly typed ``between`` elsewhere) and score its
     exact emulation (``runners.emulator.WrittenEmulatorRunner``) against the reference."""
@@ -214,10 +232,11 @@ def write_and_verify(s: QuantSetup, config: QuantConfig, samples: Sequence,
     from precision_doctor.runners.emulator import WrittenEmulatorRunner
 
     qdq = insert_qdq(s.model, s.units, config)
-    if between is Precision.FP32:
+    plan = as_plan(between)
+    if plan.default is Precision.FP32 and not plan.overrides:
         written = qdq
     else:
-        written, _report = write_mixed_precision(qdq, PrecisionPlan(between))
+        written, _report = write_mixed_precision(qdq, plan)
     names = [o.name for o in s.model.graph.output]
     out: dict[str, list[np.ndarray]] = {n: [] for n in names}
     with WrittenEmulatorRunner(written, graph_optimization=EMULATION_OPTIMIZATION) as runner:

@@ -31,7 +31,7 @@ from precision_doctor.graph.constants import constant_values
 from precision_doctor.graph.outputs import mark_outputs
 from precision_doctor.jsonable import json_float
 from precision_doctor.quant.collect import Calibration
-from precision_doctor.quant.emulation import EMULATION_OPTIMIZATION, quantized_model
+from precision_doctor.quant.emulation import EMULATION_OPTIMIZATION, Between, quantized_model
 from precision_doctor.quant.placement import WEIGHT, QuantUnit
 from precision_doctor.quant.qdq import QuantConfig, smooth_weight, weight_channel_amax
 from precision_doctor.quant.qformats import fake_quant
@@ -143,7 +143,7 @@ def weight_sqnr(model: onnx.ModelProto, unit: QuantUnit, config: QuantConfig,
 
 def measure_layers(model: onnx.ModelProto, units: Sequence[QuantUnit], config: QuantConfig,
                    calibration: Calibration, samples: Sequence,
-                   between: Precision = Precision.FP16, progress: Progress | None = None
+                   between: Between = Precision.FP16, progress: Progress | None = None
                    ) -> tuple[list[LayerMeasure], dict[str, list[np.ndarray]]]:
     """Measure every unit of ``config``'s quantized model on ``samples``.
 

@@ -92,6 +92,9 @@ def render_quant_fix(result: QuantFix, console: Console) -> None:
                        f"{left} left in {result.between.upper()}"
                        + (": " + ", ".join(result.unquantized[:8])
                           + (f" +{left - 8}" if left > 8 else "") if left else "")))
+    if result.float_fp32:
+        console.print(Text(f"  {len(result.float_fp32)} nodes kept FP32 between the pairs: the "
+                           f"model fails the target in FP16 alone ({result.between})"))
     tried = ", ".join(f"{k} {fmt3(v)}" for k, v in result.calibrators.items())
     console.print(Text(f"  calibrator: {result.calibrator} (every layer quantized: {tried})"))
     if result.smoothquant:
