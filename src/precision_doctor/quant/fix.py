@@ -1,10 +1,11 @@
 """``fix --target int8|fp8``: the fewest layers left unquantized (FP16) that meet the target,
 after the rewrites that remove the need for some of them; a Q/DQ model written and verified.
 
-    setup (opset, units, calibration) -> calibrator choice (each calibrator for every tensor,
-    then per tensor where a measured cure says so) -> SmoothQuant (alpha searched) -> search
-    (``search.bisection``: ranking, bisection, ddmin over units) -> write (Q/DQ + strongly
-    typed FP16) -> verify (exact emulation of the written model)
+    setup (opset, units, calibration; the FP32 nodes FP16 needs, when it fails alone)
+      -> calibrator choice (each calibrator for every tensor) -> SmoothQuant (alpha searched)
+      -> per-tensor calibrators (the noisiest layers' inputs, measured)
+      -> search (``search.bisection``: ranking, bisection, ddmin over units)
+      -> write (Q/DQ + strongly typed FP16) -> verify (exact emulation of the written model)
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from precision_doctor.search.objective import Objective, Score
 Progress = Callable[[str, int, int], None]
 FloatFix = Callable[[onnx.ModelProto, Sequence, Objective], PrecisionPlan]
 SMOOTH_ALPHAS = (0.5, 0.75, 0.25)  # SmoothQuant's default first (Xiao et al. 2023, sec. 4)
+PER_TENSOR_LAYERS = 4  # layers whose inputs try every calibrator (3 evaluations per input)
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,9 @@ class QuantFix:
         score_after: The objective on the written model (verified).
         units: Quantizable units.
         unquantized: Units the search left in FP16, ranked.
-        calibrator: The calibrator chosen for every tensor, and ``per_tensor`` overrides.
+        calibrator: The calibrator chosen for every tensor.
+        per_tensor: Tensor -> another calibrator, where trying it on the noisiest layers'
+            inputs scored better (``_per_tensor``).
         calibrators: Calibrator -> score with every unit quantized.
         smoothquant: ``{"alpha", "units", "score"}`` when applied, else None.
         evaluations: Search evaluations.
@@ -76,6 +80,7 @@ class QuantFix:
     units: int
     unquantized: tuple[str, ...]
     calibrator: str
+    per_tensor: dict
     calibrators: dict
     smoothquant: dict | None
     evaluations: int
@@ -91,6 +96,7 @@ class QuantFix:
                 "score_before": json_float(self.score_before),
                 "score_after": json_float(self.score_after), "units": self.units,
                 "unquantized": list(self.unquantized), "calibrator": self.calibrator,
+                "per_tensor": dict(sorted(self.per_tensor.items())),
                 "calibrators": {k: json_float(v) for k, v in self.calibrators.items()},
                 "smoothquant": self.smoothquant, "evaluations": self.evaluations,
                 "verified_by": self.verified_by, "recipes": list(self.recipes),
@@ -152,6 +158,7 @@ def fix_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat,
     score = _Scorer(s, samples, objective, between)
     before = score(config)
     best, tried, chosen, smooth = before, {calibrator: before.value}, calibrator, None
+    per_tensor: dict[str, str] = {}
     t1 = time.perf_counter()
     if rewrites and not best.passed:
         for method in CALIBRATORS:
@@ -174,6 +181,9 @@ def fix_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat,
                               "score": json_float(trial.value)}
                 if best.passed:
                     break
+        if not best.passed:
+            best, config, per_tensor = _per_tensor(s, config, samples, between, score, best,
+                                                   chosen)
     t2 = time.perf_counter()
     unquantized: tuple[str, ...] = ()
     evaluations = 0
@@ -185,12 +195,43 @@ def fix_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat,
     written, verified, by = write_and_verify(s, final, samples, objective, between)
     return QuantFix(written, fmt.name, describe_between(between), objective.describe(),
                     bool(verified.passed), float(before.value), float(verified.value),
-                    len(s.units), unquantized, chosen, tried, smooth, evaluations, by,
+                    len(s.units), unquantized, chosen, per_tensor, tried, smooth, evaluations,
+                    by,
                     recipes(fmt), tuple(as_plan(between).fp32_nodes()),
                     {"calibrate": round(s.seconds, 3),
                                    "rewrites": round(t2 - t1, 3), "search": round(t3 - t2, 3),
                                    "write_verify": round(time.perf_counter() - t3, 3),
                                    "total": round(time.perf_counter() - t0, 3)})
+
+
+def _per_tensor(s: QuantSetup, config: QuantConfig, samples: Sequence, between: Between,
+                score: _Scorer, best: Score, chosen: str
+                ) -> tuple[Score, QuantConfig, dict[str, str]]:
+    """Per-tensor calibrator choice, measured: the inputs of the ``PER_TENSOR_LAYERS`` layers
+    adding the most noise (one measuring pass) each try the calibrators whose amax differs by
+    more than 5% from the one in use; a choice is kept when the whole model scores better."""
+    measures, _out = measure_layers(s.model, s.units, config, s.calibration, samples, between)
+    noisy = sorted((m for m in measures if m.quantized),
+                   key=lambda m: (-m.added_noise, -m.injected_noise, m.unit))
+    unit_of = {u.name: u for u in s.units}
+    choice: dict[str, str] = {}
+    for m in noisy[:PER_TENSOR_LAYERS]:
+        for site in unit_of[m.unit].activation_sites:
+            t = site.tensor
+            if t in choice or t not in config.amax:
+                continue
+            for method in CALIBRATORS:
+                amax = s.calibration.by_method[method].get(t)
+                current = config.amax[t]
+                if method == chosen or amax is None or abs(amax - current) <= 0.05 * current:
+                    continue
+                trial = score(replace(config, amax={**config.amax, t: amax}))
+                if score.objective.better(trial, best):
+                    best, config, choice[t] = trial, replace(config, amax={**config.amax,
+                                                                           t: amax}), method
+            if best.passed:
+                return best, config, choice
+    return best, config, choice
 
 
 def _search(s: QuantSetup, config: QuantConfig, samples: Sequence, objective: Objective,
