@@ -109,20 +109,16 @@ def diagnose(
     """Diagnose MODEL in reduced precision against its FP32 reference, layer by layer."""
     from precision_doctor.quant.qformats import parse_quant_target
     from precision_doctor.workflows.diagnose import run_diagnose
+    from precision_doctor.workflows.quantize import run_quant_diagnose
 
-    if parse_quant_target(target) is not None:
-        from precision_doctor.workflows.quantize import run_quant_diagnose
-
-        try:
-            quant = run_quant_diagnose(model, data=data, preprocess=preprocess, target=target,
-                                       tolerances=tolerance, max_samples=max_samples,
-                                       json_path=json_path, force=force, console=console,
-                                       quiet=quiet, verbose=verbose, calibrator=calibrator,
-                                       html_path=html_path)
-        except PrecisionDoctorError as exc:
-            _fail(exc)
-        raise typer.Exit(0 if quant.passed else 1)
     try:
+        if parse_quant_target(target) is not None:  # INT8/FP8
+            passed = run_quant_diagnose(model, data=data, preprocess=preprocess, target=target,
+                                        tolerances=tolerance, max_samples=max_samples,
+                                        json_path=json_path, force=force, console=console,
+                                        quiet=quiet, verbose=verbose, calibrator=calibrator,
+                                        html_path=html_path).passed
+            raise typer.Exit(0 if passed else 1)
         report = run_diagnose(
             model, data=data, preprocess=preprocess, target=target, runner=runner,
             candidate_model=candidate_model, plan_path=plan, keep=keep, tolerances=tolerance,
@@ -186,36 +182,29 @@ def fix_command(
     """Write a strongly typed mixed-precision model meeting the accuracy target."""
     from precision_doctor.quant.qformats import parse_quant_target
     from precision_doctor.workflows.fix import run_fix
+    from precision_doctor.workflows.quantize import run_quant_fix
 
-    if parse_quant_target(target) is not None:
-        from precision_doctor.workflows.quantize import run_quant_fix
-
-        try:
-            fixed = run_quant_fix(model, output, data=data, preprocess=preprocess,
-                                  target=target, tolerances=tolerance, metric=metric,
-                                  threshold=threshold, no_rewrites=no_rewrites,
-                                  max_samples=max_samples, max_evals=max_evals, force=force,
-                                  console=console, quiet=quiet, calibrator=calibrator)
-        except TargetNotMetError as exc:
-            err_console.print(f"target not met: {exc}", style="red", markup=False)
-            raise typer.Exit(1) from None
-        except PrecisionDoctorError as exc:
-            _fail(exc)
-        raise typer.Exit(0 if fixed.passed else 1)
     try:
-        result = run_fix(model, output, data=data, preprocess=preprocess, target=target,
-                         tolerances=tolerance, metric=metric, threshold=threshold, keep=keep,
-                         force_low=force_low, no_rewrites=no_rewrites,
-                         keep_io_types=keep_io_types, runner=runner, max_samples=max_samples,
-                         max_evals=max_evals, html_path=html_path, force=force,
-                         console=console, quiet=quiet, jobs=jobs, device=device, labels=labels,
-                         engine=engine)
+        if parse_quant_target(target) is not None:  # INT8/FP8: a Q/DQ model
+            passed = run_quant_fix(model, output, data=data, preprocess=preprocess,
+                                   target=target, tolerances=tolerance, metric=metric,
+                                   threshold=threshold, no_rewrites=no_rewrites,
+                                   max_samples=max_samples, max_evals=max_evals, force=force,
+                                   console=console, quiet=quiet, calibrator=calibrator).passed
+        else:
+            passed = run_fix(model, output, data=data, preprocess=preprocess, target=target,
+                             tolerances=tolerance, metric=metric, threshold=threshold,
+                             keep=keep, force_low=force_low, no_rewrites=no_rewrites,
+                             keep_io_types=keep_io_types, runner=runner,
+                             max_samples=max_samples, max_evals=max_evals,
+                             html_path=html_path, force=force, console=console, quiet=quiet,
+                             jobs=jobs, device=device, labels=labels, engine=engine).passed
     except TargetNotMetError as exc:
         err_console.print(f"target not met: {exc}", style="red", markup=False)
         raise typer.Exit(1) from None
     except PrecisionDoctorError as exc:
         _fail(exc)
-    raise typer.Exit(0 if result.passed else 1)
+    raise typer.Exit(0 if passed else 1)
 
 
 @app.command()

@@ -120,17 +120,27 @@ def quant_format(target: str) -> QuantFormat | None:
     return parse_quant_target(target)
 
 
-def _inputs(model: ModelLike, data: DataLike, preprocess: PreprocessSpec | str | None,
-            max_samples: int | None, tolerance: ToleranceLike, metric: str | None,
-            threshold: float | None) -> tuple[onnx.ModelProto, str | None, list, Objective]:
+def _inputs(model: ModelLike, data: DataLike, target: str,
+            preprocess: PreprocessSpec | str | None, max_samples: int | None,
+            tolerance: ToleranceLike, metric: str | None, threshold: float | None
+            ) -> tuple[QuantFormat, onnx.ModelProto, str | None, list, Objective]:
+    """The format, model, samples and objective of a quantized diagnosis or fix.
+
+    Raises:
+        InputError: ``target`` is not a quantized format, or bad data/tolerance/metric.
+    """
     from precision_doctor.api.options import build_objective
+
+    fmt = parse_quant_target(target)
+    if fmt is None:
+        raise InputError(f"{target!r} is not a quantized format: use int8, fp8 or fp8e5m2")
 
     proto, path = as_model(model)
     proto, _shipped = upcast(proto)
     samples = as_samples(data, proto, preprocess, max_samples)
     objective = (build_objective(tolerance, metric, threshold, Precision.FP16)
                  if tolerance or metric or threshold is not None else default_objective())
-    return proto, path, samples, objective
+    return fmt, proto, path, samples, objective
 
 
 def diagnose_quantized(model: ModelLike, data: DataLike, *, target: str = "int8",
@@ -167,11 +177,8 @@ def diagnose_quantized(model: ModelLike, data: DataLike, *, target: str = "int8"
         InputError: Unknown target or calibrator, bad data.
         ModelLoadError, UnsupportedModelError, BackendError: As for ``diagnose``.
     """
-    fmt = parse_quant_target(target)
-    if fmt is None:
-        raise InputError(f"{target!r} is not a quantized format: use int8, fp8 or fp8e5m2")
-    proto, path, samples, objective = _inputs(model, data, preprocess, max_samples, tolerance,
-                                              metric, threshold)
+    fmt, proto, path, samples, objective = _inputs(model, data, target, preprocess,
+                                                   max_samples, tolerance, metric, threshold)
     with progress_reporter(progress, quiet) as callback:
         result = run_diagnosis(proto, samples, fmt, objective, calibrator,
                                     progress=callback)
@@ -214,11 +221,8 @@ def fix_quantized(model: ModelLike, data: DataLike, *, target: str = "int8",
         TargetNotMetError: Not even every layer in FP16 meets the target.
         InputError, ModelLoadError, UnsupportedModelError, BackendError: As above.
     """
-    fmt = parse_quant_target(target)
-    if fmt is None:
-        raise InputError(f"{target!r} is not a quantized format: use int8, fp8 or fp8e5m2")
-    proto, path, samples, objective = _inputs(model, data, preprocess, max_samples, tolerance,
-                                              metric, threshold)
+    fmt, proto, path, samples, objective = _inputs(model, data, target, preprocess,
+                                                   max_samples, tolerance, metric, threshold)
     with progress_reporter(progress, quiet) as callback:
         result = run_fix(proto, samples, fmt, objective, calibrator,
                          max_evals=max_evals, rewrites=rewrites, progress=callback,
