@@ -110,6 +110,8 @@ def main() -> None:
                                                   + ZOO_MODELS))
     ap.add_argument("--formats", default="int8,fp8")
     ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--merge", action="store_true", help="replace these models' rows in "
+                    "today's results file, keep the others")
     args = ap.parse_args()
     rows = []
     for name in args.models.split(","):
@@ -124,7 +126,15 @@ def main() -> None:
             print(f"{name:18s} {target:5s} {'PASS' if row['passed'] else 'FAIL'} "
                   f"score {row['score']:.3g}  lowest {row['lowest_output_sqnr']['db']:.1f} dB "
                   f"({row['layers']} layers)  {causes}  {row['seconds']} s", flush=True)
-    path = write_results(results_path("quant_zoo"), {"samples": args.samples, "rows": rows})
+    path = results_path("quant_zoo")
+    if args.merge and path.exists():
+        import json
+
+        new = {(r["model"], r["target"]) for r in rows}
+        old = [r for r in json.loads(path.read_text())["rows"]
+               if (r["model"], r["target"]) not in new]
+        rows = old + rows
+    path = write_results(path, {"samples": args.samples, "rows": rows})
     print(f"results: {path}")
 
 

@@ -223,8 +223,9 @@ def diagnose_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantForm
         causes, measures, explained = found.causes, found.measures, found.explained
         blocks = [b.to_dict() for b in found.blocks]
         floating = float_between_cause(s, samples, objective, between, cand)
-        if floating is not None:
-            causes.insert(0, floating)
+        if floating is not None:  # the float part explains what the layers' cures do not
+            causes = [floating] + [c for c in causes if c.kind != "unexplained"]
+            explained = max(explained, floating.removed)
     causes.sort(key=lambda c: (c.kind != FLOAT_BETWEEN, -c.removed, c.units))
     metrics = {k: compute_metrics(s.reference[k], cand[k]).to_dict() for k in s.reference
                if s.reference[k] and s.reference[k][0].dtype.kind == "f"}
