@@ -1,0 +1,454 @@
+"""A 335M-parameter transformer (BERT-large) in FP32 ONNX with external data: ``diagnose`` and
+``fix`` on the GPU (ONNX Runtime CUDA) against the same machine's 16-core CPU, same samples,
+same run.
+
+The model is built on the lent GPU machine, offline, from a ``transformers`` config with the
+numbers of ``bert-large-uncased`` (24 layers, hidden 1024, 16 heads, FFN 4096, vocab 30522, 512
+positions, 2 token types; ``BertModel`` with its pooler, 335,141,888 parameters), weights
+randomly initialized after ``torch.manual_seed(0)`` (``transformers``' own init: N(0, 0.02)
+weights, LayerNorm weight 1, bias 0), eager attention. It is exported with the TorchScript
+exporter (``torch.onnx.export(..., dynamo=False, opset_version=17)``, inputs ``input_ids``,
+``attention_mask``, ``token_type_ids`` int64 [batch, sequence], dynamic axes; output
+``last_hidden_state`` [batch, sequence, 1024]), then re-saved as ``model.onnx`` + one external
+data file ``model.onnx.data`` (1.34 GB; ``onnx.save_model(save_as_external_data=True)``), and
+checked against PyTorch with ONNX Runtime CPU (max abs difference in ``build.json``).
+
+Samples (``inputs/s<k>.npz``, one feed dict each, seeded numpy): ``--samples`` (default 2)
+batches of ``--batch`` x ``--seq`` (4 x 128) token ids in [1000, 30000), a [CLS]-like 101 first,
+each row padded after a different length (128, 96, 64, 32 tokens: ``attention_mask`` 0 after
+it), ``token_type_ids`` 1 on the second half of each row's real tokens.
+
+``--scale-ln NAME=FACTOR`` (off by default) multiplies one LayerNorm's weight and bias before
+the export, e.g. ``encoder.layer.12.output.LayerNorm=4096``, so its output leaves FP16's range
+(a real overflow the search must keep in FP32); the run records whether it was used.
+
+Then, each in a fresh process (``common.measure_process``: wall and CPU time and peak RSS of that
+process, interpreter start and imports included; the report's own per-stage ``timings_s`` /
+``seconds`` beside it; GPU memory polled with NVML every 20 ms, ``gpu_pipeline.GpuMemory``):
+
+1. ``python3 -m precision_doctor diagnose model.onnx --data inputs --target fp16
+   --device cuda|cpu --json diag_<dev>.json`` (defaults: layerwise on, noise floor on);
+2. ``python3 -m precision_doctor fix model.onnx -o fix_<dev>/fixed.onnx --data inputs
+   --target fp16 --device cuda|cpu`` (defaults: relative L2 <= 1e-2, ``--max-evals 150``,
+   ``--jobs 1``);
+
+in the order ``--order`` gives (default: the GPU side first, then the CPU side, so a cut call
+has the fast side), the results JSON rewritten after every step. Same answers: diagnose's
+verdict, assessment kind and main findings (kind, node), fix's pass and FP32 nodes (the
+written ``.plan.json``'s FP32 overrides), and every output's relative L2 within 1.1x
+(``gpu_pipeline.compare``). ``stages`` puts the CPU and GPU per-stage seconds side by side with
+their ratio, which is where the time goes when the whole is under 10x.
+
+Setup on the lent GPU machine (Python 3.12, torch 2.11.0+cu130, transformers, onnx 1.23.1,
+onnxruntime 1.30 CPU-only; see ``benchmarks/gpu_setup.sh``): onnxruntime-gpu 1.31.1 as the xz
+stream that ``gpu_setup.sh pack`` writes, in the parts ``.gpu/qo0..3/part`` (59 MiB each, the
+last 16 MiB; ``benchmarks/quantized_fp16_gpu.py``), four ``run`` calls back to back while the
+machine stays warm (30 s), the first one also starting the build in the background (``setsid``:
+it outlives the call; the 4 CPU-bound minutes of the build overlap the part transfers)::
+
+    run carry=[".gpu/qo0"]  cat .gpu/qo0/part > /tmp/ort.tar.xz && mkdir -p /tmp/bb && \\
+        setsid nohup python3 benchmarks/bigmodel_gpu.py build --dir /tmp/bb \\
+        > /tmp/bb/build.log 2>&1 < /dev/null &
+    run carry=[".gpu/qo1"]  cat .gpu/qo1/part >> /tmp/ort.tar.xz
+    run carry=[".gpu/qo2"]  cat .gpu/qo2/part >> /tmp/ort.tar.xz
+    run carry=[".gpu/qo3"]  cat .gpu/qo3/part >> /tmp/ort.tar.xz && mkdir -p /tmp/site && \\
+        xz -dc /tmp/ort.tar.xz | tar x -C /tmp/site && \\
+        PYTHONPATH=/tmp/site:$PWD/src setsid nohup python3 benchmarks/bigmodel_gpu.py run \\
+        --dir /tmp/bb --src $PWD/src > /tmp/bb/run.log 2>&1 < /dev/null & \\
+        python3 benchmarks/bigmodel_gpu.py wait --dir /tmp/bb --seconds 540; cp /tmp/bb/*.json $OUT
+
+(``run`` waits for ``build`` to finish first.) The measurement runs on in its own process
+session, so it is not bound to one 10-minute call: while it runs, the next calls (back to back,
+keeping the machine warm) only wait for it and copy the results JSON::
+
+    run  python3 benchmarks/bigmodel_gpu.py wait --dir /tmp/bb --seconds 540; \\
+        cp /tmp/bb/*.json /tmp/bb/*.log $OUT
+
+Results: ``benchmarks/results/bigmodel_gpu_<date>_<gpu>.json`` (``common.write_results``: date,
+machine, versions first; then ``build``, ``runs``, ``same``, ``stages``, ``table``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from common import measure_process, results_path, write_results  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+# bert-large-uncased's config.json (no network on the GPU machine: the numbers, not the hub)
+BERT_LARGE = dict(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
+                  num_attention_heads=16, intermediate_size=4096, hidden_act="gelu",
+                  hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                  max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02,
+                  layer_norm_eps=1e-12, pad_token_id=0)
+
+
+# ------------------------------------------------------------------------------ building
+def make_samples(folder: Path, samples: int, batch: int, seq: int, seed: int) -> list[Path]:
+    """Write ``folder/s<k>.npz`` (see the module docstring); returns their paths."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for k in range(samples):
+        ids = rng.integers(1000, 30000, size=(batch, seq), dtype=np.int64)
+        ids[:, 0] = 101
+        mask = np.zeros((batch, seq), dtype=np.int64)
+        types = np.zeros((batch, seq), dtype=np.int64)
+        for row in range(batch):
+            n = max(2, seq - row * seq // 4)
+            mask[row, :n] = 1
+            types[row, n // 2:n] = 1
+            ids[row, n:] = 0
+        path = folder / f"s{k}.npz"
+        np.savez(path, input_ids=ids, attention_mask=mask, token_type_ids=types)
+        paths.append(path)
+    return paths
+
+
+def build(folder: Path, layers: int, samples: int, batch: int, seq: int, seed: int,
+          scale_ln: str | None) -> dict:
+    """Build, export and check the model; write ``folder/build.json``; returns its record."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    import torch
+    import transformers
+    from transformers import BertConfig, BertModel
+
+    t0 = time.perf_counter()
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = BertConfig(**dict(BERT_LARGE, num_hidden_layers=layers))
+    config._attn_implementation = "eager"  # plain MatMul/Softmax (as export_minilm.py)
+    bert = BertModel(config).eval()
+    params = sum(p.numel() for p in bert.parameters())
+    scaled = None
+    if scale_ln:
+        name, factor = scale_ln.split("=")
+        module = dict(bert.named_modules())[name]
+        with torch.no_grad():
+            module.weight.mul_(float(factor))
+            module.bias.mul_(float(factor))
+        scaled = {"module": name, "factor": float(factor)}
+
+    class Encoder(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask, token_type_ids):  # noqa: ANN001
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).last_hidden_state
+
+    enc = Encoder(bert).eval()
+    paths = make_samples(folder / "inputs", samples, batch, seq, seed)
+    feeds = dict(np.load(paths[0]))
+    built = time.perf_counter() - t0
+    tmp = folder / "export_tmp.onnx"
+    axes = {k: {0: "batch", 1: "sequence"} for k in (*INPUT_NAMES, "last_hidden_state")}
+    t = time.perf_counter()
+    with torch.no_grad():
+        torch.onnx.export(enc, tuple(torch.from_numpy(feeds[k]) for k in INPUT_NAMES), str(tmp),
+                          dynamo=False, opset_version=17, input_names=list(INPUT_NAMES),
+                          output_names=["last_hidden_state"], dynamic_axes=axes,
+                          do_constant_folding=True)
+    exported = time.perf_counter() - t
+    t = time.perf_counter()
+    model = onnx.load(str(tmp))
+    path = folder / "model.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=1024)
+    del model
+    for p in folder.glob("export_tmp.onnx*"):
+        p.unlink()
+    for p in folder.iterdir():  # the TorchScript exporter's per-tensor files, if any
+        if p.is_file() and p.name not in ("model.onnx", "model.onnx.data", "build.log"):
+            p.unlink()
+    resaved = time.perf_counter() - t
+    t = time.perf_counter()
+    with torch.no_grad():
+        ref = enc(*(torch.from_numpy(feeds[k]) for k in INPUT_NAMES)).numpy()
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {k: feeds[k] for k in INPUT_NAMES})[0]
+    checked = time.perf_counter() - t
+    proto = onnx.load(str(path), load_external_data=False)
+    ops: dict[str, int] = {}
+    for node in proto.graph.node:
+        ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    record = {
+        "config": dict(BERT_LARGE, num_hidden_layers=layers), "seed": seed,
+        "parameters": params, "scaled_layernorm": scaled,
+        "samples": {"count": samples, "batch": batch, "seq": seq,
+                    "real_tokens_per_row": [max(2, seq - r * seq // 4) for r in range(batch)]},
+        "files_bytes": {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()},
+        "nodes": len(proto.graph.node), "ops": dict(sorted(ops.items(), key=lambda kv: -kv[1])),
+        "opset": 17, "max_abs_diff_ort_cpu_vs_torch": float(np.max(np.abs(
+            got.astype(np.float64) - ref.astype(np.float64)))),
+        "output_max_abs": float(np.max(np.abs(ref))),
+        "seconds": {"init": round(built, 1), "export": round(exported, 1),
+                    "resave_external": round(resaved, 1), "check": round(checked, 1),
+                    "total": round(time.perf_counter() - t0, 1)},
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "onnx": onnx.__version__, "onnxruntime_check": ort.__version__,
+    }
+    (folder / "build.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(record, indent=1), flush=True)
+    return record
+
+
+def derive(src: Path, folder: Path, scale_ln: str) -> dict:
+    """``src``'s model with one LayerNorm's weight and bias multiplied (``MODULE=FACTOR``), in
+    ``folder`` with the same samples: no second export. The TorchScript exporter shares
+    equal initializers through ``Identity`` nodes (every LayerNorm weight is ones at init), so
+    the scaled weight and bias are new initializers that this LayerNorm alone reads."""
+    import shutil
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    t0 = time.perf_counter()
+    module, factor = scale_ln.split("=")
+    model = onnx.load(str(src / "model.onnx"))
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    alias = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity"}
+
+    def value(name: str) -> np.ndarray:
+        while name not in inits:
+            name = alias[name]
+        return numpy_helper.to_array(inits[name])
+
+    node = next(n for n in graph.node if n.op_type == "LayerNormalization"
+                and n.input[1] == f"inner.{module}.weight")
+    for k, suffix in ((1, "weight"), (2, "bias")):
+        scaled = (value(node.input[k]) * np.float32(factor)).astype(np.float32)
+        name = f"inner.{module}.{suffix}.scaled"
+        graph.initializer.append(numpy_helper.from_array(scaled, name))
+        node.input[k] = name
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src / "inputs", folder / "inputs", dirs_exist_ok=True)
+    path = folder / "model.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=1024)
+    del model
+    feeds = dict(np.load(folder / "inputs" / "s0.npz"))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {k: feeds[k] for k in INPUT_NAMES})[0]
+    record = json.loads((src / "build.json").read_text())
+    record.update(
+        derived_from=str(src), scaled_layernorm={"module": module, "factor": float(factor),
+                                                 "node": node.name},
+        output_max_abs=float(np.max(np.abs(got))),
+        output_share_over_fp16_max=float(np.mean(np.abs(got) > 65504)),
+        files_bytes={p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()},
+        seconds={"derive": round(time.perf_counter() - t0, 1)})
+    record.pop("max_abs_diff_ort_cpu_vs_torch", None)
+    (folder / "build.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps({k: record[k] for k in ("scaled_layernorm", "output_max_abs",
+                                             "output_share_over_fp16_max", "seconds")}))
+    return record
+
+
+# ------------------------------------------------------------------------------- running
+def _fp32_nodes(plan: Path) -> list[str]:
+    overrides = json.loads(plan.read_text()).get("overrides", {})
+    return sorted(k for k, v in overrides.items()
+                  if (v.get("precision") if isinstance(v, dict) else v) == "fp32")
+
+
+def one(folder: Path, src: Path, device: str, task: str, timeout: float) -> dict:
+    """One CLI process; returns its measurement and what the comparison needs."""
+    from gpu_pipeline import GpuMemory
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH", "")) if p)
+    log = folder / f"{task}_{device}.log"
+    if task == "diagnose":
+        report = folder / f"diag_{device}.json"
+        report.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "precision_doctor", "diagnose", str(folder / "model.onnx"),
+               "--data", str(folder / "inputs"), "--target", "fp16", "--device", device,
+               "--json", str(report), "--force"]
+    else:
+        out = folder / f"fix_{device}"
+        out.mkdir(exist_ok=True)
+        for p in out.iterdir():
+            p.unlink()
+        report = out / "fixed.report.json"
+        cmd = [sys.executable, "-m", "precision_doctor", "fix", str(folder / "model.onnx"),
+               "-o", str(out / "fixed.onnx"), "--data", str(folder / "inputs"),
+               "--target", "fp16", "--device", device, "--force"]
+    with GpuMemory() as mem:
+        info = measure_process(cmd, env=env, timeout=timeout, log=log)
+    text = log.read_text(errors="replace")
+    info.update(command=" ".join(["precision-doctor", *cmd[3:]]).replace(str(folder) + "/", ""),
+                gpu_peak_mib=mem.mib, log_tail=text[-1500:])
+    if not report.is_file():
+        info["error"] = "no report written"
+        return info
+    r = json.loads(report.read_text())
+    if task == "diagnose":
+        info.update(
+            verdict=r.get("verdict"), assessment=(r.get("assessment") or {}).get("kind"),
+            main_findings=sorted({(f["kind"], f["node"]) for f in r.get("findings", [])
+                                  if f.get("group", "main") == "main"}),
+            findings=[{k: f.get(k) for k in ("kind", "node", "group", "impact")}
+                      for f in r.get("findings", [])][:20],
+            first_divergence=(r.get("layerwise") or {}).get("first_divergence"),
+            rel_l2={o["name"]: o["metrics"]["rel_l2"] for o in r["outputs"]},
+            timings_s=r.get("timings_s"), samples=len(r.get("samples", [])),
+            reference=r.get("reference"), candidate=r.get("candidate"),
+            layerwise={k: (r.get("layerwise") or {}).get(k) for k in ("mode", "chunks")},
+            layerwise_tensors=len((r.get("layerwise") or {}).get("records") or []))
+    else:
+        plan = report.with_name("fixed.plan.json")
+        info.update(
+            passed=info["returncode"] == 0,
+            fp32_nodes=_fp32_nodes(plan) if plan.is_file() else None,
+            evaluations=(r.get("search") or {}).get("evaluations"),
+            rel_l2_after={k: v.get("rel_l2") for k, v in (r.get("after") or {}).items()},
+            rel_l2_after_emulated={k: v.get("rel_l2")
+                                   for k, v in (r.get("after_emulated") or {}).items()},
+            seconds=r.get("seconds"), device_report=r.get("device"),
+            verification=(r.get("verification") or {}).get("runner")
+            if isinstance(r.get("verification"), dict) else r.get("verification"),
+            files_bytes={p.name: p.stat().st_size for p in sorted(report.parent.iterdir())})
+    return info
+
+
+def stages(cpu: dict, gpu: dict, key: str) -> dict:
+    """Per-stage seconds, CPU vs GPU, with the ratio; ``outside`` is the process's wall time
+    minus the report's stages (interpreter start, imports, model loading, CUDA start...)."""
+    a, b = cpu.get(key) or {}, gpu.get(key) or {}
+    rows = {}
+    for k in sorted(set(a) | set(b), key=lambda k: -(a.get(k) or 0)):
+        x, y = a.get(k), b.get(k)
+        rows[k] = {"cpu_s": x, "gpu_s": y,
+                   "ratio": round(x / y, 2) if x and y else None}
+    x = cpu["wall_s"] - sum(v for v in a.values() if isinstance(v, (int, float)))
+    y = gpu["wall_s"] - sum(v for v in b.values() if isinstance(v, (int, float)))
+    rows["outside"] = {"cpu_s": round(x, 2), "gpu_s": round(y, 2),
+                       "ratio": round(x / y, 2) if y > 0 else None}
+    return rows
+
+
+def run(folder: Path, src: Path, order: list[str], timeout: float, note: str | None,
+        wait_for: tuple[Path, ...] = ()) -> Path:
+    """Wait for the build (and the files ``wait_for``: another build still running would
+    share the CPU), then measure each ``device,task`` of ``order``; returns the JSON."""
+    from gpu_pipeline import compare
+
+    while not all(p.is_file() for p in (folder / "build.json", *wait_for)):
+        for log in {folder / "build.log", *(p.parent / "build.log" for p in wait_for)}:
+            if log.is_file() and "Traceback" in log.read_text():
+                raise SystemExit(f"a build failed: {log}\n{log.read_text()[-2000:]}")
+        time.sleep(2)
+    import onnxruntime
+
+    out = folder / "results.json"
+    record: dict = {"build": json.loads((folder / "build.json").read_text()), "runs": {},
+                    "note": note, "onnxruntime_used": {
+                        "version": onnxruntime.__version__, "file": onnxruntime.__file__,
+                        "providers": onnxruntime.get_available_providers()}}
+    for item in order:
+        device, task = item.split(",")
+        (folder / "progress.txt").write_text(f"running {task} {device} since {time.time()}\n")
+        record["runs"][f"{task}_{device}"] = one(folder, src, device, task, timeout)
+        runs = record["runs"]
+        record["same"], record["stages"], record["table"] = {}, {}, []
+        for t, key in (("diagnose", "timings_s"), ("fix", "seconds")):
+            c, g = runs.get(f"{t}_cpu"), runs.get(f"{t}_cuda")
+            if c and g:
+                record["same"][t] = compare(c, g, t)
+                record["stages"][t] = stages(c, g, key)
+            record["table"].append({
+                "task": t, "cpu_wall_s": c and c["wall_s"], "gpu_wall_s": g and g["wall_s"],
+                "ratio": round(c["wall_s"] / g["wall_s"], 2) if c and g else None,
+                "same_answers": record["same"].get(t, {}).get("ok")})
+        write_results(out, record)
+        print(f"{task} {device}: {record['runs'][f'{task}_{device}']['wall_s']} s", flush=True)
+    (folder / "progress.txt").write_text("done\n")
+    print(json.dumps(record["table"], indent=1))
+    return out
+
+
+def wait(folders: list[Path], until: Path, seconds: float) -> None:
+    """Wait until the file ``until`` exists or ``seconds`` have passed (a call's share of the
+    measurement), then print the tails of each folder's logs."""
+    end = time.time() + seconds
+    while time.time() < end and not until.is_file():
+        time.sleep(2)
+    for folder in folders:
+        for name in ("build.log", "run.log", "progress.txt"):
+            p = folder / name
+            if p.is_file():
+                print(f"--- {p}\n{p.read_text()[-2000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="there: build, export and check the model, the samples")
+    b.add_argument("--dir", type=Path, required=True)
+    b.add_argument("--layers", type=int, default=24)
+    b.add_argument("--samples", type=int, default=2)
+    b.add_argument("--batch", type=int, default=4)
+    b.add_argument("--seq", type=int, default=128)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--scale-ln", help="MODULE=FACTOR: scale one LayerNorm's weight and bias")
+    d = sub.add_parser("derive", help="there: a built model with one LayerNorm scaled")
+    d.add_argument("--from", dest="src", type=Path, required=True)
+    d.add_argument("--dir", type=Path, required=True)
+    d.add_argument("--scale-ln", required=True, help="MODULE=FACTOR")
+    r = sub.add_parser("run", help="there: diagnose and fix, GPU and CPU, one process each")
+    r.add_argument("--dir", type=Path, required=True)
+    r.add_argument("--src", type=Path, default=HERE.parent / "src")
+    r.add_argument("--order", default="cuda,diagnose;cpu,diagnose;cuda,fix;cpu,fix")
+    r.add_argument("--timeout", type=float, default=1500, help="seconds per process")
+    r.add_argument("--note")
+    r.add_argument("--wait-for", type=Path, nargs="*", default=[],
+                   help="files to wait for first (another case's build.json)")
+    w = sub.add_parser("wait", help="there: wait for run, print the logs' tails")
+    w.add_argument("--dir", type=Path, nargs="+", required=True)
+    w.add_argument("--until", type=Path, required=True, help="the file the chain writes last")
+    w.add_argument("--seconds", type=float, default=540)
+    s = sub.add_parser("save", help="here: copy a results.json that came back to results/")
+    s.add_argument("results", type=Path)
+    s.add_argument("--suffix", default="")
+    args = parser.parse_args()
+    if args.cmd == "build":
+        build(args.dir, args.layers, args.samples, args.batch, args.seq, args.seed,
+              args.scale_ln)
+    elif args.cmd == "derive":
+        derive(args.src, args.dir, args.scale_ln)
+    elif args.cmd == "run":
+        run(args.dir, args.src, args.order.split(";"), args.timeout, args.note,
+            tuple(args.wait_for))
+    elif args.cmd == "wait":
+        wait(args.dir, args.until, args.seconds)
+    else:
+        record = json.loads(args.results.read_text())
+        tag = record["machine"]["tag"]
+        path = results_path("bigmodel_gpu", suffix=args.suffix).with_name(
+            f"bigmodel_gpu_{record['date'][:10]}_{tag}{args.suffix}.json")
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
