@@ -18,54 +18,81 @@ batches of ``--batch`` x ``--seq`` (4 x 128) token ids in [1000, 30000), a [CLS]
 each row padded after a different length (128, 96, 64, 32 tokens: ``attention_mask`` 0 after
 it), ``token_type_ids`` 1 on the second half of each row's real tokens.
 
-``--scale-ln NAME=FACTOR`` (off by default) multiplies one LayerNorm's weight and bias before
-the export, e.g. ``encoder.layer.12.output.LayerNorm=4096``, so its output leaves FP16's range
-(a real overflow the search must keep in FP32); the run records whether it was used.
+A second case, ``derive``: the same model with one LayerNorm's weight and bias multiplied,
+``encoder.layer.23.output.LayerNorm=30000`` (the last one: the model's output reaches 1.2e5,
+2.8% of its elements above FP16's 65504), new initializers in the ONNX file (no second export),
+so that ``fix`` has a real overflow to find (random weights alone pass FP16: 1 evaluation, no
+FP32 node). ``build --scale-ln`` does the same before the export.
 
-Then, each in a fresh process (``common.measure_process``: wall and CPU time and peak RSS of that
-process, interpreter start and imports included; the report's own per-stage ``timings_s`` /
-``seconds`` beside it; GPU memory polled with NVML every 20 ms, ``gpu_pipeline.GpuMemory``):
+Then (``run``), each in a fresh process (``common.measure_process``: wall and CPU time and peak
+RSS of that process, interpreter start and imports included; the report's own per-stage
+``timings_s`` / ``seconds`` beside it; GPU memory polled with NVML every 20 ms,
+``gpu_pipeline.GpuMemory``), in the order ``--order`` gives:
 
 1. ``python3 -m precision_doctor diagnose model.onnx --data inputs --target fp16
-   --device cuda|cpu --json diag_<dev>.json`` (defaults: layerwise on, noise floor on);
+   --device cuda|cpu --json diag_<dev>.json`` (defaults: layerwise on, noise floor on;
+   ``--diagnose-args=--no-layerwise`` adds arguments, ``--tag`` keeps those files apart);
 2. ``python3 -m precision_doctor fix model.onnx -o fix_<dev>/fixed.onnx --data inputs
    --target fp16 --device cuda|cpu`` (defaults: relative L2 <= 1e-2, ``--max-evals 150``,
-   ``--jobs 1``);
+   ``--jobs 1``),
 
-in the order ``--order`` gives (default: the GPU side first, then the CPU side, so a cut call
-has the fast side), the results JSON rewritten after every step. Same answers: diagnose's
-verdict, assessment kind and main findings (kind, node), fix's pass and FP32 nodes (the
-written ``.plan.json``'s FP32 overrides), and every output's relative L2 within 1.1x
-(``gpu_pipeline.compare``). ``stages`` puts the CPU and GPU per-stage seconds side by side with
-their ratio, which is where the time goes when the whole is under 10x.
+the results JSON rewritten after every step. Same answers: diagnose's verdict, assessment kind
+and main findings (kind, node), fix's pass and FP32 nodes (the written ``.plan.json``'s FP32
+overrides), and every output's relative L2 within 1.1x (``gpu_pipeline.compare``; an output
+infinite on both devices counts as the same). ``stages`` puts the CPU and GPU per-stage
+seconds side by side with their ratio, and ``outside`` the rest of the process's wall time.
 
-Setup on the lent GPU machine (Python 3.12, torch 2.11.0+cu130, transformers, onnx 1.23.1,
-onnxruntime 1.30 CPU-only; see ``benchmarks/gpu_setup.sh``): onnxruntime-gpu 1.31.1 as the xz
-stream that ``gpu_setup.sh pack`` writes, in the parts ``.gpu/qo0..3/part`` (59 MiB each, the
-last 16 MiB; ``benchmarks/quantized_fp16_gpu.py``), four ``run`` calls back to back while the
-machine stays warm (30 s), the first one also starting the build in the background (``setsid``:
-it outlives the call; the 4 CPU-bound minutes of the build overlap the part transfers)::
+Setup on the lent GPU machine (Python 3.12, torch 2.11.0+cu130, transformers 5.17, onnx 1.23.1,
+onnxruntime 1.30 CPU-only; ``benchmarks/gpu_setup.sh``): onnxruntime-gpu 1.31.1 as the xz
+stream ``gpu_setup.sh pack`` writes, in the git-ignored parts ``.gpu/qo0..3/part`` (59 MiB each,
+the last 16 MiB; ``benchmarks/quantized_fp16_gpu.py``; the joined stream's sha256 begins
+39d4ceba), one ``run`` call per part, back to back (the machine keeps /tmp 30 s after a call).
+The first call also starts the build in its own process session (``setsid``: it outlives the
+call; 24 s) and the last one measures. The calls of 2026-11-28 (one H200)::
 
-    run carry=[".gpu/qo0"]  cat .gpu/qo0/part > /tmp/ort.tar.xz && mkdir -p /tmp/bb && \\
-        setsid nohup python3 benchmarks/bigmodel_gpu.py build --dir /tmp/bb \\
-        > /tmp/bb/build.log 2>&1 < /dev/null &
+    run carry=[".gpu/qo0"]  cat .gpu/qo0/part > /tmp/ort.tar.xz; mkdir -p /tmp/pd /tmp/bb \
+        /tmp/bbs; cp -r src benchmarks /tmp/pd/; cd /tmp/pd; (setsid nohup bash -c \
+        'python3 benchmarks/bigmodel_gpu.py build --dir /tmp/bb > /tmp/bb/build.log 2>&1 &&
+         python3 benchmarks/bigmodel_gpu.py derive --from /tmp/bb --dir /tmp/bbs \
+         --scale-ln encoder.layer.23.output.LayerNorm=30000 > /tmp/bbs/build.log 2>&1' \
+        </dev/null >/dev/null 2>&1 &)
     run carry=[".gpu/qo1"]  cat .gpu/qo1/part >> /tmp/ort.tar.xz
     run carry=[".gpu/qo2"]  cat .gpu/qo2/part >> /tmp/ort.tar.xz
-    run carry=[".gpu/qo3"]  cat .gpu/qo3/part >> /tmp/ort.tar.xz && mkdir -p /tmp/site && \\
-        xz -dc /tmp/ort.tar.xz | tar x -C /tmp/site && \\
-        PYTHONPATH=/tmp/site:$PWD/src setsid nohup python3 benchmarks/bigmodel_gpu.py run \\
-        --dir /tmp/bb --src $PWD/src > /tmp/bb/run.log 2>&1 < /dev/null & \\
-        python3 benchmarks/bigmodel_gpu.py wait --dir /tmp/bb --seconds 540; cp /tmp/bb/*.json $OUT
+    run carry=[".gpu/qo3"]  cat .gpu/qo3/part >> /tmp/ort.tar.xz; mkdir -p /tmp/site; \
+        xz -dc /tmp/ort.tar.xz | tar x -C /tmp/site; cd /tmp/pd; \
+        export PYTHONPATH=/tmp/site:/tmp/pd/src; (setsid nohup bash -c \
+        'python3 benchmarks/bigmodel_gpu.py run --dir /tmp/bb --src /tmp/pd/src \
+         --wait-for /tmp/bbs/build.json > /tmp/bb/run.log 2>&1;
+         python3 benchmarks/bigmodel_gpu.py run --dir /tmp/bbs --src /tmp/pd/src \
+         --order "cuda,fix;cpu,fix;cuda,diagnose;cpu,diagnose" > /tmp/bbs/run.log 2>&1;
+         touch /tmp/all_done' </dev/null >/dev/null 2>&1 &); \
+        python3 benchmarks/bigmodel_gpu.py wait --dir /tmp/bb /tmp/bbs --until /tmp/all_done \
+        --seconds 490; for d in bb bbs; do cp /tmp/$d/results.json $OUT/$d.json; done
 
-(``run`` waits for ``build`` to finish first.) The measurement runs on in its own process
-session, so it is not bound to one 10-minute call: while it runs, the next calls (back to back,
-keeping the machine warm) only wait for it and copy the results JSON::
+(The package runs from a copy in /tmp/pd, which a later call's re-sent working tree cannot
+change under a running process. The measurement runs in its own process session, so it is not
+bound to one 10-minute call: a later call, made back to back, can ``wait`` for it again; here
+all of it took 6 minutes, 2 x 4 runs.) The ``--no-layerwise`` round (a fresh machine, the same
+four setup calls, the model rebuilt: identical outputs) ran in the last call, in the foreground::
 
-    run  python3 benchmarks/bigmodel_gpu.py wait --dir /tmp/bb --seconds 540; \\
-        cp /tmp/bb/*.json /tmp/bb/*.log $OUT
+    for d in bb bbs; do python3 benchmarks/bigmodel_gpu.py run --dir /tmp/$d --src /tmp/pd/src \
+        --order "cuda,diagnose;cpu,diagnose" --diagnose-args=--no-layerwise --tag _nolw \
+        --wait-for /tmp/bbs/build.json; cp /tmp/$d/results_nolw.json $OUT/${d}_nolw.json; done
 
-Results: ``benchmarks/results/bigmodel_gpu_<date>_<gpu>.json`` (``common.write_results``: date,
-machine, versions first; then ``build``, ``runs``, ``same``, ``stages``, ``table``).
+Results, here: ``python3 benchmarks/bigmodel_gpu.py combine bb.json bbs.json bb_nolw.json
+bbs_nolw.json --probe probes.jsonl --notes notes.json`` writes
+``benchmarks/results/bigmodel_gpu_<date>_<gpu>.json`` (date, machine, versions of the first
+file; ``table``; one case per file with its build, runs, same answers and stages; ``probes``:
+JSON lines from other measurements; ``notes``' keys).
+
+Found on 2026-11-28 (H200, 16 cores): ``fix`` gives the same answers on both devices (no FP32
+node; on the scaled model the one LayerNorm, 15 evaluations) at 0.94x and 1.84x (GPU vs CPU
+wall); ``diagnose --device cuda`` with layerwise on fails on this model (the resident layerwise
+segments: an ONNX Runtime Concat rank error in ``run_resident``; reproduced on the CPU with
+``compare_layerwise(resident=True)`` at the 2560 MiB GPU segment budget), and passes with
+``--no-layerwise`` (same answers, 0.90x and 1.97x) or non-resident segments. Only the search
+(7.4x) and diagnose's impact trials (59x) are compute-bound enough to gain; the rest is per
+process and per stage fixed cost (the results file's ``where_the_time_goes``).
 """
 
 from __future__ import annotations
@@ -271,19 +298,21 @@ def _fp32_nodes(plan: Path) -> list[str]:
                   if (v.get("precision") if isinstance(v, dict) else v) == "fp32")
 
 
-def one(folder: Path, src: Path, device: str, task: str, timeout: float) -> dict:
-    """One CLI process; returns its measurement and what the comparison needs."""
+def one(folder: Path, src: Path, device: str, task: str, timeout: float,
+        extra: tuple[str, ...] = (), tag: str = "") -> dict:
+    """One CLI process (``extra``: more arguments of ``diagnose``; ``tag``: a suffix of its
+    files); returns its measurement and what the comparison needs."""
     from gpu_pipeline import GpuMemory
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH", "")) if p)
-    log = folder / f"{task}_{device}.log"
+    log = folder / f"{task}_{device}{tag}.log"
     if task == "diagnose":
-        report = folder / f"diag_{device}.json"
+        report = folder / f"diag_{device}{tag}.json"
         report.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "precision_doctor", "diagnose", str(folder / "model.onnx"),
                "--data", str(folder / "inputs"), "--target", "fp16", "--device", device,
-               "--json", str(report), "--force"]
+               "--json", str(report), "--force", *extra]
     else:
         out = folder / f"fix_{device}"
         out.mkdir(exist_ok=True)
@@ -331,6 +360,46 @@ def one(folder: Path, src: Path, device: str, task: str, timeout: float) -> dict
     return info
 
 
+def same_answers(cpu: dict, gpu: dict, task: str) -> dict:
+    """``gpu_pipeline.compare``, with an output whose relative L2 is infinite (or NaN) on both
+    devices counted as the same (ratio 1: both runs overflowed), not as a NaN ratio."""
+    import math
+
+    from gpu_pipeline import compare
+
+    out = compare(cpu, gpu, task)
+    key = "rel_l2" if task == "diagnose" else "rel_l2_after_emulated"
+    if "checks" not in out:
+        return out
+    for name in list(out["rel_l2_ratio"]):
+        a, b = float(cpu[key][name]), float(gpu[key][name])
+        if not math.isfinite(a) and not math.isfinite(b) and (a == b or a != a and b != b):
+            out["rel_l2_ratio"][name] = 1.0
+    out["checks"]["rel_l2_within_1.1x"] = all(r <= 1.1 for r in out["rel_l2_ratio"].values())
+    out["ok"] = all(out["checks"].values())
+    return out
+
+
+def summarize(record: dict) -> None:
+    """Fill ``same``, ``stages`` and ``table`` of ``record`` from its ``runs``."""
+    runs = record["runs"]
+    record["same"], record["stages"], record["table"] = {}, {}, []
+    for t, key in (("diagnose", "timings_s"), ("fix", "seconds")):
+        c, g = runs.get(f"{t}_cpu"), runs.get(f"{t}_cuda")
+        if c and g:
+            record["same"][t] = same_answers(c, g, t)
+            if "error" not in c and "error" not in g:
+                record["stages"][t] = stages(c, g, key)
+        if not (c or g):
+            continue
+        failed = [d for d, r in (("cpu", c), ("cuda", g)) if r and "error" in r]
+        record["table"].append({
+            "task": t, "cpu_wall_s": c and c["wall_s"], "gpu_wall_s": g and g["wall_s"],
+            "ratio": round(c["wall_s"] / g["wall_s"], 2) if c and g and not failed else None,
+            "same_answers": record["same"].get(t, {}).get("ok"),
+            "failed": failed or None})
+
+
 def stages(cpu: dict, gpu: dict, key: str) -> dict:
     """Per-stage seconds, CPU vs GPU, with the ratio; ``outside`` is the process's wall time
     minus the report's stages (interpreter start, imports, model loading, CUDA start...)."""
@@ -348,11 +417,9 @@ def stages(cpu: dict, gpu: dict, key: str) -> dict:
 
 
 def run(folder: Path, src: Path, order: list[str], timeout: float, note: str | None,
-        wait_for: tuple[Path, ...] = ()) -> Path:
+        wait_for: tuple[Path, ...] = (), extra: tuple[str, ...] = (), tag: str = "") -> Path:
     """Wait for the build (and the files ``wait_for``: another build still running would
     share the CPU), then measure each ``device,task`` of ``order``; returns the JSON."""
-    from gpu_pipeline import compare
-
     while not all(p.is_file() for p in (folder / "build.json", *wait_for)):
         for log in {folder / "build.log", *(p.parent / "build.log" for p in wait_for)}:
             if log.is_file() and "Traceback" in log.read_text():
@@ -360,31 +427,60 @@ def run(folder: Path, src: Path, order: list[str], timeout: float, note: str | N
         time.sleep(2)
     import onnxruntime
 
-    out = folder / "results.json"
+    out = folder / f"results{tag}.json"
     record: dict = {"build": json.loads((folder / "build.json").read_text()), "runs": {},
-                    "note": note, "onnxruntime_used": {
+                    "note": note, "diagnose_args": list(extra), "onnxruntime_used": {
                         "version": onnxruntime.__version__, "file": onnxruntime.__file__,
                         "providers": onnxruntime.get_available_providers()}}
     for item in order:
         device, task = item.split(",")
         (folder / "progress.txt").write_text(f"running {task} {device} since {time.time()}\n")
-        record["runs"][f"{task}_{device}"] = one(folder, src, device, task, timeout)
-        runs = record["runs"]
-        record["same"], record["stages"], record["table"] = {}, {}, []
-        for t, key in (("diagnose", "timings_s"), ("fix", "seconds")):
-            c, g = runs.get(f"{t}_cpu"), runs.get(f"{t}_cuda")
-            if c and g:
-                record["same"][t] = compare(c, g, t)
-                record["stages"][t] = stages(c, g, key)
-            record["table"].append({
-                "task": t, "cpu_wall_s": c and c["wall_s"], "gpu_wall_s": g and g["wall_s"],
-                "ratio": round(c["wall_s"] / g["wall_s"], 2) if c and g else None,
-                "same_answers": record["same"].get(t, {}).get("ok")})
+        record["runs"][f"{task}_{device}"] = one(folder, src, device, task, timeout, extra,
+                                                 tag)
+        summarize(record)
         write_results(out, record)
         print(f"{task} {device}: {record['runs'][f'{task}_{device}']['wall_s']} s", flush=True)
     (folder / "progress.txt").write_text("done\n")
     print(json.dumps(record["table"], indent=1))
     return out
+
+
+def combine(files: list[Path], probes: list[Path], notes: Path | None, suffix: str) -> Path:
+    """One results file from the ``run`` files that came back (``same``, ``stages`` and
+    ``table`` recomputed): the first file's date, machine and versions, then one case per file
+    (named after the model, ``_scaled`` when a LayerNorm was scaled, and ``run``'s tag)."""
+    import subprocess
+
+    first = json.loads(files[0].read_text())
+    cases, table = {}, []
+    for f in files:
+        record = json.loads(f.read_text())
+        summarize(record)
+        name = "bert_large" + ("_scaled" if record["build"].get("scaled_layernorm") else "")
+        name += "_" + "_".join(a.lstrip("-").replace("-", "_") for a in
+                               record.get("diagnose_args") or []) \
+            if record.get("diagnose_args") else ""
+        cases[name] = {k: record[k] for k in ("date", "machine", "note", "diagnose_args",
+                                               "onnxruntime_used", "build", "runs", "same",
+                                               "stages", "table") if k in record}
+        table += [dict(case=name, **row) for row in record["table"]]
+    head = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    payload = {"date": first["date"], "machine": first["machine"], "versions": first["versions"],
+               "src": {"head": head, "note": "the working tree of that commit as sent to the "
+                                             "GPU machine (uncommitted src/ changes included)"},
+               "table": table, "cases": cases,
+               "probes": [json.loads(line) for p in probes
+                          for line in p.read_text().splitlines() if line.startswith("{")]}
+    if notes is not None:
+        payload.update(json.loads(notes.read_text()))
+    path = results_path("bigmodel_gpu").with_name(
+        f"bigmodel_gpu_{first['date'][:10]}_{first['machine']['tag']}{suffix}.json")
+    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    for row in table:
+        print(row)
+    print(path)
+    return path
 
 
 def wait(folders: list[Path], until: Path, seconds: float) -> None:
@@ -421,15 +517,22 @@ def main() -> None:
     r.add_argument("--order", default="cuda,diagnose;cpu,diagnose;cuda,fix;cpu,fix")
     r.add_argument("--timeout", type=float, default=1500, help="seconds per process")
     r.add_argument("--note")
+    r.add_argument("--diagnose-args", default="",
+                   help="more arguments of diagnose, one string, e.g. '--no-layerwise'")
+    r.add_argument("--tag", default="", help="suffix of this run's files (results<tag>.json)")
     r.add_argument("--wait-for", type=Path, nargs="*", default=[],
                    help="files to wait for first (another case's build.json)")
     w = sub.add_parser("wait", help="there: wait for run, print the logs' tails")
     w.add_argument("--dir", type=Path, nargs="+", required=True)
     w.add_argument("--until", type=Path, required=True, help="the file the chain writes last")
     w.add_argument("--seconds", type=float, default=540)
-    s = sub.add_parser("save", help="here: copy a results.json that came back to results/")
-    s.add_argument("results", type=Path)
-    s.add_argument("--suffix", default="")
+    c = sub.add_parser("combine", help="here: the results files that came back, as one file "
+                       "in benchmarks/results/")
+    c.add_argument("files", type=Path, nargs="+", help="results JSON written by run")
+    c.add_argument("--probe", type=Path, action="append", default=[],
+                   help="a file of JSON lines from another measurement, kept as they are")
+    c.add_argument("--notes", type=Path, help="a JSON object merged in (findings, commands)")
+    c.add_argument("--suffix", default="")
     args = parser.parse_args()
     if args.cmd == "build":
         build(args.dir, args.layers, args.samples, args.batch, args.seq, args.seed,
@@ -438,17 +541,11 @@ def main() -> None:
         derive(args.src, args.dir, args.scale_ln)
     elif args.cmd == "run":
         run(args.dir, args.src, args.order.split(";"), args.timeout, args.note,
-            tuple(args.wait_for))
+            tuple(args.wait_for), tuple(args.diagnose_args.split()), args.tag)
     elif args.cmd == "wait":
         wait(args.dir, args.until, args.seconds)
     else:
-        record = json.loads(args.results.read_text())
-        tag = record["machine"]["tag"]
-        path = results_path("bigmodel_gpu", suffix=args.suffix).with_name(
-            f"bigmodel_gpu_{record['date'][:10]}_{tag}{args.suffix}.json")
-        path.write_text(json.dumps(record, indent=1) + "\n")
-        print(path)
-
+        combine(args.files, args.probe, args.notes, args.suffix)
 
 if __name__ == "__main__":
     main()
