@@ -9,8 +9,14 @@ worker process runs some of the tests:
 * ONNX Runtime sessions do not spin (``session.intra_op.allow_spinning`` = 0): by default its
   worker threads busy-wait after each run, taking the cores the other workers need (on the
   2-core machine, loaded, 2026-11-28: the six-crop recognizer diagnosis took 10.0-10.2 CPU-s
-  spinning and 7.7-8.0 without). The thread count is left as it is, so the numbers are the
-  same as in a run without xdist;
+  spinning and 7.7-8.0 without);
+* a session whose options leave the thread count to ONNX Runtime runs on one intra-op thread:
+  each worker already keeps a core busy, and a second thread per session only adds hand-offs
+  (two recognizer diagnoses at once on the 2-core machine, 2026-11-28: 21-22 CPU-s each with
+  one thread, 23-25 with ONNX Runtime's default of two). The numbers do not change: ONNX
+  Runtime 1.32 CPU gives bitwise identical outputs with 1 and 2 threads for PP-OCRv4
+  det/rec/cls and the six zoo models, FP32 and their FP16/BF16 emulations (27 of 27), and the
+  default count is the machine's core count anyway. Counts set explicitly are kept;
 * a real-model run that tests in several files check is computed once per test run: the first
   worker to need it computes it and leaves it pickled for the others (``_once_per_run``;
   ``--dist loadgroup`` cannot group them: pytest-xdist 3.8 renames ``item._nodeid``, which
@@ -37,12 +43,48 @@ T = TypeVar("T")
 
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):  # a pytest-xdist worker
-        _sessions_do_not_spin()
+        _sessions_share_the_cores()
 
 
-def _sessions_do_not_spin() -> None:
+# The tests that take longest (seconds each on the 2-core machine), run first in this order:
+# ``--dist worksteal`` hands each worker a contiguous block and lets a worker that runs out take
+# the untouched tail of another's, so a long test that starts last keeps one core busy alone
+# while the other idles. A module named whole keeps its module fixtures on one worker.
+SLOW_FIRST = (
+    "tests/acceptance/test_fix_real_models.py::test_fix_det_gives_the_ocr_client_identical_boxes",
+    "tests/acceptance/test_diagnose_real_models.py::test_rec_decision_flips_on_the_paddleocr_crops",
+    "tests/cli/test_demo.py::test_quick_demo_diagnoses_fail_and_fixes_pass",
+    "tests/acceptance/test_quantized.py",
+    "tests/acceptance/test_real_detectors.py",
+    "tests/acceptance/test_truth_zoo.py",
+    "tests/acceptance/test_recorded_det.py",
+    "tests/acceptance/test_api_real_models.py",
+    "tests/acceptance/test_diagnose_real_models.py",
+    "tests/acceptance/test_fix_real_models.py",
+    "tests/acceptance/test_metric_matrix.py",
+    "tests/forensics/test_forensics_synthetic.py::test_names_the_mismatch",
+    "tests/forensics/test_forensics_real.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``SLOW_FIRST``'s tests move to the front, in its order (a stable sort: the same order in
+    every xdist worker, as xdist requires)."""
+
+    def rank(item: pytest.Item) -> int:
+        nodeid = item.nodeid
+        for i, prefix in enumerate(SLOW_FIRST):
+            if nodeid == prefix or nodeid.startswith((prefix + "::", prefix + "[")):
+                return i
+        return len(SLOW_FIRST)
+
+    items.sort(key=rank)
+
+
+def _sessions_share_the_cores() -> None:
     """Every ``onnxruntime.InferenceSession`` of this process is created with spinning off,
-    unless its options set the key themselves."""
+    unless its options set the key themselves, and with one intra-op thread, unless its
+    options set a count."""
     import onnxruntime as ort
 
     cls = ort.InferenceSession
@@ -53,6 +95,8 @@ def _sessions_do_not_spin() -> None:
     def __init__(self, path_or_bytes, sess_options=None, providers=None,
                  provider_options=None, **kwargs):
         options = sess_options if sess_options is not None else ort.SessionOptions()
+        if not options.intra_op_num_threads:
+            options.intra_op_num_threads = 1
         try:
             options.get_session_config_entry(_SPIN_KEY)
         except RuntimeError:  # not set by the caller

@@ -54,6 +54,7 @@ import onnx_ir as ir
 
 from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.formats import Precision, round_to
+from precision_doctor.graph.constants import const_tensor, ir_tensor
 from precision_doctor.graph.load import opset_of
 from precision_doctor.graph.weight_store import ir_external_key, stored_copy
 from precision_doctor.precision.conv_bias import FUSED, SEPARATE, split_conv_bias
@@ -152,7 +153,7 @@ class _Emulator:
         key = (id(x), p)
         if key in self.cache:
             return self.cache[key]
-        const = x.const_value if x.is_initializer() else ir.convenience.get_const_tensor(x)
+        const = x.const_value if x.is_initializer() else const_tensor(x)
         if const is not None:
             name = f"{x.name}__pd_{p.value}"
             stored = ir_external_key(const, p.value)
@@ -167,7 +168,7 @@ class _Emulator:
                     source.release()  # unmap the source weights
             else:
                 array = const.numpy()
-                tensor = ir.tensor(round_to(array, p).astype(array.dtype), name=name)
+                tensor = ir_tensor(round_to(array, p).astype(array.dtype), name=name)
             new = ir.Value(name=name, type=x.type, shape=x.shape, const_value=tensor)
             self.graph.register_initializer(new)
             self.n_init += 1

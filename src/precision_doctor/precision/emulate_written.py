@@ -41,6 +41,7 @@ import onnx
 import onnx_ir as ir
 
 from precision_doctor.formats import Precision
+from precision_doctor.graph.constants import attr_tensor, ir_tensor
 from precision_doctor.graph.weight_store import ir_external_key, stored_copy
 from precision_doctor.precision.conv_bias import FUSED, SEPARATE, split_conv_bias
 from precision_doctor.precision.emulate import EXACT_OPS, emulate
@@ -180,10 +181,10 @@ class _Lowering:
                 self.formats.add(LOW_TYPES[ir.DataType(attr.as_int())])
                 node.attributes[name] = ir.AttrInt64(name, int(ir.DataType.FLOAT))
                 changed = True
-            elif attr.type == ir.AttributeType.TENSOR and attr.as_tensor().dtype in LOW_TYPES:
-                self.formats.add(LOW_TYPES[attr.as_tensor().dtype])
-                node.attributes[name] = ir.AttrTensor(
-                    name, _widened(attr.as_tensor(), attr.as_tensor().name or name))
+            elif attr.type == ir.AttributeType.TENSOR and attr_tensor(attr).dtype in LOW_TYPES:
+                tensor = attr_tensor(attr)
+                self.formats.add(LOW_TYPES[tensor.dtype])
+                node.attributes[name] = ir.AttrTensor(name, _widened(tensor, tensor.name or name))
                 self.constants += 1
         self.retyped += changed
 
@@ -225,7 +226,7 @@ def _widened(tensor: ir.TensorProtocol, name: str) -> ir.TensorProtocol:
         if computed:
             source.release()
         return copy
-    return ir.tensor(tensor.numpy().astype(np.float32), name=name)
+    return ir_tensor(tensor.numpy().astype(np.float32), name=name)
 
 
 def _stash_type(node: ir.Node) -> int:

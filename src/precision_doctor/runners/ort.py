@@ -225,7 +225,7 @@ class OrtRunner:
                 options.add_external_initializers(names, self._weights)
                 return model.SerializeToString()
         self._tmp = tempfile.TemporaryDirectory(prefix="precision-doctor-ort-")
-        return ort_model_source(self.model, self._tmp.name)
+        return ort_model_source(self.model, self._tmp.name, external)
 
     def __exit__(self, *exc: object) -> None:
         self._session = None

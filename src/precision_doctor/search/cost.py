@@ -12,8 +12,12 @@ shapes (``concrete_shapes``):
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -21,6 +25,8 @@ import onnx
 from precision_doctor.graph.constants import constant_values
 from precision_doctor.graph.shapes import infer_types, skeleton
 from precision_doctor.precision.plan import candidate_nodes
+
+_SYMBOLIC = "precision_doctor._ort_symbolic_shape_infer"  # sys.modules name of the file's copy
 
 
 @dataclass(frozen=True)
@@ -99,15 +105,36 @@ def _dims(t: onnx.TypeProto) -> tuple[int, ...] | None:
     return None if any(d is None for d in dims) else tuple(int(d) for d in dims)  # type: ignore
 
 
+def _symbolic_shape_inference() -> Any:
+    """``onnxruntime.tools.symbolic_shape_infer.SymbolicShapeInference``, loaded from its file
+    when its package is not imported yet: ``onnxruntime/tools/__init__.py`` imports PyTorch
+    whenever it is installed (for a helper this module does not use), 1.7 s of the first
+    ``fix`` in a process, measured 2026-11-28 with onnxruntime 1.32 and torch 2.13."""
+    name = "onnxruntime.tools.symbolic_shape_infer"
+    module = sys.modules.get(name) or sys.modules.get(_SYMBOLIC)
+    if module is None and "onnxruntime.tools" in sys.modules:
+        module = importlib.import_module(name)
+    if module is None:
+        import onnxruntime
+
+        path = Path(onnxruntime.__file__).parent / "tools" / "symbolic_shape_infer.py"
+        spec = importlib.util.spec_from_file_location(_SYMBOLIC, path)
+        if spec is None or spec.loader is None:
+            module = importlib.import_module(name)
+        else:
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[_SYMBOLIC] = module
+            spec.loader.exec_module(module)
+    return module.SymbolicShapeInference
+
+
 def _symbolic(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]
               ) -> dict[str, tuple[int, ...]]:
     """Shapes from ONNX Runtime's symbolic shape inference on the model's skeleton (empty
     when it cannot run: it does not know every custom op)."""
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-        inferred = SymbolicShapeInference.infer_shapes(skeleton(model, input_shapes),
-                                                       auto_merge=True)
+        inferred = _symbolic_shape_inference().infer_shapes(skeleton(model, input_shapes),
+                                                            auto_merge=True)
     except Exception:  # noqa: BLE001 - best effort: FLOPs of such nodes stay unknown
         return {}
     if inferred is None:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import onnx_ir as ir
 
+from precision_doctor.graph.constants import const_tensor, ir_tensor
 from precision_doctor.precision.rewrites.report import RewriteRecord
 
 
@@ -42,7 +43,7 @@ def constant_array(value: ir.Value | None) -> np.ndarray | None:
     if value is None or value.is_graph_input():
         return None
     try:
-        tensor = ir.convenience.get_const_tensor(value)
+        tensor = const_tensor(value)
     except ValueError:  # a malformed Constant node: treat as not constant
         return None
     return None if tensor is None else np.asarray(tensor.numpy())
@@ -91,7 +92,7 @@ def unique_name(base: str, taken: set[str]) -> str:
 
 def add_initializer(graph: ir.Graph, array: np.ndarray, name: str) -> ir.Value:
     """Register ``array`` as a new initializer of ``graph`` named ``name`` (must be free)."""
-    tensor = ir.tensor(np.ascontiguousarray(array), name=name)
+    tensor = ir_tensor(np.ascontiguousarray(array), name=name)
     value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype),
                      const_value=tensor)
     graph.register_initializer(value)

@@ -23,6 +23,7 @@ import onnx_ir as ir
 
 from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.formats import FORMATS
+from precision_doctor.graph.constants import attr_tensor, ir_tensor
 from precision_doctor.graph.weight_store import ir_external_key, stored_copy
 from precision_doctor.precision.writer.decide import FLOAT, PRECISION_OF, Decisions
 from precision_doctor.precision.writer.schema import has_subgraph, subgraph_nodes
@@ -188,7 +189,7 @@ class _Writer:
             array = self.d.constants.array(v)
             assert array is not None
             low, warning = convert_array(array, dtype, v.name or "")
-            tensor = ir.tensor(low, name=tensor_name)
+            tensor = ir_tensor(low, name=tensor_name)
         if warning:
             self.counts.flushed.append(warning)
         if self.in_place.get(v) == dtype:
@@ -299,12 +300,12 @@ class _Writer:
             self.counts.retargeted.append(node.name or "")
             return
         attr = node.attributes.get("value")  # ConstantOfShape: the default value is float 0
-        array = np.asarray(attr.as_tensor().numpy()) if attr is not None else \
+        array = np.asarray(attr_tensor(attr).numpy()) if attr is not None else \
             np.zeros(1, np.float32)
         low, warning = convert_array(array, dtype, f"{node.name}.value")
         if warning:
             self.counts.flushed.append(warning)
-        node.attributes["value"] = ir.AttrTensor("value", ir.tensor(low))
+        node.attributes["value"] = ir.AttrTensor("value", ir_tensor(low))
         self.counts.constants_converted += 1
 
 

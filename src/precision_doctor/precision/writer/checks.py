@@ -18,6 +18,7 @@ import numpy as np
 import onnx_ir as ir
 
 from precision_doctor.formats import FORMATS, Precision
+from precision_doctor.graph.constants import attr_tensor, const_tensor
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS
 from precision_doctor.precision.writer.report import KeptNode
 from precision_doctor.precision.writer.schema import TypeGroup, first_opset_allowing, op_schema
@@ -59,7 +60,7 @@ class ConstantView:
             tensor = None
             if self.is_constant(v):
                 try:
-                    tensor = ir.convenience.get_const_tensor(v)
+                    tensor = const_tensor(v)
                 except (ValueError, TypeError):  # sparse or malformed Constant
                     tensor = None
             self._arrays[v] = None if tensor is None else np.asarray(tensor.numpy())
@@ -115,7 +116,7 @@ def misfit_node(node: ir.Node, value: ir.Value | None, precision: Precision,
     if node.op_type == "ConstantOfShape" and value in node.outputs:
         attr = node.attributes.get("value")
         sources: list[tuple[str, np.ndarray | None]] = \
-            [(value.name or "value", np.asarray(attr.as_tensor().numpy()))] if attr else []
+            [(value.name or "value", np.asarray(attr_tensor(attr).numpy()))] if attr else []
     else:
         sources = [(leaf.name or "", consts.array(leaf)) for leaf in consts.leaves(value) or ()]
     fmt = FORMATS[precision]
