@@ -312,6 +312,19 @@ def _modelopt(tool: str, fmt: str, spec: dict, dest: Path) -> dict:
                        "kwargs": {k: v for k, v in kwargs.items() if k != "calibration_data"}}}
 
 
+def source_version() -> str:
+    """This checkout's commit, ``+dirty`` when ``src/`` has uncommitted changes (the code ``pd``
+    ran is under active development)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
+                              capture_output=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=REPO, text=True,
+                               capture_output=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}{'+dirty' if dirty else ''}" if head else "unknown"
+
+
 def launch(tool: str, fmt: str, spec: dict, work: Path, modelopt_python: Path,
            timeout: float) -> dict:
     """Run one tool in a fresh process; its output model is ``work/<fmt>_<tool>.onnx``."""
@@ -320,7 +333,10 @@ def launch(tool: str, fmt: str, spec: dict, work: Path, modelopt_python: Path,
     log = dest.with_suffix(".log")
     for p in (dest, info):
         p.unlink(missing_ok=True)
-    row = {"model": spec["name"], "format": fmt, "tool": tool}
+    row = {"model": spec["name"], "format": fmt, "tool": tool,
+           "ran_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if tool.startswith("pd"):
+        row["source"] = source_version()
     if tool.startswith("modelopt"):
         if not modelopt_python.is_file():
             return {**row, "error": f"ModelOpt environment missing: {modelopt_python} (see the "
