@@ -111,3 +111,18 @@ def test_onnx_runtime_extended_optimizations_drop_a_relu_before_an_fp8_quantize(
                         "then a precaution")
         assert (extended[:2] < 0).all() == changed
     assert EMULATION_OPTIMIZATION == "basic"
+
+
+def test_a_dead_weight_channel_gets_a_scale_fp16_can_store():
+    w = np.ones((4, 3), np.float32)
+    w[:, 1] = 1e-12  # a dead output channel: amax / 127 would store as 0 in FP16
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+                       [helper.make_tensor_value_info("x", F, [2, 4])],
+                       [helper.make_tensor_value_info("y", F, [2, 3])], [tensor("w", w)],
+                       opset=17)
+    units = place(model)
+    qdq = insert_qdq(model, units, QuantConfig(QUANT_FORMATS["int8"], {"x": 1.0},
+                                               frozenset({"mm"})))
+    scales = [onnx.numpy_helper.to_array(i) for i in qdq.graph.initializer
+              if i.name.endswith("/scale")]
+    assert all((s.astype(np.float16) > 0).all() for s in scales)

@@ -215,7 +215,7 @@ def _weight_qdq(graph: onnx.GraphProto, values: Mapping[str, np.ndarray], unit: 
     if unit.name in config.smooth:
         w = smooth_weight(w, unit, site, config.smooth[unit.name])
     assert site.axis is not None
-    scale = np.asarray(fmt.scale_for(weight_channel_amax(w, site.axis)), np.float32)
+    scale = storable(fmt.scale_for(weight_channel_amax(w, site.axis)))
     q = quantize(w, scale, fmt, axis=site.axis)
     graph.initializer.append(numpy_helper.from_array(np.asarray(q), f"{base}/w_q"))
     s, z = _scale_and_zero(graph, fmt, scale, base)
@@ -224,9 +224,20 @@ def _weight_qdq(graph: onnx.GraphProto, values: Mapping[str, np.ndarray], unit: 
     return f"{base}/w_dq", [node]
 
 
+# 2**-24, the smallest positive FP16 (a subnormal): a scale below it is stored as 0 in a model
+# written with FP16 between the pairs (a dead weight channel's amax of 1e-9 gives 8e-12), which
+# an engine may refuse; what such a scale quantizes rounds to 0 either way.
+MIN_SCALE = 2.0 ** -24
+
+
+def storable(scale: float | np.floating | np.ndarray) -> np.ndarray:
+    """``scale`` as float32, raised to ``MIN_SCALE`` where below it."""
+    return np.maximum(np.asarray(scale, np.float32), np.float32(MIN_SCALE))
+
+
 def _scale_and_zero(graph: onnx.GraphProto, fmt: QuantFormat, scale: np.ndarray | np.float32,
                     base: str) -> tuple[str, str]:
-    s = numpy_helper.from_array(np.asarray(scale, np.float32), f"{base}/scale")
+    s = numpy_helper.from_array(storable(scale), f"{base}/scale")
     shape = list(np.shape(scale))
     z = onnx.helper.make_tensor(f"{base}/zero", fmt.onnx_type, shape,
                                 [0] * int(np.prod(shape, dtype=np.int64)))
