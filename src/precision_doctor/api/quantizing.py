@@ -115,11 +115,6 @@ def _float_fix(model: onnx.ModelProto, samples: Sequence, objective: Objective
     return fix_float(model, samples, Precision.FP16, objective, rewrites=[]).plan
 
 
-def quant_format(target: str) -> QuantFormat | None:
-    """The quantized format ``target`` names (``int8``, ``fp8``...), or None for a float one."""
-    return parse_quant_target(target)
-
-
 def _inputs(model: ModelLike, data: DataLike, target: str,
             preprocess: PreprocessSpec | str | None, max_samples: int | None,
             tolerance: ToleranceLike, metric: str | None, threshold: float | None

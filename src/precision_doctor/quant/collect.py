@@ -6,7 +6,7 @@ amax; then every calibrator's amax per tensor (``quant.calibrate``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -144,9 +144,3 @@ def _channel_amax(x: np.ndarray, axis: int) -> np.ndarray:
     axis = axis % x.ndim
     finite = np.where(np.isfinite(x), np.abs(x), 0.0)
     return np.max(finite, axis=tuple(i for i in range(x.ndim) if i != axis)).astype(np.float32)
-
-
-def by_tensor(values: Mapping[str, float], units: Sequence[QuantUnit]) -> dict[str, float]:
-    """Restrict ``values`` to the units' activation tensors (stable order)."""
-    axes = activation_axes(units)
-    return {t: values[t] for t in axes if t in values}

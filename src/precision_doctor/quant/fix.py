@@ -108,10 +108,8 @@ class _Scorer:
     def __init__(self, s: QuantSetup, samples: Sequence, objective: Objective,
                  between: Between) -> None:
         self.s, self.samples, self.objective, self.between = s, samples, objective, between
-        self.runs = 0
 
     def __call__(self, config: QuantConfig) -> Score:
-        self.runs += 1
         out = run_config(self.s.model, self.s.units, config, self.samples, self.between)
         return self.objective.score(self.s.reference, out)
 
@@ -197,7 +195,7 @@ def fix_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat,
                     bool(verified.passed), float(before.value), float(verified.value),
                     len(s.units), unquantized, chosen, per_tensor, tried, smooth, evaluations,
                     by,
-                    recipes(fmt), tuple(as_plan(between).fp32_nodes()),
+                    recipes(), tuple(as_plan(between).fp32_nodes()),
                     {"calibrate": round(s.seconds, 3),
                                    "rewrites": round(t2 - t1, 3), "search": round(t3 - t2, 3),
                                    "write_verify": round(time.perf_counter() - t3, 3),
@@ -290,7 +288,7 @@ def write_and_verify(s: QuantSetup, config: QuantConfig, samples: Sequence,
     return written, objective.score(s.reference, out), by
 
 
-def recipes(fmt: QuantFormat) -> tuple[str, ...]:
+def recipes() -> tuple[str, ...]:
     """Engine commands for the written Q/DQ model (TensorRT's explicit quantization with
     strong typing; ONNX Runtime's QDQ path). Untested here: TensorRT cannot run on this
     machine."""

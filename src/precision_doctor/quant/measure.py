@@ -82,11 +82,8 @@ class LayerMeasure:
     def injected_noise(self) -> float:
         """Relative noise power this unit's quantization injects locally (inputs + weights):
         10^(-SQNR/10) summed; the sensitivity ranking's first key."""
-        total = 0.0
-        for db in (self.input_sqnr_db, self.weight_sqnr_db):
-            if db is not None and not math.isnan(db):
-                total += 10 ** (-db / 10) if math.isfinite(db) else (0.0 if db > 0 else 1.0)
-        return total
+        return sum(_power(db) for db in (self.input_sqnr_db, self.weight_sqnr_db)
+                   if db is not None and not math.isnan(db))
 
 
 def _power(db: float) -> float:
