@@ -275,7 +275,11 @@ class OrtRunner:
 
         Args:
             feeds: Input name -> ``OrtValue`` (used where it lies, e.g. an output of another
-                session on the same device) or array (copied to the device).
+                session on the same device) or array (copied to the device), of any rank: a
+                0-d array stays 0-d (``np.ascontiguousarray`` would make it [1], and a scalar
+                crossing a layerwise segment boundary, such as BERT attention's
+                ``Gather(Shape(x), 0)``, then broke the ``Unsqueeze -> Concat`` reading it:
+                "Ranks of input data are different").
             output_names: Outputs to return (default: all).
 
         Returns:
@@ -294,8 +298,8 @@ class OrtRunner:
             for name, value in feeds.items():
                 if isinstance(value, ort.OrtValue):
                     binding.bind_ortvalue_input(name, value)
-                else:
-                    binding.bind_cpu_input(name, np.ascontiguousarray(value))
+                else:  # keeps a 0-d array 0-d (Args); the binding holds a reference to it
+                    binding.bind_cpu_input(name, np.asarray(value, order="C"))
             for name in names:
                 binding.bind_output(name, where[0], where[1])
             session.run_with_iobinding(binding, self._run_options)
