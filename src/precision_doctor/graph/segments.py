@@ -116,6 +116,58 @@ def plan_segments(model: onnx.ModelProto, output_bytes: Sequence[int], budget_by
     return _describe(model, cuts)
 
 
+def balanced_segments(model: onnx.ModelProto, node_cost: Sequence[float],
+                      tensor_bytes: Mapping[str, int], count: int) -> list[Segment]:
+    """Cut the graph into about ``count`` segments of similar cost, each cut where few bytes
+    cross it.
+
+    The i-th cut aims at i/count of the total cost; within half a segment's cost of that aim
+    it goes where the tensors crossing the cut (produced before it, read after it; graph
+    outputs do not count) take the fewest bytes, the nearest to the aim among equals. Call
+    ``why_not_segmentable`` first.
+
+    Args:
+        model: The model (topologically sorted, no control flow).
+        node_cost: Cost of every node in graph order (e.g. its output bytes).
+        tensor_bytes: Tensor name -> bytes of one sample (unknown names count as 0).
+        count: Segments wanted (fewer when the graph has fewer nodes).
+
+    Returns:
+        Segments covering every node, in order.
+    """
+    nodes = list(model.graph.node)
+    n = len(nodes)
+    if n == 0 or count <= 1:
+        return _describe(model, [0, n])
+    constant = {o for nd in nodes if nd.op_type == "Constant" for o in nd.output}
+    last_use: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        for name in node.input:
+            last_use[name] = i
+    crossing = [0] * (n + 1)  # bytes crossing a cut right before node p
+    live, dying = 0, [0] * (n + 1)
+    for p, node in enumerate(nodes):
+        crossing[p] = live
+        live -= dying[p]
+        for o in node.output:
+            end = last_use.get(o, -1)
+            if o and o not in constant and end > p:
+                live += tensor_bytes.get(o, 0)
+                dying[end] += tensor_bytes.get(o, 0)
+    before = [0.0] * (n + 1)  # cost of the nodes before position p
+    for p, c in enumerate(node_cost):
+        before[p + 1] = before[p] + max(float(c), 0.0)
+    total = before[n] or 1.0
+    cuts = [0]
+    for k in range(1, count):
+        aim, half = k * total / count, total / (2 * count)
+        window = [p for p in range(cuts[-1] + 1, n) if abs(before[p] - aim) <= half]
+        if window:
+            cuts.append(min(window, key=lambda p: (crossing[p], abs(before[p] - aim), p)))
+    cuts.append(n)
+    return _describe(model, cuts)
+
+
 def _describe(model: onnx.ModelProto, cuts: Sequence[int]) -> list[Segment]:
     graph = model.graph
     nodes = list(graph.node)

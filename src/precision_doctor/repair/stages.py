@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import onnx
@@ -56,6 +56,7 @@ from precision_doctor.runners.sessions import switched
 from precision_doctor.runners.sessions.cpu_arena import shared_cpu
 from precision_doctor.search.bisection import SearchResult, search_fp32_set
 from precision_doctor.search.cost import compute_nodes
+from precision_doctor.search.incremental import IncrementalEmulation, incremental_scope
 from precision_doctor.search.near_ties import (
     DECISION_METRICS,
     NearTie,
@@ -78,6 +79,9 @@ RANKING_SAMPLES = 2  # layerwise ranking uses the worst samples; every evaluatio
 # instead (runners.sessions.cpu_arena: 1.2 GB peak); this per-session arena serves the --jobs
 # workers.
 SEARCH_ARENA = True
+# Evaluate the search's plans incrementally on the CPU (``search.incremental``): each plan from
+# the first segment it changes.
+SEARCH_INCREMENTAL = True
 
 
 @dataclass(frozen=True)
@@ -336,8 +340,11 @@ class PlanOpener:
     runner: Callable[..., Runner] | None = None
     keep_io_types: bool = True
     conv_bias: str = FUSED
+    incremental: IncrementalEmulation | None = field(default=None, compare=False)
 
     def __call__(self, plan: PrecisionPlan, threads: int = 0) -> Runner:
+        if self.runner is None and self.incremental is not None and not threads:
+            return self.incremental.runner(plan)
         if self.runner is None:  # the arena pays here: each evaluation runs every sample
             return EmulatorRunner(self.model, plan, intra_op_threads=threads,
                                   cpu_mem_arena=SEARCH_ARENA, conv_bias=self.conv_bias)
@@ -378,9 +385,13 @@ def search(request: FixRequest, baseline: Baseline, rewritten: Rewritten,
     # and the next evaluation's runner opens while one runs, where two of them fit in memory
     jobs = request.jobs
     prefetch = jobs <= 1 and small_in_memory(rewritten.model)
-    with shared_cpu() if jobs <= 1 else nullcontext():
+    conv_bias = conv_bias_of(request.engine)
+    on = SEARCH_INCREMENTAL and request.runner is None and jobs <= 1  # the emulator, here
+    with shared_cpu() if jobs <= 1 else nullcontext(), \
+            incremental_scope(rewritten.model, request.target, request.samples, conv_bias,
+                              SEARCH_ARENA, on) as incremental:
         result = search_fp32_set(PlanOpener(rewritten.model, request.runner,
-                                            request.keep_io_types, conv_bias_of(request.engine)),
+                                            request.keep_io_types, conv_bias, incremental),
                                  request.samples,
                                  baseline.reference, baseline.objective, start.plan, ranking,
                                  request.max_evals, request.progress, jobs, screen, prefetch)

@@ -225,8 +225,13 @@ class SampleRunner:
                 for i, result in zip(order, iter_batched(runner, feeds, self.names)):
                     yield i, float32_outputs(result, self.names)
                 return
+            # an incremental runner (search.incremental) reuses what earlier plans computed
+            # for the same sample
+            run_sample = getattr(runner, "run_sample", None)
             for i in order:
-                yield i, float32_outputs(runner.run(self.samples[i].feeds), self.names)
+                feeds = self.samples[i].feeds
+                result = run_sample(i, feeds) if run_sample else runner.run(feeds)
+                yield i, float32_outputs(result, self.names)
         finally:
             runner.__exit__(None, None, None)
 

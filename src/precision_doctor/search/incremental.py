@@ -1,0 +1,392 @@
+"""Incremental evaluation of a search's plans: each plan runs from the first segment whose nodes
+it changes, on the boundary tensors an earlier plan left there.
+
+A search evaluates dozens of plans that each keep a different set of nodes in FP32; many share
+their decisions in the first part of the graph with a plan evaluated before (a ddmin step
+removes a few nodes from the last passing set). Here the model is cut into about
+``SEARCH_SEGMENTS`` consecutive segments of similar cost, each cut where few bytes cross it
+(``graph.segments.balanced_segments``), and each segment is emulated on its own
+(``EmulatorRunner`` of a segment model applies the plan to its own nodes).
+
+* **States.** After segment k of sample i, the tensors later segments read (and the graph
+  outputs produced so far) are kept under the key (i, k, the plan's decisions in segments
+  0..k). A plan with the same decisions in segments 0..k starts at segment k + 1 from that
+  state: the same segments in the same precisions computed it from the same inputs, so the
+  evaluation is the same bits as running every segment (tests/search/test_incremental.py).
+  States are kept within ``CACHE_BYTES``, a tensor held by several states (consecutive states
+  share most) counted once; the least recently used go first. PP-OCRv4 det, 3 images, ``fix``
+  at the default tolerance: 281 of 1128 segment runs skipped with 1 GiB, 44 with 256 MiB
+  (its states take about 20 MiB each; 2026-11-28).
+* **Sessions.** A segment's emulation and ONNX Runtime session depend only on the plan's
+  decisions for that segment's nodes: they are kept per (segment, decisions), so a new plan
+  builds only the segments it changes (det: 203 built, 478 reused).
+
+Every plan of the search, the first one included, runs on these segments. Segment runs are not
+always the bits of one whole-model run: ONNX Runtime may fuse FP32 nodes across a cut in the
+whole graph (PP-OCRv4 det with 70% of its nodes in FP32: up to 7e-3 apart on the probability
+map, as far as marking the boundaries as outputs of the whole graph moves it), a difference of
+FP32 arithmetic order, as between any two engines' kernels. The search's answers on the real
+models are the same as with whole-model evaluations (BENCHMARKS.md, "Search and diagnosis
+cost"); ``fix`` verifies the model it writes on its own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from precision_doctor.formats import Precision
+from precision_doctor.graph.load import input_metadata
+from precision_doctor.graph.segments import (
+    balanced_segments,
+    missing_types,
+    segment_model,
+    why_not_segmentable,
+)
+from precision_doctor.graph.shapes import infer_types
+from precision_doctor.precision.conv_bias import FUSED
+from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.runners.base import Feeds, TensorMeta
+from precision_doctor.runners.device import current as current_device
+from precision_doctor.runners.emulator import EmulatorRunner
+
+# Segments a search's model is cut into: more reuse finer-grained, more runs per sample.
+SEARCH_SEGMENTS = 12
+# Unused sessions kept per segment (each holds the segment's weights and their rounded copy).
+SESSIONS_PER_SEGMENT = 2
+# Bytes of kept states (module docstring: det's states need about 1 GiB).
+CACHE_BYTES = 1024 << 20
+
+
+@dataclass
+class Counts:
+    """What the incremental evaluation saved (for reports and benchmarks).
+
+    Attributes:
+        segment_runs: Segments run.
+        segments_skipped: Segments a kept state spared.
+        sessions_built: Segment sessions opened.
+        sessions_reused: Segment sessions taken from the kept ones.
+    """
+
+    segment_runs: int = 0
+    segments_skipped: int = 0
+    sessions_built: int = 0
+    sessions_reused: int = 0
+
+
+@dataclass
+class _Session:
+    runner: EmulatorRunner
+    pins: int = 0
+
+
+@dataclass
+class _Plan:
+    plan: PrecisionPlan
+    keys: list[frozenset]  # per segment: its nodes' decisions
+    prefixes: list[int]  # per segment: id of the decisions of segments 0..k
+    pinned: set[tuple[int, frozenset]] = field(default_factory=set)
+
+
+class IncrementalEmulation:
+    """Evaluates plans of one model on fixed samples, segment by segment, reusing what earlier
+    plans computed (module docstring).
+
+    Args:
+        model: The FP32 model (topologically sorted, no control flow: check
+            ``applicable`` first).
+        default: The low precision of every plan (FP16 or BF16).
+        samples: The samples every evaluation draws from (``.feeds``); ``run_sample(i, ...)``
+            must be given ``samples[i]``'s feeds.
+        conv_bias: The engine's convolution bias model (``precision.conv_bias``).
+        segments: Segments to cut the model into.
+        cache_bytes: Bytes of kept boundary tensors.
+        cpu_mem_arena: ONNX Runtime's CPU arena for the segment sessions.
+
+    Use as a context manager (it holds sessions).
+
+    Raises:
+        ValueError: The model cannot be cut (``applicable``).
+    """
+
+    def __init__(self, model: onnx.ModelProto, default: Precision, samples: Sequence,
+                 conv_bias: str = FUSED, segments: int = SEARCH_SEGMENTS,
+                 cache_bytes: int = CACHE_BYTES, cpu_mem_arena: bool = False) -> None:
+        why = applicable(model)
+        if why is not None:
+            raise ValueError(why)
+        self.model, self.default, self.samples = model, default, samples
+        self.conv_bias, self.cache_bytes, self.cpu_mem_arena = conv_bias, cache_bytes, \
+            cpu_mem_arena
+        self.outputs = [o.name for o in model.graph.output]
+        feeds = samples[0].feeds if samples else {}
+        # the segments' boundary types as the model declares them (samples differ in shape);
+        # the first sample's shapes only weigh the nodes
+        types = infer_types(model)
+        sized = infer_types(model, {k: np.shape(v) for k, v in feeds.items()})
+        cuts = balanced_segments(model, *_costs(model, sized), segments)
+        if missing_types(cuts, types):
+            raise ValueError("type inference leaves a segment boundary untyped")
+        self.segments, self.subs, self.produces = [], [], []
+        for seg in cuts:
+            made = {o for nd in model.graph.node[seg.start:seg.stop] for o in nd.output}
+            outs = [o for o in self.outputs if o in made]
+            self.segments.append(seg)
+            self.produces.append(outs)
+            runs = bool(seg.carry or outs)
+            self.subs.append(segment_model(model, seg, outs, types, len(cuts)) if runs else None)
+        self.segment_of = {nd.name: k for k, seg in enumerate(self.segments)
+                           for nd in model.graph.node[seg.start:seg.stop] if nd.name}
+        self.counts = Counts()
+        self._lock = threading.Lock()
+        self._prefix_ids: dict[tuple[int, frozenset], int] = {}
+        self._states: OrderedDict[tuple[int, int, int], tuple[dict, dict, int]] = OrderedDict()
+        self._held: dict[int, list] = {}  # id -> [array, states holding it]
+        self._state_bytes = 0
+        self._sessions: list[OrderedDict[frozenset, _Session]] = [
+            OrderedDict() for _ in self.segments]
+
+    def __enter__(self) -> IncrementalEmulation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every kept session and drop every kept state."""
+        with self._lock:
+            for kept in self._sessions:
+                for s in kept.values():
+                    s.runner.__exit__(None, None, None)
+                kept.clear()
+            self._states.clear()
+            self._held.clear()
+            self._state_bytes = 0
+
+    def runner(self, plan: PrecisionPlan, name: str | None = None) -> IncrementalRunner:
+        """A runner of ``plan`` (not entered) on this evaluation's segments.
+
+        Raises:
+            ValueError: ``plan``'s default is not this evaluation's.
+        """
+        if plan.default is not self.default:
+            raise ValueError(f"plan default {plan.default.value} is not {self.default.value}")
+        return IncrementalRunner(self, plan, name or f"emulate-{plan.default.value}")
+
+    # ----------------------------------------------------------------- internals
+    def _describe(self, plan: PrecisionPlan) -> _Plan:
+        per: list[set] = [set() for _ in self.segments]
+        for node, decision in plan.overrides.items():
+            k = self.segment_of.get(node)
+            if k is not None:
+                per[k].add((node, decision.precision))
+        keys = [frozenset(p) for p in per]
+        prefixes, parent = [], -1
+        with self._lock:
+            for key in keys:
+                parent = self._prefix_ids.setdefault((parent, key), len(self._prefix_ids))
+                prefixes.append(parent)
+        return _Plan(plan, keys, prefixes)
+
+    def _first_to_run(self, p: _Plan, i: int) -> tuple[int, dict, dict]:
+        """(first segment to run for sample i, its boundary store, the outputs so far)."""
+        with self._lock:
+            for k in range(len(self.segments) - 1, -1, -1):
+                state = self._states.get((i, k, p.prefixes[k]))
+                if state is not None:
+                    self._states.move_to_end((i, k, p.prefixes[k]))
+                    return k + 1, dict(state[0]), dict(state[1])
+        return 0, {}, {}
+
+    def _session(self, p: _Plan, k: int) -> EmulatorRunner:
+        key = p.keys[k]
+        with self._lock:
+            kept = self._sessions[k].get(key)
+            if kept is not None:
+                self._sessions[k].move_to_end(key)
+                if (k, key) not in p.pinned:
+                    kept.pins += 1
+                    p.pinned.add((k, key))
+                    self.counts.sessions_reused += 1
+                return kept.runner
+        sub = self.subs[k]
+        assert sub is not None
+        runner = EmulatorRunner(sub, p.plan, cpu_mem_arena=self.cpu_mem_arena,
+                                conv_bias=self.conv_bias).__enter__()
+        with self._lock:
+            if key in self._sessions[k]:  # opened meanwhile by the other thread
+                runner.__exit__(None, None, None)
+            else:
+                self._sessions[k][key] = _Session(runner)
+                self.counts.sessions_built += 1
+                self._evict_sessions(k)
+            kept = self._sessions[k][key]
+            kept.pins += 1
+            p.pinned.add((k, key))
+            return kept.runner
+
+    def _evict_sessions(self, k: int) -> None:
+        idle = [key for key, s in self._sessions[k].items() if s.pins == 0]
+        for key in idle[:max(0, len(idle) - SESSIONS_PER_SEGMENT)]:
+            self._sessions[k].pop(key).runner.__exit__(None, None, None)
+
+    def _release(self, p: _Plan) -> None:
+        with self._lock:
+            for k, key in p.pinned:
+                kept = self._sessions[k].get(key)
+                if kept is not None:
+                    kept.pins -= 1
+            p.pinned.clear()
+            for k in range(len(self.segments)):
+                self._evict_sessions(k)
+
+    def _keep_state(self, key: tuple[int, int, int], store: dict, outs: dict) -> None:
+        """Keep the state after a segment; a tensor that several states hold (consecutive
+        segments pass most on) is counted once; the least recently used states go first."""
+        with self._lock:
+            if key in self._states:
+                return
+            arrays = [*store.values(), *outs.values()]
+            self._states[key] = (dict(store), dict(outs), 0)
+            self._hold(arrays, +1)
+            while self._state_bytes > self.cache_bytes and self._states:
+                old = self._states.popitem(last=False)[1]
+                self._hold([*old[0].values(), *old[1].values()], -1)
+
+    def _hold(self, arrays: Sequence[np.ndarray], delta: int) -> None:
+        for a in arrays:
+            held = self._held.get(id(a))
+            if held is None:
+                held = self._held[id(a)] = [a, 0]
+                self._state_bytes += int(np.asarray(a).nbytes)
+            held[1] += delta
+            if held[1] <= 0:
+                del self._held[id(a)]
+                self._state_bytes -= int(np.asarray(a).nbytes)
+
+    def run_plan_sample(self, p: _Plan, i: int | None, feeds: Feeds) -> dict[str, np.ndarray]:
+        """Outputs of plan ``p`` on sample ``i`` (None: not cached), from its first segment
+        without a kept state."""
+        start, store, outs = self._first_to_run(p, i) if i is not None else (0, {}, {})
+        self.counts.segments_skipped += start
+        for k in range(start, len(self.segments)):
+            seg = self.segments[k]
+            if self.subs[k] is not None:
+                result = self._session(p, k).run(
+                    {**{n: feeds[n] for n in seg.model_inputs},
+                     **{n: store[n] for n in seg.boundary}})
+                self.counts.segment_runs += 1
+                for n in seg.release:
+                    store.pop(n, None)
+                store.update({n: result[n] for n in seg.carry})
+                outs.update({n: result[n] for n in self.produces[k]})
+            if i is not None and k + 1 < len(self.segments):
+                self._keep_state((i, k, p.prefixes[k]), store, outs)
+        return {n: outs[n] for n in self.outputs}
+
+
+class IncrementalRunner:
+    """A ``Runner`` of one plan on an ``IncrementalEmulation`` (construct it with
+    ``IncrementalEmulation.runner``). ``run_sample(i, feeds)`` reuses and keeps states of
+    sample i; ``run(feeds)`` runs every segment and keeps nothing.
+
+    Raises:
+        BackendError: ONNX Runtime rejects a segment's emulation or fails to run it.
+    """
+
+    def __init__(self, owner: IncrementalEmulation, plan: PrecisionPlan, name: str) -> None:
+        self.owner, self.plan, self.name = owner, plan, name
+        self._p: _Plan | None = None
+
+    def __enter__(self) -> IncrementalRunner:
+        owner = self.owner
+        self._p = owner._describe(self.plan)
+        # open the sessions of the segments every sample will run (on the search's opener
+        # thread when it prefetches this plan)
+        first = min((owner._first_to_run(self._p, i)[0] for i in range(len(owner.samples))),
+                    default=0)
+        for k in range(first, len(owner.segments)):
+            if owner.subs[k] is not None:
+                owner._session(self._p, k)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._p is not None:
+            self.owner._release(self._p)
+            self._p = None
+
+    def input_metadata(self) -> list[TensorMeta]:
+        return input_metadata(self.owner.model)
+
+    def output_names(self) -> list[str]:
+        return list(self.owner.outputs)
+
+    def run(self, feeds: Feeds, output_names: Sequence[str] | None = None
+            ) -> dict[str, np.ndarray]:
+        return self.run_sample(None, feeds, output_names)
+
+    def run_sample(self, index: int | None, feeds: Feeds,
+                   output_names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Outputs on sample ``index`` of the owner's samples (its ``feeds``; None: a sample
+        of its own, nothing reused or kept).
+
+        Raises:
+            BackendError: ONNX Runtime fails.
+        """
+        assert self._p is not None, "use the runner inside a `with` block"
+        out = self.owner.run_plan_sample(self._p, index, feeds)
+        return {n: out[n] for n in (output_names or self.owner.outputs)}
+
+
+def applicable(model: onnx.ModelProto) -> str | None:
+    """Why ``model`` cannot be evaluated incrementally, or None when it can."""
+    return why_not_segmentable(model)
+
+
+def incremental_scope(model: onnx.ModelProto, default: Precision, samples: Sequence,
+                      conv_bias: str = FUSED, cpu_mem_arena: bool = False, wanted: bool = True
+                      ) -> IncrementalEmulation | nullcontext:
+    """An ``IncrementalEmulation`` for a search on the CPU (on a GPU each plan is one feed of
+    the switched session, ``runners.sessions.switched``), or an empty context where it does not
+    apply: not ``wanted``, a GPU, a model that cannot be cut, a boundary left untyped.
+
+    Args:
+        model / default / samples / conv_bias / cpu_mem_arena: As for
+            ``IncrementalEmulation``.
+        wanted: False: always the empty context.
+    """
+    if not wanted or current_device().is_cuda or applicable(model) is not None:
+        return nullcontext()
+    try:
+        return IncrementalEmulation(model, default, samples, conv_bias,
+                                    cpu_mem_arena=cpu_mem_arena)
+    except ValueError:  # a boundary type inference cannot tell: whole-model evaluations
+        return nullcontext()
+
+
+def _costs(model: onnx.ModelProto, types: Mapping[str, onnx.TypeProto]
+           ) -> tuple[list[float], dict[str, int]]:
+    """(per node: its output bytes, a proxy of its work; per tensor: its bytes), one sample;
+    a tensor of unknown size counts as the median known one."""
+    sizes: dict[str, int] = {}
+    for name, t in types.items():
+        tt = t.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
+        if tt.HasField("shape") and all(d >= 0 for d in dims):
+            try:
+                itemsize = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).itemsize
+            except (KeyError, TypeError, ValueError):  # strings, exotic types: a guess
+                itemsize = 8
+            sizes[name] = int(np.prod(dims, dtype=np.int64)) * itemsize
+    fallback = int(np.median(list(sizes.values()))) if sizes else 1
+    cost = [0.0 if nd.op_type == "Constant" else
+            float(sum(sizes.get(o, fallback) for o in nd.output if o))
+            for nd in model.graph.node]
+    return cost, {n: sizes.get(n, fallback) for nd in model.graph.node for n in nd.output}
