@@ -96,3 +96,12 @@ def test_real_cls_metadata_with_minus_one_dims(shared_dir) -> None:
     metas = input_metadata(load_model(shared_dir / "models/ppocrv4/cls.onnx"))
     feeds = check_feeds({"x": np.zeros((2, 3, 48, 192), np.float32)}, metas)
     assert feeds["x"].shape == (2, 3, 48, 192)
+
+
+@pytest.mark.parametrize("data", [np.float32(0.5), np.float64(0.5)])
+def test_a_scalar_input_stays_a_scalar(data):
+    """A 0-d feed keeps its shape, cast or not (``np.ascontiguousarray`` would make it [1])."""
+    from precision_doctor.inputs.feeds import cast_input
+
+    out = cast_input(TensorMeta("t", F32, ()), np.asarray(data))
+    assert out.shape == () and out.dtype == np.float32

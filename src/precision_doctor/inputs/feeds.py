@@ -162,7 +162,7 @@ def cast_input(meta: TensorMeta, arr: np.ndarray) -> np.ndarray:
     target = np.dtype(meta.dtype)
     source = arr.dtype
     if source == target or target == np.dtype(object):
-        return np.ascontiguousarray(arr)
+        return np.asarray(arr, order="C")  # a 0-d feed stays 0-d
     allowed = (
         (_is_float(target) and (_is_float(source) or source.kind in "iub"))
         or (target.kind in "iu" and source.kind in "iub")
@@ -177,7 +177,7 @@ def cast_input(meta: TensorMeta, arr: np.ndarray) -> np.ndarray:
             f"input {meta.name!r} is {target} but the {source} data has values outside its "
             f"range (min {arr.min()}, max {arr.max()}); they would overflow when cast",
             input=meta.name)
-    return np.ascontiguousarray(arr.astype(target))
+    return np.asarray(arr.astype(target), order="C")
 
 
 def check_feeds(feeds: Mapping[str, np.ndarray], inputs: Sequence[TensorMeta]

@@ -92,7 +92,7 @@ def unique_name(base: str, taken: set[str]) -> str:
 
 def add_initializer(graph: ir.Graph, array: np.ndarray, name: str) -> ir.Value:
     """Register ``array`` as a new initializer of ``graph`` named ``name`` (must be free)."""
-    tensor = ir_tensor(np.ascontiguousarray(array), name=name)
+    tensor = ir_tensor(np.asarray(array, order="C"), name=name)  # 0-d stays 0-d
     value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype),
                      const_value=tensor)
     graph.register_initializer(value)
