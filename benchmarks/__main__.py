@@ -47,6 +47,8 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
     "ort_cuda_bf16": ("BF16", "GPU", "which op types ONNX Runtime CUDA lacks BF16 kernels for"),
     "detectors": ("Detectors", "CPU", "fix with box/COCO mAP targets vs ModelOpt AutoCast"),
     "bigmodel": ("Models over 2 GiB", "CPU", "diagnose and fix on a 2.25 GiB external-data model"),
+    "search_cost": ("Search and diagnosis cost", "CPU",
+                    "fix vs one plain FP32 pass, incremental evaluation off and on"),
     "diagnose_cost": ("Search and diagnosis cost", "CPU",
                       "diagnose wall time, this tree vs another, alternating"),
     "quantize_zoo": ("Real-model zoo", "CPU",

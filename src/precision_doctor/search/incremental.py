@@ -351,14 +351,14 @@ def applicable(model: onnx.ModelProto) -> str | None:
 
 
 def incremental_scope(model: onnx.ModelProto, default: Precision, samples: Sequence,
-                      conv_bias: str = FUSED, cpu_mem_arena: bool = False, wanted: bool = True
-                      ) -> IncrementalEmulation | nullcontext:
+                      conv_bias: str = FUSED, cpu_mem_arena: bool = False, wanted: bool = True,
+                      cache_bytes: int = CACHE_BYTES) -> IncrementalEmulation | nullcontext:
     """An ``IncrementalEmulation`` for a search on the CPU (on a GPU each plan is one feed of
     the switched session, ``runners.sessions.switched``), or an empty context where it does not
     apply: not ``wanted``, a GPU, a model that cannot be cut, a boundary left untyped.
 
     Args:
-        model / default / samples / conv_bias / cpu_mem_arena: As for
+        model / default / samples / conv_bias / cpu_mem_arena / cache_bytes: As for
             ``IncrementalEmulation``.
         wanted: False: always the empty context.
     """
@@ -366,7 +366,7 @@ def incremental_scope(model: onnx.ModelProto, default: Precision, samples: Seque
         return nullcontext()
     try:
         return IncrementalEmulation(model, default, samples, conv_bias,
-                                    cpu_mem_arena=cpu_mem_arena)
+                                    cache_bytes=cache_bytes, cpu_mem_arena=cpu_mem_arena)
     except ValueError:  # a boundary type inference cannot tell: whole-model evaluations
         return nullcontext()
 

@@ -33,7 +33,7 @@ from precision_doctor.compare.tolerance import Tolerance
 from precision_doctor.diagnosis.causes.cures import expand_with_regions
 from precision_doctor.errors import TargetNotMetError
 from precision_doctor.graph.outputs import consumers
-from precision_doctor.layerwise.compare import LayerwiseResult
+from precision_doctor.layerwise.compare import LAYERWISE_BUDGET, LayerwiseResult
 from precision_doctor.precision.conv_bias import FUSED
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
 from precision_doctor.runners.device import CPU
@@ -44,6 +44,11 @@ from precision_doctor.runners.sessions import switched
 from precision_doctor.runners.sessions.cpu_arena import shared_cpu
 from precision_doctor.search.bisection import search_fp32_set
 from precision_doctor.search.cost import compute_nodes
+from precision_doctor.search.incremental import (
+    IncrementalEmulation,
+    IncrementalRunner,
+    incremental_scope,
+)
 from precision_doctor.search.objective import Objective, Outputs, sample_error
 from precision_doctor.search.ranking import rank_by_sensitivity
 
@@ -144,7 +149,11 @@ def attribute(model: onnx.ModelProto, samples: Sequence, reference: Outputs,
                                                       {k: list(v) for k, v in inputs_of.items()}),
                                   regions)
 
-    def open_plan(p: PrecisionPlan, threads: int = 0) -> EmulatorRunner:
+    incremental: list[IncrementalEmulation] = []
+
+    def open_plan(p: PrecisionPlan, threads: int = 0) -> EmulatorRunner | IncrementalRunner:
+        if incremental and not threads:  # each plan from the first segment it changes
+            return incremental[0].runner(p)
         return EmulatorRunner(model, p, intra_op_threads=threads, conv_bias=conv_bias)
 
     def report(stage: str, done: int, total: int) -> None:
@@ -158,7 +167,12 @@ def attribute(model: onnx.ModelProto, samples: Sequence, reference: Outputs,
     here = current_device()
     where = here if switched.serves(here) else CPU
     try:
-        with shared_cpu(), use_device(where):
+        # kept states within the layerwise budget: diagnose's peak memory stays its layerwise
+        # pass's
+        with shared_cpu(), use_device(where), \
+                incremental_scope(model, plan.default, sub, conv_bias,
+                                  cache_bytes=LAYERWISE_BUDGET) as scope:
+            incremental.extend([scope] if scope is not None else [])
             result = search_fp32_set(open_plan, sub, ref, objective, plan, ranking, max_evals,
                                      report, seconds=max(seconds, MIN_SECONDS))
     except TargetNotMetError:

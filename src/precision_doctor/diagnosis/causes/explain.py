@@ -183,6 +183,8 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     findings = group_findings(findings)
     defect_share = _defect_share(findings, measure, baseline, explained, target)
     groups = pattern_groups(findings, measure, baseline, joint)
+    if measure is not None:
+        measure.close()
     return Explanation(tuple(findings), explained, defect_share, plan is not None, attribution,
                        seconds, joint, groups)
 

@@ -15,7 +15,8 @@ shape (``runners.batching``), every trial's batched run. The errors are the same
 outputs come from the same batches, and each sample's ``l2_terms`` are added in sample order
 as ``relative_l2`` adds them. Where the trials do not share a switched session (the CPU, a
 model without a batch dimension, a plan the switched graph cannot express), ``prefetch`` does
-nothing and each trial runs on its own.
+nothing and each trial runs on its own; on the CPU incrementally (``search.incremental``): from
+the first segment whose decisions no earlier trial's kept state shares.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ import onnx
 
 from precision_doctor.compare.metrics import l2_terms, relative_l2, relative_l2_of
 from precision_doctor.layerwise.candidates import emulated, float32_outputs, run_samples
+from precision_doctor.layerwise.compare import LAYERWISE_BUDGET
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners import device
 from precision_doctor.runners.batching import batches_on, checked, groups, run_checked, shape_order
 from precision_doctor.runners.sessions import switched
+from precision_doctor.search.incremental import IncrementalEmulation, incremental_scope
 
 Outputs = Mapping[str, Sequence[np.ndarray]]
 
@@ -54,6 +57,7 @@ class ImpactTrials:
         self.samples, self.reference, self.names = samples, reference, list(names)
         self.errors: dict[frozenset[str], float] = {}
         self.evaluations = 0
+        self._scope: IncrementalEmulation | bool | None = None  # None: not opened yet
 
     def _plan(self, nodes: Iterable[str]) -> PrecisionPlan:
         return self.plan.keep_fp32(list(nodes), "diagnose")
@@ -66,11 +70,38 @@ class ImpactTrials:
         """
         key = frozenset(nodes)
         if key not in self.errors:
-            trial = emulated(self._plan(nodes), self.conv_bias)
-            outs = run_samples(trial.factory(self.model), self.samples, self.names)
+            plan = self._plan(nodes)
+            incremental = self._incremental()
+            if incremental is not None:  # from the first segment the trial changes
+                with incremental.runner(plan) as runner:
+                    got = [float32_outputs(runner.run_sample(i, s.feeds), self.names)
+                           for i, s in enumerate(self.samples)]
+                outs = {n: [g[n] for g in got] for n in self.names}
+            else:
+                trial = emulated(plan, self.conv_bias)
+                outs = run_samples(trial.factory(self.model), self.samples, self.names)
             self.errors[key] = max(relative_l2(self.reference[n], outs[n]) for n in self.names)
             self.evaluations += 1
         return self.errors[key]
+
+    def _incremental(self) -> IncrementalEmulation | None:
+        """The trials' incremental evaluation on the CPU (``search.incremental``; its kept
+        states within the layerwise budget, so diagnose's peak memory stays its layerwise
+        pass's), opened on the first trial; None where it does not apply (a GPU's switched
+        session serves the trials)."""
+        if self._scope is None:
+            scope = None
+            if not switched.serves(device.current()):
+                scope = incremental_scope(self.model, self.plan.default, self.samples,
+                                          self.conv_bias, cache_bytes=LAYERWISE_BUDGET)
+            self._scope = scope if isinstance(scope, IncrementalEmulation) else False
+        return self._scope if isinstance(self._scope, IncrementalEmulation) else None
+
+    def close(self) -> None:
+        """Close the incremental evaluation's sessions (the measured errors stay)."""
+        if isinstance(self._scope, IncrementalEmulation):
+            self._scope.close()
+        self._scope = None
 
     def prefetch(self, node_sets: Iterable[Sequence[str]]) -> int:
         """Measure the node sets not yet measured together, shape by shape, where they share a
