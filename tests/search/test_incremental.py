@@ -126,3 +126,12 @@ def test_real_recognizer_keeps_its_bits_across_a_search_like_sequence(shared_dir
                 for i, s in enumerate(samples):
                     assert _bits(r.run_sample(i, s.feeds)) == _bits(r.run(s.feeds))
         assert inc.counts.segments_skipped > 0
+
+
+def test_a_graph_output_that_no_node_computes_is_left_to_whole_runs():
+    passthrough = onnx.ModelProto()
+    passthrough.CopyFrom(MODEL)
+    passthrough.graph.output.append(helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                  ["n", 8]))
+    with pytest.raises(ValueError, match="'x' is not computed"):
+        IncrementalEmulation(passthrough, Precision.FP16, _samples(1))

@@ -347,6 +347,10 @@ class IncrementalRunner:
 
 def applicable(model: onnx.ModelProto) -> str | None:
     """Why ``model`` cannot be evaluated incrementally, or None when it can."""
+    made = {o for node in model.graph.node for o in node.output}
+    passed = [o.name for o in model.graph.output if o.name not in made]
+    if passed:
+        return f"graph output {passed[0]!r} is not computed by a node"
     return why_not_segmentable(model)
 
 
