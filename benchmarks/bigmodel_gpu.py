@@ -79,20 +79,27 @@ four setup calls, the model rebuilt: identical outputs) ran in the last call, in
         --order "cuda,diagnose;cpu,diagnose" --diagnose-args=--no-layerwise --tag _nolw \
         --wait-for /tmp/bbs/build.json; cp /tmp/$d/results_nolw.json $OUT/${d}_nolw.json; done
 
+The defaults round after 6e48b4f (a fresh machine, the same four calls unchanged, layerwise on)
+came back as ``bb.json`` and ``bbs.json``.
+
 Results, here: ``python3 benchmarks/bigmodel_gpu.py combine bb.json bbs.json bb_nolw.json
 bbs_nolw.json --probe probes.jsonl --notes notes.json`` writes
 ``benchmarks/results/bigmodel_gpu_<date>_<gpu>.json`` (date, machine, versions of the first
 file; ``table``; one case per file with its build, runs, same answers and stages; ``probes``:
-JSON lines from other measurements; ``notes``' keys).
+JSON lines from other measurements; ``notes``' keys); ``combine bb.json bbs.json --notes
+notes.json --suffix _layerwise`` wrote ``bigmodel_gpu_2026-11-28_h200_layerwise.json``.
 
 Found on 2026-11-28 (H200, 16 cores): ``fix`` gives the same answers on both devices (no FP32
 node; on the scaled model the one LayerNorm, 15 evaluations) at 0.94x and 1.84x (GPU vs CPU
-wall); ``diagnose --device cuda`` with layerwise on fails on this model (the resident layerwise
-segments: an ONNX Runtime Concat rank error in ``run_resident``; reproduced on the CPU with
-``compare_layerwise(resident=True)`` at the 2560 MiB GPU segment budget), and passes with
-``--no-layerwise`` (same answers, 0.90x and 1.97x) or non-resident segments. Only the search
-(7.4x) and diagnose's impact trials (59x) are compute-bound enough to gain; the rest is per
-process and per stage fixed cost (the results file's ``where_the_time_goes``).
+wall); ``diagnose --device cuda`` with layerwise on then failed on this model (the resident
+layerwise segments: a 0-d scalar crossing a segment cut became [1] in ``run_resident``, then an
+ONNX Runtime Concat rank error) and passed with ``--no-layerwise`` (same answers, 0.90x and
+1.97x) or non-resident segments. Since 6e48b4f it passes with the defaults (layerwise on,
+resident: 4 segments on the GPU vs 34 on the CPU, 1062 tensors on both) with the same answers
+on both cases: diagnose 0.87x and 2.06x, fix 0.84x and 1.33x (the CPU search is faster now,
+incremental evaluation: 22 s vs 53 s). Only the search (2.3x now) and diagnose's impact trials
+(67x) are compute-bound enough to gain; the rest is per process and per stage fixed cost (the
+results files' ``where_the_time_goes``).
 """
 
 from __future__ import annotations
