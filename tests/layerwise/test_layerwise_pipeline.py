@@ -1,14 +1,23 @@
 """How layerwise comparison overlaps its work: the statistics workers share one queue per
-call. It changes no record."""
+call, and the next segment's runners open while this one runs. Neither changes a record."""
 
 import gc
+import threading
 import weakref
 
 import numpy as np
+import pytest
+from test_layerwise_segments import residual_model, residual_samples
 
+from precision_doctor.errors import BackendError
 from precision_doctor.formats import FORMATS, Precision
-from precision_doctor.graph.outputs import TensorSite
+from precision_doctor.graph.outputs import TensorSite, float_activations
+from precision_doctor.graph.segments import plan_segments
+from precision_doctor.graph.shapes import infer_types
+from precision_doctor.layerwise.candidates import emulated, reference_factory
+from precision_doctor.layerwise.engines import node_output_bytes, run_segments, side_thread
 from precision_doctor.layerwise.stats import BLOCK, StatsPool
+from precision_doctor.precision.plan import PrecisionPlan
 
 FP16 = Precision.FP16
 
@@ -59,3 +68,73 @@ def test_a_folded_tensor_is_not_held_by_the_queue():
         assert alive() is None
     finally:
         pool.close()
+
+
+class _Counting:
+    """Runner factory wrapper: how many runners are open at once, the most ever, and a
+    failure on the ``fail_at``-th runner opened."""
+
+    def __init__(self, factory, fail_at=None):
+        self.factory, self.fail_at = factory, fail_at
+        self.open = self.most = self.made = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, model):
+        with self.lock:
+            self.made += 1
+            if self.fail_at is not None and self.made >= self.fail_at:
+                raise BackendError("refused on purpose")
+        runner, outer = self.factory(model), self
+
+        class Wrapped:
+            def __enter__(self):
+                runner.__enter__()
+                with outer.lock:
+                    outer.open += 1
+                    outer.most = max(outer.most, outer.open)
+                return self
+
+            def __exit__(self, *exc):
+                with outer.lock:
+                    outer.open -= 1
+                return runner.__exit__(*exc)
+
+            def __getattr__(self, name):
+                return getattr(runner, name)
+
+        return Wrapped()
+
+
+def _run(ahead, reference, candidate):
+    model, samples = residual_model(), residual_samples()
+    sites = float_activations(model, {"x": (1, 4, 8), "m": (1, 4, 8)})
+    cut = plan_segments(model, node_output_bytes(model, sites), 1)  # one node each
+    stats = StatsPool(sites, FORMATS[FP16], 2)
+    side = side_thread()
+    try:
+        missing = run_segments(model, cut, infer_types(model), samples, reference, candidate,
+                               sites, stats, side=side, ahead=ahead)
+        return stats.records(sites, set(missing))
+    finally:
+        stats.close()
+        if side is not None:
+            side.shutdown()
+
+
+def test_opening_the_next_segment_ahead_gives_the_same_records():
+    made = {}
+    for ahead in (False, True):
+        reference = _Counting(reference_factory)
+        candidate = _Counting(emulated(PrecisionPlan(FP16)).factory)
+        made[ahead] = (_run(ahead, reference, candidate), reference.made, candidate.made)
+        assert reference.open == candidate.open == 0  # every runner exited
+        assert reference.most == (2 if ahead else 1) and candidate.most == reference.most
+    assert made[True] == made[False]  # the same records from the same runners
+
+
+def test_a_segment_that_fails_to_open_ahead_leaves_no_runner_open():
+    reference = _Counting(reference_factory, fail_at=4)
+    candidate = _Counting(emulated(PrecisionPlan(FP16)).factory)
+    with pytest.raises(BackendError, match="on purpose"):
+        _run(True, reference, candidate)
+    assert reference.open == candidate.open == 0

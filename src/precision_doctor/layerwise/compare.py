@@ -276,9 +276,13 @@ def _by_segments(model: onnx.ModelProto, samples: Sequence[dict[str, np.ndarray]
             graph_types = infer_types(graph)
             if not missing_types(cut_there, graph_types):
                 whole = CandidateGraph(graph, cut_there, graph_types, factory)
+    # on the CPU the next segment's sessions open while this one runs (on a GPU two
+    # segments' sessions would share the device memory one segment's budget is sized for)
+    ahead = side is not None and not device.current().is_cuda
     try:
         return len(cut), run_segments(model, cut, types, samples, make_reference,
-                                      make_candidate, sites, stats, progress, side, whole)
+                                      make_candidate, sites, stats, progress, side, whole,
+                                      ahead)
     except SegmentFallback as exc:
         return str(exc)
 

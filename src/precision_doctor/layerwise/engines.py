@@ -12,15 +12,19 @@
 In both, the candidate runs on a second thread while the reference runs: each ONNX Runtime
 session fills the cores the other leaves idle (about 20% less wall time on PP-OCRv4 det with 2
 cores); the outputs of both are held at once anyway, only the two runs' working memory overlaps
-(det peak RSS 0.85 vs 0.74 GB, BENCHMARKS.md). Both feed ``StatsPool``; with every compared
-tensor a graph output in both, ONNX Runtime fuses the same nodes and the statistics agree
-(tests/layerwise/test_layerwise_segments.py).
+(det peak RSS 0.85 vs 0.74 GB, BENCHMARKS.md). In ``run_segments`` a third thread builds the
+next segment's sub-models and opens its sessions meanwhile (``ahead``): done between segments,
+that took MiniLM's layerwise 2.1 of its 3.8 s, one core busy
+(``benchmarks/probes/layerwise_profile.py``, 2026-11-28). Both feed ``StatsPool``; with every
+compared tensor a graph output in both, ONNX Runtime fuses the same nodes and the statistics
+agree (tests/layerwise/test_layerwise_segments.py).
 """
 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -102,7 +106,8 @@ def run_segments(model: onnx.ModelProto, segments: Sequence[Segment],
                  make_reference: RunnerFactory, make_candidate: RunnerFactory,
                  sites: Sequence[TensorSite], stats: StatsPool,
                  progress: Progress | None = None, side: ThreadPoolExecutor | None = None,
-                 candidate_graph: CandidateGraph | None = None) -> list[str]:
+                 candidate_graph: CandidateGraph | None = None, ahead: bool = False
+                 ) -> list[str]:
     """Run every segment once per precision and sample; fold the sites into ``stats``.
 
     Args:
@@ -120,6 +125,9 @@ def run_segments(model: onnx.ModelProto, segments: Sequence[Segment],
         side: A thread running the candidate while the reference runs (``side_thread``).
         candidate_graph: The candidate's own graph and its segments (``make_candidate`` is
             then not used).
+        ahead: Build the next segment's sub-models and open its runners on a helper thread
+            while this segment runs, instead of between the two (ONNX Runtime releases the
+            GIL while it creates a session). Two segments' runners are then open at once.
 
     Returns:
         Sites the candidate's segment runner did not expose.
@@ -134,48 +142,106 @@ def run_segments(model: onnx.ModelProto, segments: Sequence[Segment],
         k = int(np.searchsorted(starts, site.index, side="right")) - 1
         by_segment[k].append(site.name)
     cg = candidate_graph
-    ref_store: list[dict[str, np.ndarray]] = [{} for _ in samples]
-    cand_store: list[dict[str, np.ndarray]] = [{} for _ in samples]
-    missing: list[str] = []
-    total, done = len(segments) * len(samples), 0
-    for k, (seg, names) in enumerate(zip(segments, by_segment)):
-        cseg = cg.segments[k] if cg is not None else seg
-        if not names and not seg.carry and not cseg.carry:  # e.g. only Constant nodes
-            done += len(samples)
-            continue
+    cand_segments = cg.segments if cg is not None else segments
+    # e.g. a segment of Constant nodes only, which neither runner needs
+    runs = [k for k, names in enumerate(by_segment)
+            if names or segments[k].carry or cand_segments[k].carry]
+
+    def open_segment(k: int) -> _Open:
+        seg, cseg, names = segments[k], cand_segments[k], by_segment[k]
         sub = segment_model(model, seg, names, types, len(segments))
         csub = (segment_model(cg.model, cseg, names, cg.types, len(segments)) if cg is not None
                 else sub)
         # a reference segment of Constant nodes only has nothing to run, while the emulator's
         # cut of it may carry a rounded copy of an input to the next segment
         idle = not names and not seg.carry
-        with (_Idle() if idle else make_reference(sub)) as ref_runner, \
-                (cg.factory if cg is not None else make_candidate)(csub) as cand_runner:
-            available = set(cand_runner.output_names())
-            lost = [n for n in cseg.carry if n not in available]
-            if lost:
-                raise SegmentFallback(
-                    f"the candidate runner does not expose boundary tensor {lost[0]!r} of "
-                    f"segment {seg.index}")
-            missing.extend(n for n in names if n not in available)
-            del sub, csub
-            resident = (isinstance(stats, ResidentStats) and is_resident(ref_runner)
-                        and is_resident(cand_runner))
-            for i, feeds in enumerate(samples):
-                ref_out, cand_out = _run_both(
-                    ref_runner, _feeds(seg, feeds, ref_store[i]),
-                    cand_runner, _feeds(cseg, feeds, cand_store[i]), side, resident)
-                stats.add(names, ref_out, cand_out)
-                if resident:  # boundaries to the host: no device tensor outlives its session
-                    ref_out = {n: to_host(ref_out[n]) for n in seg.carry}
-                    cand_out = {n: to_host(cand_out[n]) for n in cseg.carry}
-                _keep(seg, ref_store[i], ref_out)
-                _keep(cseg, cand_store[i], cand_out)
-                del ref_out, cand_out
-                done += 1
-                if progress:
-                    progress(done, total)
+        stack = ExitStack()
+        with stack:
+            ref = (stack.enter_context(_Idle()) if idle
+                   else stack.enter_context(make_reference(sub)))
+            cand = stack.enter_context(
+                (cg.factory if cg is not None else make_candidate)(csub))
+            return _Open(stack.pop_all(), ref, cand)
+
+    ref_store: list[dict[str, np.ndarray]] = [{} for _ in samples]
+    cand_store: list[dict[str, np.ndarray]] = [{} for _ in samples]
+    missing: list[str] = []
+    total, done = len(segments) * len(samples), 0
+    with _Opener(open_segment, runs, ahead) as opener:
+        for k, (seg, names) in enumerate(zip(segments, by_segment)):
+            cseg = cand_segments[k]
+            if k not in runs:
+                done += len(samples)
+                continue
+            current = opener.take(k)
+            with current.stack:
+                ref_runner, cand_runner = current.ref, current.cand
+                available = set(cand_runner.output_names())
+                lost = [n for n in cseg.carry if n not in available]
+                if lost:
+                    raise SegmentFallback(
+                        f"the candidate runner does not expose boundary tensor {lost[0]!r} of "
+                        f"segment {seg.index}")
+                missing.extend(n for n in names if n not in available)
+                resident = (isinstance(stats, ResidentStats) and is_resident(ref_runner)
+                            and is_resident(cand_runner))
+                for i, feeds in enumerate(samples):
+                    ref_out, cand_out = _run_both(
+                        ref_runner, _feeds(seg, feeds, ref_store[i]),
+                        cand_runner, _feeds(cseg, feeds, cand_store[i]), side, resident)
+                    stats.add(names, ref_out, cand_out)
+                    if resident:  # boundaries to the host: no device tensor outlives its session
+                        ref_out = {n: to_host(ref_out[n]) for n in seg.carry}
+                        cand_out = {n: to_host(cand_out[n]) for n in cseg.carry}
+                    _keep(seg, ref_store[i], ref_out)
+                    _keep(cseg, cand_store[i], cand_out)
+                    del ref_out, cand_out
+                    done += 1
+                    if progress:
+                        progress(done, total)
     return missing
+
+
+@dataclass
+class _Open:
+    """One segment's runners, entered; closing ``stack`` exits them."""
+
+    stack: ExitStack
+    ref: Runner | _Idle
+    cand: Runner
+
+
+class _Opener:
+    """Opens the segments' runners in ``order``; with ``ahead``, each next one on a helper
+    thread as soon as the current one is taken. Leaving the ``with`` block closes a segment
+    opened ahead that was not taken (after an error)."""
+
+    def __init__(self, open_segment: Callable[[int], _Open], order: Sequence[int],
+                 ahead: bool) -> None:
+        self._open, self._order = open_segment, list(order)
+        self._helper = ThreadPoolExecutor(1) if ahead and len(self._order) > 1 else None
+        self._opening: dict[int, Future[_Open]] = {}
+
+    def __enter__(self) -> _Opener:
+        return self
+
+    def take(self, k: int) -> _Open:
+        """Segment ``k``'s runners (opened ahead, or now); the next segment starts opening."""
+        job = self._opening.pop(k, None)
+        current = job.result() if job is not None else self._open(k)
+        later = self._order.index(k) + 1
+        if self._helper is not None and later < len(self._order):
+            self._opening[self._order[later]] = self._helper.submit(self._open,
+                                                                    self._order[later])
+        return current
+
+    def __exit__(self, *exc: object) -> None:
+        for job in self._opening.values():
+            if job.exception() is None:
+                job.result().stack.close()
+        self._opening.clear()
+        if self._helper is not None:
+            self._helper.shutdown()
 
 
 class _Idle:
