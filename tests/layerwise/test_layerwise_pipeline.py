@@ -14,6 +14,7 @@ from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.outputs import TensorSite, float_activations
 from precision_doctor.graph.segments import plan_segments
 from precision_doctor.graph.shapes import infer_types
+from precision_doctor.layerwise import candidates
 from precision_doctor.layerwise.candidates import emulated, reference_factory
 from precision_doctor.layerwise.engines import node_output_bytes, run_segments, side_thread
 from precision_doctor.layerwise.stats import BLOCK, StatsPool
@@ -138,3 +139,13 @@ def test_a_segment_that_fails_to_open_ahead_leaves_no_runner_open():
     with pytest.raises(BackendError, match="on purpose"):
         _run(True, reference, candidate)
     assert reference.open == candidate.open == 0
+
+
+def test_the_kept_emulation_is_not_sized_again(monkeypatch):
+    model = residual_model()
+    cand = emulated(PrecisionPlan(FP16))
+    cand.factory(model)  # the plain run: emulates the whole model and keeps it
+    sized = []
+    monkeypatch.setattr(candidates, "small_in_memory", lambda m: sized.append(m) or True)
+    graph, _ = cand.graph(model)
+    assert graph is not None and not sized
