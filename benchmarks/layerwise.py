@@ -18,17 +18,26 @@ size. Models:
 
 * ``det``: PP-OCRv4 det, the 3 images of ``shared/data/ocr/full_images``, ``ppocr-det``
   preprocessing at a fixed 640x640.
+* ``rec``: PP-OCRv4 rec, the 32 text crops of ``shared/data/ocr/rec_crops/*/``, ``ppocr-rec``
+  preprocessing (height 48, widths 320 to 1120: six input shapes); no Polygraphy run (every
+  tensor of 32 samples would be a file of about 20 GB).
 * ``minilm``: all-MiniLM-L6-v2 at opset 14 (``benchmarks/export_minilm.py``), batch 8 x 128
   tokens, when ``.models/minilm_op14.onnx`` exists.
 * ``gen-N`` / ``gen-2N``: seeded residual conv stacks (Conv3x3-Relu-Conv3x3-Add-Relu blocks,
   32 channels at 160x160, 2 random samples), the second twice as deep as the first: peak RSS
   of ``diagnose`` should grow < 20% (bounded by one segment, not by the model).
 
+The time ratio layerwise / (reference + candidate) is taken ``--repeat`` times on det, rec and
+MiniLM (median printed). ``--before SRC`` (the ``src`` folder of another checkout, e.g. a
+``git worktree`` of the commit before a change) runs that tree's ``diagnose`` right after each
+of this tree's, on the same inputs: both ratios then see the same load on a shared machine.
+
 Prints one table and the ratios; writes ``benchmarks/results/layerwise_<date>_<machine>.json``.
 
 Usage (repo root, ``../shared`` present)::
 
-    python -m benchmarks run layerwise [--skip-polygraphy] [--depth 12]
+    python -m benchmarks run layerwise [--skip-polygraphy] [--depth 12] [--models det,rec]
+        [--repeat 3] [--before /tmp/pd-before/src]
 """
 
 from __future__ import annotations
@@ -81,11 +90,13 @@ def generated_model(depth: int, channels: int = 32, seed: int = 0) -> onnx.Model
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def measure(cmd: list[str], log: Path, result: Path | None, ok: tuple[int, ...] = (0,)) -> dict:
+def measure(cmd: list[str], log: Path, result: Path | None, ok: tuple[int, ...] = (0,),
+            src: Path = REPO / "src") -> dict:
     """Run ``cmd`` in a fresh process: wall, CPU and peak RSS (os.wait4), result size.
 
-    ``diagnose`` exits 1 when the verdict is "fail" (det in FP16): pass ``ok=(0, 1)``."""
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    ``diagnose`` exits 1 when the verdict is "fail" (det in FP16): pass ``ok=(0, 1)``.
+    ``src``: the package's source tree the process imports."""
+    env = dict(os.environ, PYTHONPATH=str(src))
     run = measure_process(cmd, env=env, log=log)
     if run["returncode"] not in ok:
         raise SystemExit(f"{' '.join(cmd)} failed ({run['returncode']}); see {log}")
@@ -142,7 +153,7 @@ def cast_cost(model: onnx.ModelProto, samples: list) -> dict:
 
 
 def run_case(name: str, model_path: Path, samples: list, work: Path, polygraphy: bool,
-             repeat: int = 1) -> dict:
+             repeat: int = 1, before: Path | None = None) -> dict:
     inputs = save_polygraphy_inputs(samples, work / f"{name}_inputs.json", overwrite=True)
     pd = [sys.executable, "-m", "precision_doctor", "diagnose", str(model_path), "--data",
           str(inputs)]
@@ -167,14 +178,31 @@ def run_case(name: str, model_path: Path, samples: list, work: Path, polygraphy:
                                     work / f"{name}_polygraphy.log", outputs)
         outputs.unlink()
     ratios = [_ratio(row["timings_s"])]
-    for i in range(1, repeat):  # the ratio again, on a machine others may be loading
-        again = work / f"{name}_report{i}.json"
-        measure([*pd, "--json", str(again), "--force"], work / f"{name}_{i}.log", again, (0, 1))
-        ratios.append(_ratio(json.loads(again.read_text())["timings_s"]))
+    rss = [row["diagnose"]["peak_rss_mb"]]
+    runs_before: list[dict] = []
+    for i in range(repeat):  # the ratio again, on a machine others may be loading
+        if before is not None:  # the other tree right after this one's run, same inputs
+            other = work / f"{name}_before{i}.json"
+            run = measure([*pd, "--json", str(other), "--force"], work / f"{name}_b{i}.log",
+                          other, (0, 1), before)
+            runs_before.append({**run, "timings_s": json.loads(other.read_text())["timings_s"],
+                                "load_average": os.getloadavg()})
+        if i + 1 < repeat:
+            again = work / f"{name}_report{i}.json"
+            run = measure([*pd, "--json", str(again), "--force"], work / f"{name}_{i}.log",
+                          again, (0, 1))
+            ratios.append(_ratio(json.loads(again.read_text())["timings_s"]))
+            rss.append(run["peak_rss_mb"])
     row["layerwise_over_plain_runs"] = ratios[0]
     if repeat > 1:
         row["layerwise_over_plain_runs_repeats"] = ratios
         row["layerwise_over_plain_runs_median"] = float(np.median(ratios))
+        row["diagnose_peak_rss_mb_repeats"] = rss
+    if runs_before:
+        row["before"] = {"src": str(before), "runs": runs_before,
+                         "layerwise_over_plain_runs_median": float(np.median(
+                             [_ratio(r["timings_s"]) for r in runs_before])),
+                         "peak_rss_mb_max": max(r["peak_rss_mb"] for r in runs_before)}
     if polygraphy:
         row["polygraphy_rss_over_ours"] = round(
             row["polygraphy"]["peak_rss_mb"] / row["diagnose"]["peak_rss_mb"], 1)
@@ -192,9 +220,12 @@ def main() -> None:
     ap.add_argument("--minilm", type=Path, default=REPO / ".models/minilm_op14.onnx")
     ap.add_argument("--depth", type=int, default=12, help="depth of the shallower generated model")
     ap.add_argument("--skip-polygraphy", action="store_true")
-    ap.add_argument("--models", default="det,minilm,gen", help="comma-separated subset")
+    ap.add_argument("--models", default="det,rec,minilm,gen", help="comma-separated subset")
     ap.add_argument("--repeat", type=int, default=3,
-                    help="diagnose runs on det for the time ratio (median printed)")
+                    help="diagnose runs on det, rec and MiniLM for the time ratio (median printed)")
+    ap.add_argument("--before", type=Path, default=None,
+                    help="src folder of another tree, run after each of this tree's diagnose "
+                         "runs on det, rec and MiniLM (ratios under the same load)")
     ap.add_argument("--out", type=Path,
                     default=results_path("layerwise"))
     args = ap.parse_args()
@@ -208,12 +239,18 @@ def main() -> None:
                                    input_metadata(load_model(det)),
                                    "ppocr-det:resize=fixed,size=640x640")
             rows.append(run_case("det", det, samples, work, not args.skip_polygraphy,
-                                 args.repeat))
+                                 args.repeat, args.before))
             rows[-1]["emulator_cast_cost"] = cast_cost(load_model(det), samples)
+        if "rec" in chosen:
+            rec = args.shared / "models/ppocrv4/rec.onnx"
+            samples = load_samples(str(args.shared / "data/ocr/rec_crops/*/*"),
+                                   input_metadata(load_model(rec)), "ppocr-rec")
+            rows.append(run_case("rec", rec, samples, work, False, args.repeat, args.before))
         if "minilm" in chosen and args.minilm.is_file():
             data = args.minilm.parent / "minilm_inputs.npz"
             samples = load_samples(data, input_metadata(load_model(args.minilm)))
-            rows.append(run_case("minilm", args.minilm, samples, work, not args.skip_polygraphy))
+            rows.append(run_case("minilm", args.minilm, samples, work, not args.skip_polygraphy,
+                                 args.repeat, args.before))
         rng = np.random.default_rng(0)
         gen_samples = [Sample(f"s{i}", {"x": rng.standard_normal((1, 32, 160, 160)).astype(
             np.float32)}) for i in range(2)]
@@ -262,6 +299,14 @@ def _print(rows: list[dict], summary: dict) -> None:
     print("ratios:", json.dumps({r["model"]: {k: r[k] for k in r if k.endswith(("_plain_runs",
                                                                           "_median", "_over_ours"))}
                                  for r in rows}), json.dumps(summary))
+    for r in rows:
+        if "before" in r:
+            b = r["before"]
+            print(f"{r['model']} before ({b['src']}): median ratio "
+                  f"{b['layerwise_over_plain_runs_median']}, peak RSS {b['peak_rss_mb_max']} MB;"
+                  f" this tree: median {r.get('layerwise_over_plain_runs_median')}, peak RSS "
+                  f"{max(r.get('diagnose_peak_rss_mb_repeats', [r['diagnose']['peak_rss_mb']]))}"
+                  " MB")
 
 
 if __name__ == "__main__":
