@@ -79,6 +79,7 @@ class _Counting:
         self.factory, self.fail_at = factory, fail_at
         self.open = self.most = self.made = 0
         self.lock = threading.Lock()
+        self.beside: dict[tuple[str, ...], int] = {}  # weights -> runners open when it opened
 
     def __call__(self, model):
         with self.lock:
@@ -86,11 +87,13 @@ class _Counting:
             if self.fail_at is not None and self.made >= self.fail_at:
                 raise BackendError("refused on purpose")
         runner, outer = self.factory(model), self
+        weights = tuple(sorted(t.name for t in model.graph.initializer))
 
         class Wrapped:
             def __enter__(self):
                 runner.__enter__()
                 with outer.lock:
+                    outer.beside[weights] = outer.open
                     outer.open += 1
                     outer.most = max(outer.most, outer.open)
                 return self
@@ -106,7 +109,7 @@ class _Counting:
         return Wrapped()
 
 
-def _run(ahead, reference, candidate):
+def _run(ahead_bytes, reference, candidate):
     model, samples = residual_model(), residual_samples()
     sites = float_activations(model, {"x": (1, 4, 8), "m": (1, 4, 8)})
     cut = plan_segments(model, node_output_bytes(model, sites), 1)  # one node each
@@ -114,7 +117,7 @@ def _run(ahead, reference, candidate):
     side = side_thread()
     try:
         missing = run_segments(model, cut, infer_types(model), samples, reference, candidate,
-                               sites, stats, side=side, ahead=ahead)
+                               sites, stats, side=side, ahead_bytes=ahead_bytes)
         return stats.records(sites, set(missing))
     finally:
         stats.close()
@@ -124,20 +127,28 @@ def _run(ahead, reference, candidate):
 
 def test_opening_the_next_segment_ahead_gives_the_same_records():
     made = {}
-    for ahead in (False, True):
+    for ahead_bytes in (0, 1 << 20):
         reference = _Counting(reference_factory)
         candidate = _Counting(emulated(PrecisionPlan(FP16)).factory)
-        made[ahead] = (_run(ahead, reference, candidate), reference.made, candidate.made)
+        made[ahead_bytes] = (_run(ahead_bytes, reference, candidate), reference.made,
+                             candidate.made)
         assert reference.open == candidate.open == 0  # every runner exited
-        assert reference.most == (2 if ahead else 1) and candidate.most == reference.most
-    assert made[True] == made[False]  # the same records from the same runners
+        assert reference.most == (2 if ahead_bytes else 1) and candidate.most == reference.most
+    assert made[0] == made[1 << 20]  # the same records from the same runners
+
+
+def test_a_segment_with_more_weights_than_allowed_opens_after_the_one_before():
+    reference = _Counting(reference_factory)
+    candidate = _Counting(emulated(PrecisionPlan(FP16)).factory)
+    _run(1, reference, candidate)  # segments without weights open ahead, "proj" (w) does not
+    assert reference.most == 2 and reference.beside[("w",)] == 0
 
 
 def test_a_segment_that_fails_to_open_ahead_leaves_no_runner_open():
     reference = _Counting(reference_factory, fail_at=4)
     candidate = _Counting(emulated(PrecisionPlan(FP16)).factory)
     with pytest.raises(BackendError, match="on purpose"):
-        _run(True, reference, candidate)
+        _run(1 << 20, reference, candidate)
     assert reference.open == candidate.open == 0
 
 

@@ -277,6 +277,13 @@ def cut_like(model: onnx.ModelProto, segments: Sequence[Segment], other: onnx.Mo
     return _describe(other, cuts)
 
 
+def weight_bytes(model: onnx.ModelProto, segment: Segment) -> int:
+    """Bytes of the initializers ``segment``'s nodes read (from their dims and type, external
+    data included)."""
+    read = {n for node in model.graph.node[segment.start:segment.stop] for n in node.input}
+    return sum(_initializer_bytes(t) for t in model.graph.initializer if t.name in read)
+
+
 def missing_types(segments: Sequence[Segment], types: Mapping[str, onnx.TypeProto]
                   ) -> list[str]:
     """Boundary tensors whose type inference could not determine (they cannot be inputs)."""

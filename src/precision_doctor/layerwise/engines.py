@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 
 from precision_doctor.graph.outputs import TensorSite, chunk_sites, mark_outputs
-from precision_doctor.graph.segments import Segment, segment_model
+from precision_doctor.graph.segments import Segment, segment_model, weight_bytes
 from precision_doctor.layerwise.resident import ResidentStats, is_resident, to_host
 from precision_doctor.layerwise.stats import StatsPool
 from precision_doctor.runners.base import Runner
@@ -106,7 +106,7 @@ def run_segments(model: onnx.ModelProto, segments: Sequence[Segment],
                  make_reference: RunnerFactory, make_candidate: RunnerFactory,
                  sites: Sequence[TensorSite], stats: StatsPool,
                  progress: Progress | None = None, side: ThreadPoolExecutor | None = None,
-                 candidate_graph: CandidateGraph | None = None, ahead: bool = False
+                 candidate_graph: CandidateGraph | None = None, ahead_bytes: int = 0
                  ) -> list[str]:
     """Run every segment once per precision and sample; fold the sites into ``stats``.
 
@@ -125,9 +125,11 @@ def run_segments(model: onnx.ModelProto, segments: Sequence[Segment],
         side: A thread running the candidate while the reference runs (``side_thread``).
         candidate_graph: The candidate's own graph and its segments (``make_candidate`` is
             then not used).
-        ahead: Build the next segment's sub-models and open its runners on a helper thread
-            while this segment runs, instead of between the two (ONNX Runtime releases the
-            GIL while it creates a session). Two segments' runners are then open at once.
+        ahead_bytes: Build the next segment's sub-models and open its runners on a helper
+            thread while this segment runs, instead of between the two (ONNX Runtime releases
+            the GIL while it creates a session), where the next segment's weights (both
+            runners) take at most this many bytes: two segments' runners are then open at
+            once, each holding its weights. 0: never.
 
     Returns:
         Sites the candidate's segment runner did not expose.
@@ -167,7 +169,12 @@ def run_segments(model: onnx.ModelProto, segments: Sequence[Segment],
     cand_store: list[dict[str, np.ndarray]] = [{} for _ in samples]
     missing: list[str] = []
     total, done = len(segments) * len(samples), 0
-    with _Opener(open_segment, runs, ahead) as opener:
+    def small(k: int) -> bool:  # the weights of segment k may be held beside the current ones
+        return (weight_bytes(model, segments[k])
+                + (weight_bytes(cg.model, cand_segments[k]) if cg is not None
+                   else weight_bytes(model, segments[k]))) <= ahead_bytes
+
+    with _Opener(open_segment, runs, small if ahead_bytes > 0 else None) as opener:
         for k, (seg, names) in enumerate(zip(segments, by_segment)):
             cseg = cand_segments[k]
             if k not in runs:
@@ -212,14 +219,15 @@ class _Open:
 
 
 class _Opener:
-    """Opens the segments' runners in ``order``; with ``ahead``, each next one on a helper
-    thread as soon as the current one is taken. Leaving the ``with`` block closes a segment
+    """Opens the segments' runners in ``order``; where ``ahead(k)``, segment k on a helper
+    thread as soon as the one before it is taken. Leaving the ``with`` block closes a segment
     opened ahead that was not taken (after an error)."""
 
     def __init__(self, open_segment: Callable[[int], _Open], order: Sequence[int],
-                 ahead: bool) -> None:
-        self._open, self._order = open_segment, list(order)
-        self._helper = ThreadPoolExecutor(1) if ahead and len(self._order) > 1 else None
+                 ahead: Callable[[int], bool] | None) -> None:
+        self._open, self._order, self._ahead = open_segment, list(order), ahead
+        self._helper = (ThreadPoolExecutor(1) if ahead is not None and len(self._order) > 1
+                        else None)
         self._opening: dict[int, Future[_Open]] = {}
 
     def __enter__(self) -> _Opener:
@@ -231,8 +239,9 @@ class _Opener:
         current = job.result() if job is not None else self._open(k)
         later = self._order.index(k) + 1
         if self._helper is not None and later < len(self._order):
-            self._opening[self._order[later]] = self._helper.submit(self._open,
-                                                                    self._order[later])
+            nxt = self._order[later]
+            if self._ahead is not None and self._ahead(nxt):
+                self._opening[nxt] = self._helper.submit(self._open, nxt)
         return current
 
     def __exit__(self, *exc: object) -> None:
