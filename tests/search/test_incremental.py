@@ -62,7 +62,7 @@ MODEL = _chain()
 NAMES = [n.name for n in MODEL.graph.node]
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(plans=st.lists(st.sets(st.sampled_from(NAMES)), min_size=2, max_size=4),
        cache=st.sampled_from([0, 200, 1 << 20]))
 def test_a_plan_gives_the_same_bits_from_kept_states_as_from_its_inputs(plans, cache):

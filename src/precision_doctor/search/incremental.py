@@ -14,12 +14,18 @@ removes a few nodes from the last passing set). Here the model is cut into about
   state: the same segments in the same precisions computed it from the same inputs, so the
   evaluation is the same bits as running every segment (tests/search/test_incremental.py).
   States are kept within ``CACHE_BYTES``, a tensor held by several states (consecutive states
-  share most) counted once; the least recently used go first. PP-OCRv4 det, 3 images, ``fix``
-  at the default tolerance: 281 of 1128 segment runs skipped with 1 GiB, 44 with 256 MiB
-  (its states take about 20 MiB each; 2026-11-28).
+  share most) counted once, as copies (ONNX Runtime's outputs are views of its arena, where a
+  kept one would pin its chunk); the least recently used go first.
 * **Sessions.** A segment's emulation and ONNX Runtime session depend only on the plan's
   decisions for that segment's nodes: they are kept per (segment, decisions), so a new plan
-  builds only the segments it changes (det: 203 built, 478 reused).
+  builds only the segments it changes; ``SESSIONS_PER_SEGMENT`` unused ones are kept each.
+
+Memory, measured on PP-OCRv4 det (3 images up to 992x736, 14 plans of 5 FP32 convolutions, the
+search's shared CPU arena; ``benchmarks/probes/incremental_memory.py``, 2026-11-28): 1.9 GB
+peak with 256 MiB of states and one idle session per segment (271 of 504 segment runs
+skipped), 2.6 GB with 1 GiB and two (369 skipped); sessions kept on the shared arena cost more
+than the states (2.4 GB with two idle sessions and no states, 1.3 GB without the shared arena
+at twice the CPU time).
 
 Every plan of the search, the first one included, runs on these segments. Segment runs are not
 always the bits of one whole-model run: ONNX Runtime may fuse FP32 nodes across a cut in the
@@ -42,6 +48,7 @@ import numpy as np
 import onnx
 
 from precision_doctor.formats import Precision
+from precision_doctor.graph.external import SMALL_MODEL_BYTES, external_bytes
 from precision_doctor.graph.load import input_metadata
 from precision_doctor.graph.segments import (
     balanced_segments,
@@ -58,10 +65,11 @@ from precision_doctor.runners.emulator import EmulatorRunner
 
 # Segments a search's model is cut into: more reuse finer-grained, more runs per sample.
 SEARCH_SEGMENTS = 12
-# Unused sessions kept per segment (each holds the segment's weights and their rounded copy).
-SESSIONS_PER_SEGMENT = 2
-# Bytes of kept states (module docstring: det's states need about 1 GiB).
-CACHE_BYTES = 1024 << 20
+# Unused sessions kept per segment (each holds the segment's weights and their rounded copy;
+# none where the weights take ``graph.external.SMALL_MODEL_BYTES`` or more).
+SESSIONS_PER_SEGMENT = 1
+# Bytes of kept states: the layerwise segment budget (``layerwise.compare.LAYERWISE_BUDGET``).
+CACHE_BYTES = 256 << 20
 
 
 @dataclass
@@ -142,6 +150,10 @@ class IncrementalEmulation:
             self.produces.append(outs)
             runs = bool(seg.carry or outs)
             self.subs.append(segment_model(model, seg, outs, types, len(cuts)) if runs else None)
+        # a model whose weights do not fit twice keeps only the sessions in use (its weights
+        # may be external: the search's rewritten model keeps them in a weight store)
+        small = model.ByteSize() + external_bytes(model) < SMALL_MODEL_BYTES
+        self.idle_sessions = SESSIONS_PER_SEGMENT if small else 0
         self.segment_of = {nd.name: k for k, seg in enumerate(self.segments)
                            for nd in model.graph.node[seg.start:seg.stop] if nd.name}
         self.counts = Counts()
@@ -226,15 +238,16 @@ class IncrementalEmulation:
             else:
                 self._sessions[k][key] = _Session(runner)
                 self.counts.sessions_built += 1
-                self._evict_sessions(k)
             kept = self._sessions[k][key]
-            kept.pins += 1
-            p.pinned.add((k, key))
+            if (k, key) not in p.pinned:
+                kept.pins += 1
+                p.pinned.add((k, key))
+            self._evict_sessions(k)  # after pinning: the new session is in use
             return kept.runner
 
     def _evict_sessions(self, k: int) -> None:
         idle = [key for key, s in self._sessions[k].items() if s.pins == 0]
-        for key in idle[:max(0, len(idle) - SESSIONS_PER_SEGMENT)]:
+        for key in idle[:max(0, len(idle) - self.idle_sessions)]:
             self._sessions[k].pop(key).runner.__exit__(None, None, None)
 
     def _release(self, p: _Plan) -> None:
@@ -285,8 +298,12 @@ class IncrementalEmulation:
                 self.counts.segment_runs += 1
                 for n in seg.release:
                     store.pop(n, None)
-                store.update({n: result[n] for n in seg.carry})
-                outs.update({n: result[n] for n in self.produces[k]})
+                # ONNX Runtime's outputs are views of its arena: a kept one would pin its chunk
+                # there, and the arena grows around the pinned chunks (det fix: 4.0 GB peak RSS
+                # with 1 GiB of states held as views); copies live on numpy's heap
+                own = np.array if i is not None else np.asarray
+                store.update({n: own(result[n]) for n in seg.carry})
+                outs.update({n: own(result[n]) for n in self.produces[k]})
             if i is not None and k + 1 < len(self.segments):
                 self._keep_state((i, k, p.prefixes[k]), store, outs)
         return {n: outs[n] for n in self.outputs}
