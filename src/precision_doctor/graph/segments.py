@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -293,3 +294,26 @@ def missing_types(segments: Sequence[Segment], types: Mapping[str, onnx.TypeProt
 def is_segment(model: onnx.ModelProto) -> bool:
     """Whether ``model`` was built by ``segment_model``."""
     return any(p.key == SEGMENT_KEY for p in model.metadata_props)
+
+
+def node_costs(model: onnx.ModelProto, types: Mapping[str, onnx.TypeProto]
+           ) -> tuple[list[float], dict[str, int]]:
+    """The costs ``balanced_segments`` takes: (per node, its output bytes, a proxy of its work;
+    per tensor, its bytes), from ``types`` with one sample's shapes (``graph.shapes
+    .infer_types``). A tensor of unknown size counts as the median known one; Constant nodes
+    cost nothing."""
+    sizes: dict[str, int] = {}
+    for name, t in types.items():
+        tt = t.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
+        if tt.HasField("shape") and all(d >= 0 for d in dims):
+            try:
+                itemsize = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).itemsize
+            except (KeyError, TypeError, ValueError):  # strings, exotic types: a guess
+                itemsize = 8
+            sizes[name] = int(np.prod(dims, dtype=np.int64)) * itemsize
+    fallback = int(np.median(list(sizes.values()))) if sizes else 1
+    cost = [0.0 if nd.op_type == "Constant" else
+            float(sum(sizes.get(o, fallback) for o in nd.output if o))
+            for nd in model.graph.node]
+    return cost, {n: sizes.get(n, fallback) for nd in model.graph.node for n in nd.output}

@@ -20,20 +20,14 @@ removes a few nodes from the last passing set). Here the model is cut into about
   decisions for that segment's nodes: they are kept per (segment, decisions), so a new plan
   builds only the segments it changes; ``SESSIONS_PER_SEGMENT`` unused ones are kept each.
 
-Memory, measured on PP-OCRv4 det (3 images up to 992x736, 14 plans of 5 FP32 convolutions, the
-search's shared CPU arena; ``benchmarks/probes/incremental_memory.py``, 2026-11-28): 1.9 GB
-peak with 256 MiB of states and one idle session per segment (271 of 504 segment runs
-skipped), 2.6 GB with 1 GiB and two (369 skipped); sessions kept on the shared arena cost more
-than the states (2.4 GB with two idle sessions and no states, 1.3 GB without the shared arena
-at twice the CPU time).
+Memory (PP-OCRv4 det, 3 images, 14 plans; ``benchmarks/probes/incremental_memory.py``,
+2026-11-28): 1.9 GB peak with 256 MiB of states and one idle session per segment, 2.6 GB with
+1 GiB and two; sessions kept on the search's shared CPU arena cost more than the states.
 
-Every plan of the search, the first one included, runs on these segments. Segment runs are not
-always the bits of one whole-model run: ONNX Runtime may fuse FP32 nodes across a cut in the
-whole graph (PP-OCRv4 det with 70% of its nodes in FP32: up to 7e-3 apart on the probability
-map, as far as marking the boundaries as outputs of the whole graph moves it), a difference of
-FP32 arithmetic order, as between any two engines' kernels. The search's answers on the real
-models are the same as with whole-model evaluations (BENCHMARKS.md, "Search and diagnosis
-cost"); ``fix`` verifies the model it writes on its own.
+Every plan, the first one included, runs on these segments. Segment runs are not always the
+bits of one whole-model run: ONNX Runtime may fuse FP32 nodes across a cut in the whole graph.
+``incremental_scope`` measures what the cuts alone change in the all-FP32 plan on the first
+sample (``cut_error``) and evaluates incrementally only below ``CUT_ERROR``.
 """
 
 from __future__ import annotations
@@ -42,17 +36,19 @@ import threading
 from collections import OrderedDict
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import onnx
 
+from precision_doctor.compare.metrics import relative_l2
 from precision_doctor.formats import Precision
 from precision_doctor.graph.external import SMALL_MODEL_BYTES, external_bytes
 from precision_doctor.graph.load import input_metadata
 from precision_doctor.graph.segments import (
     balanced_segments,
     missing_types,
+    node_costs,
     segment_model,
     why_not_segmentable,
 )
@@ -68,25 +64,23 @@ SEARCH_SEGMENTS = 12
 # Unused sessions kept per segment (each holds the segment's weights and their rounded copy;
 # none where the weights take ``graph.external.SMALL_MODEL_BYTES`` or more).
 SESSIONS_PER_SEGMENT = 1
+# Largest relative L2 the cuts alone may cause in the all-FP32 plan (``cut_error``), else
+# whole-model evaluations: measured 2026-11-28, 0 (the same bits) on PP-OCRv4 det and rec,
+# 5.3e-7 on the Whisper encoder, 0.10 on MiniLM quantized by ``quantize_dynamic`` (ONNX
+# Runtime's SkipLayerNorm fusion, cut at some layers, moves its output that much).
+CUT_ERROR = 1e-5
 # Bytes of kept states: the layerwise segment budget (``layerwise.compare.LAYERWISE_BUDGET``).
 CACHE_BYTES = 256 << 20
 
 
 @dataclass
 class Counts:
-    """What the incremental evaluation saved (for reports and benchmarks).
+    """What the incremental evaluation saved (for reports and benchmarks)."""
 
-    Attributes:
-        segment_runs: Segments run.
-        segments_skipped: Segments a kept state spared.
-        sessions_built: Segment sessions opened.
-        sessions_reused: Segment sessions taken from the kept ones.
-    """
-
-    segment_runs: int = 0
-    segments_skipped: int = 0
-    sessions_built: int = 0
-    sessions_reused: int = 0
+    segment_runs: int = 0  # segments run
+    segments_skipped: int = 0  # segments a kept state spared
+    sessions_built: int = 0  # segment sessions opened
+    sessions_reused: int = 0  # segment sessions taken from the kept ones
 
 
 @dataclass
@@ -121,7 +115,7 @@ class IncrementalEmulation:
     Use as a context manager (it holds sessions).
 
     Raises:
-        ValueError: The model cannot be cut (``applicable``).
+        ValueError: The model cannot be cut (``applicable``) or a boundary is untyped.
     """
 
     def __init__(self, model: onnx.ModelProto, default: Precision, samples: Sequence,
@@ -131,27 +125,23 @@ class IncrementalEmulation:
         if why is not None:
             raise ValueError(why)
         self.model, self.default, self.samples = model, default, samples
-        self.conv_bias, self.cache_bytes, self.cpu_mem_arena = conv_bias, cache_bytes, \
-            cpu_mem_arena
+        self.conv_bias, self.cache_bytes = conv_bias, cache_bytes
+        self.cpu_mem_arena = cpu_mem_arena
         self.outputs = [o.name for o in model.graph.output]
         feeds = samples[0].feeds if samples else {}
-        # the segments' boundary types as the model declares them (samples differ in shape);
-        # the first sample's shapes only weigh the nodes
+        # boundary types as declared (samples differ in shape); one sample's weigh the nodes
         types = infer_types(model)
         sized = infer_types(model, {k: np.shape(v) for k, v in feeds.items()})
-        cuts = balanced_segments(model, *_costs(model, sized), segments)
+        cuts = balanced_segments(model, *node_costs(model, sized), segments)
         if missing_types(cuts, types):
             raise ValueError("type inference leaves a segment boundary untyped")
-        self.segments, self.subs, self.produces = [], [], []
+        self.segments, self.subs, self.produces = list(cuts), [], []
         for seg in cuts:
             made = {o for nd in model.graph.node[seg.start:seg.stop] for o in nd.output}
-            outs = [o for o in self.outputs if o in made]
-            self.segments.append(seg)
-            self.produces.append(outs)
-            runs = bool(seg.carry or outs)
-            self.subs.append(segment_model(model, seg, outs, types, len(cuts)) if runs else None)
-        # a model whose weights do not fit twice keeps only the sessions in use (its weights
-        # may be external: the search's rewritten model keeps them in a weight store)
+            self.produces.append([o for o in self.outputs if o in made])
+            self.subs.append(segment_model(model, seg, self.produces[-1], types, len(cuts))
+                             if seg.carry or self.produces[-1] else None)
+        # weights that do not fit twice (external ones counted): only the sessions in use
         small = model.ByteSize() + external_bytes(model) < SMALL_MODEL_BYTES
         self.idle_sessions = SESSIONS_PER_SEGMENT if small else 0
         self.segment_of = {nd.name: k for k, seg in enumerate(self.segments)
@@ -182,6 +172,25 @@ class IncrementalEmulation:
             self._held.clear()
             self._state_bytes = 0
 
+    def cut_error(self) -> float:
+        """Relative L2 (worst output) between the segment runs and one whole-model run of the
+        all-FP32 plan on the first sample: what cutting the graph alone changes (ONNX Runtime
+        fusing FP32 nodes across a cut in the whole graph).
+
+        Raises:
+            BackendError: ONNX Runtime fails.
+        """
+        if not self.samples:
+            return 0.0
+        plan = PrecisionPlan(self.default).keep_fp32(list(self.segment_of), "cut check")
+        feeds = self.samples[0].feeds
+        with EmulatorRunner(self.model, plan, cpu_mem_arena=self.cpu_mem_arena,
+                            conv_bias=self.conv_bias) as whole:
+            ref = whole.run(feeds)
+        with self.runner(plan) as cut:
+            got = cut.run(feeds)
+        return max((relative_l2([ref[n]], [got[n]]) for n in self.outputs), default=0.0)
+
     def runner(self, plan: PrecisionPlan, name: str | None = None) -> IncrementalRunner:
         """A runner of ``plan`` (not entered) on this evaluation's segments.
 
@@ -192,8 +201,7 @@ class IncrementalEmulation:
             raise ValueError(f"plan default {plan.default.value} is not {self.default.value}")
         return IncrementalRunner(self, plan, name or f"emulate-{plan.default.value}")
 
-    # ----------------------------------------------------------------- internals
-    def _describe(self, plan: PrecisionPlan) -> _Plan:
+    def _describe(self, plan: PrecisionPlan) -> _Plan:  # its per-segment keys and prefix ids
         per: list[set] = [set() for _ in self.segments]
         for node, decision in plan.overrides.items():
             k = self.segment_of.get(node)
@@ -298,9 +306,7 @@ class IncrementalEmulation:
                 self.counts.segment_runs += 1
                 for n in seg.release:
                     store.pop(n, None)
-                # ONNX Runtime's outputs are views of its arena: a kept one would pin its chunk
-                # there, and the arena grows around the pinned chunks (det fix: 4.0 GB peak RSS
-                # with 1 GiB of states held as views); copies live on numpy's heap
+                # ORT's outputs are views of its arena, where kept ones would pin their chunks
                 own = np.array if i is not None else np.asarray
                 store.update({n: own(result[n]) for n in seg.carry})
                 outs.update({n: own(result[n]) for n in self.produces[k]})
@@ -325,8 +331,7 @@ class IncrementalRunner:
     def __enter__(self) -> IncrementalRunner:
         owner = self.owner
         self._p = owner._describe(self.plan)
-        # open the sessions of the segments every sample will run (on the search's opener
-        # thread when it prefetches this plan)
+        # open the segments every sample will run (on the opener thread of a prefetch)
         first = min((owner._first_to_run(self._p, i)[0] for i in range(len(owner.samples))),
                     default=0)
         for k in range(first, len(owner.segments)):
@@ -352,10 +357,7 @@ class IncrementalRunner:
     def run_sample(self, index: int | None, feeds: Feeds,
                    output_names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """Outputs on sample ``index`` of the owner's samples (its ``feeds``; None: a sample
-        of its own, nothing reused or kept).
-
-        Raises:
-            BackendError: ONNX Runtime fails.
+        of its own, nothing reused or kept). Raises ``BackendError`` where ONNX Runtime fails.
         """
         assert self._p is not None, "use the runner inside a `with` block"
         out = self.owner.run_plan_sample(self._p, index, feeds)
@@ -376,7 +378,8 @@ def incremental_scope(model: onnx.ModelProto, default: Precision, samples: Seque
                       cache_bytes: int = CACHE_BYTES) -> IncrementalEmulation | nullcontext:
     """An ``IncrementalEmulation`` for a search on the CPU (on a GPU each plan is one feed of
     the switched session, ``runners.sessions.switched``), or an empty context where it does not
-    apply: not ``wanted``, a GPU, a model that cannot be cut, a boundary left untyped.
+    apply: not ``wanted``, a GPU, a model that cannot be cut, a boundary left untyped, cuts
+    that change the all-FP32 plan's outputs by more than ``CUT_ERROR``.
 
     Args:
         model / default / samples / conv_bias / cpu_mem_arena / cache_bytes: As for
@@ -386,28 +389,12 @@ def incremental_scope(model: onnx.ModelProto, default: Precision, samples: Seque
     if not wanted or current_device().is_cuda or applicable(model) is not None:
         return nullcontext()
     try:
-        return IncrementalEmulation(model, default, samples, conv_bias,
+        made = IncrementalEmulation(model, default, samples, conv_bias,
                                     cache_bytes=cache_bytes, cpu_mem_arena=cpu_mem_arena)
     except ValueError:  # a boundary type inference cannot tell: whole-model evaluations
         return nullcontext()
+    if made.cut_error() > CUT_ERROR:
+        made.close()
+        return nullcontext()
+    return made
 
-
-def _costs(model: onnx.ModelProto, types: Mapping[str, onnx.TypeProto]
-           ) -> tuple[list[float], dict[str, int]]:
-    """(per node: its output bytes, a proxy of its work; per tensor: its bytes), one sample;
-    a tensor of unknown size counts as the median known one."""
-    sizes: dict[str, int] = {}
-    for name, t in types.items():
-        tt = t.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
-        if tt.HasField("shape") and all(d >= 0 for d in dims):
-            try:
-                itemsize = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).itemsize
-            except (KeyError, TypeError, ValueError):  # strings, exotic types: a guess
-                itemsize = 8
-            sizes[name] = int(np.prod(dims, dtype=np.int64)) * itemsize
-    fallback = int(np.median(list(sizes.values()))) if sizes else 1
-    cost = [0.0 if nd.op_type == "Constant" else
-            float(sum(sizes.get(o, fallback) for o in nd.output if o))
-            for nd in model.graph.node]
-    return cost, {n: sizes.get(n, fallback) for nd in model.graph.node for n in nd.output}
