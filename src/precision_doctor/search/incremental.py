@@ -20,9 +20,10 @@ removes a few nodes from the last passing set). Here the model is cut into about
   decisions for that segment's nodes: they are kept per (segment, decisions), so a new plan
   builds only the segments it changes; ``SESSIONS_PER_SEGMENT`` unused ones are kept each.
 
-Memory (PP-OCRv4 det, 3 images, 14 plans; ``benchmarks/probes/incremental_memory.py``,
-2026-11-28): 1.9 GB peak with 256 MiB of states and one idle session per segment, 2.6 GB with
-1 GiB and two; sessions kept on the search's shared CPU arena cost more than the states.
+Where fewer than ``PLANS_KEPT`` plans' states of one sample fit ``CACHE_BYTES`` (PP-OCRv4 det,
+up to 992x736: 79 MiB a plan), whole models are evaluated: ``fix`` on det skipped 44 of 1140
+segment runs at 256 MiB, in the same time, at 2.3x the peak RSS (sessions kept on the search's
+shared CPU arena; ``search_cost_2026-11-28_cpu2.json``, ``probes/incremental_memory.py``).
 
 Every plan, the first one included, runs on these segments. Segment runs are not always the
 bits of one whole-model run: ONNX Runtime may fuse FP32 nodes across a cut in the whole graph.
@@ -69,6 +70,9 @@ SESSIONS_PER_SEGMENT = 1
 # 5.3e-7 on the Whisper encoder, 0.10 on MiniLM quantized by ``quantize_dynamic`` (ONNX
 # Runtime's SkipLayerNorm fusion, cut at some layers, moves its output that much).
 CUT_ERROR = 1e-5
+# Plans whose states of one sample must fit ``CACHE_BYTES`` together (the last passing plan,
+# the start plan, the plan evaluated and the next), else each plan evicts what the next needs.
+PLANS_KEPT = 4
 # Bytes of kept states: the layerwise segment budget (``layerwise.compare.LAYERWISE_BUDGET``).
 CACHE_BYTES = 256 << 20
 
@@ -102,8 +106,7 @@ class IncrementalEmulation:
     plans computed (module docstring).
 
     Args:
-        model: The FP32 model (topologically sorted, no control flow: check
-            ``applicable`` first).
+        model: The FP32 model (``applicable``: sorted, no control flow).
         default: The low precision of every plan (FP16 or BF16).
         samples: The samples every evaluation draws from (``.feeds``); ``run_sample(i, ...)``
             must be given ``samples[i]``'s feeds.
@@ -132,7 +135,10 @@ class IncrementalEmulation:
         # boundary types as declared (samples differ in shape); one sample's weigh the nodes
         types = infer_types(model)
         sized = infer_types(model, {k: np.shape(v) for k, v in feeds.items()})
-        cuts = balanced_segments(model, *node_costs(model, sized), segments)
+        cost, sizes = node_costs(model, sized)
+        cuts = balanced_segments(model, cost, sizes, segments)
+        # one plan's states of one sample: each carried tensor once, first sample's shapes
+        self.chain_bytes = sum(sizes.get(n, 0) for c in cuts for n in c.carry)
         if missing_types(cuts, types):
             raise ValueError("type inference leaves a segment boundary untyped")
         self.segments, self.subs, self.produces = list(cuts), [], []
@@ -175,11 +181,7 @@ class IncrementalEmulation:
     def cut_error(self) -> float:
         """Relative L2 (worst output) between the segment runs and one whole-model run of the
         all-FP32 plan on the first sample: what cutting the graph alone changes (ONNX Runtime
-        fusing FP32 nodes across a cut in the whole graph).
-
-        Raises:
-            BackendError: ONNX Runtime fails.
-        """
+        fusing FP32 nodes across a cut in the whole graph). Raises ``BackendError``."""
         if not self.samples:
             return 0.0
         plan = PrecisionPlan(self.default).keep_fp32(list(self.segment_of), "cut check")
@@ -192,11 +194,8 @@ class IncrementalEmulation:
         return max((relative_l2([ref[n]], [got[n]]) for n in self.outputs), default=0.0)
 
     def runner(self, plan: PrecisionPlan, name: str | None = None) -> IncrementalRunner:
-        """A runner of ``plan`` (not entered) on this evaluation's segments.
-
-        Raises:
-            ValueError: ``plan``'s default is not this evaluation's.
-        """
+        """A runner of ``plan`` (not entered) on these segments; ``ValueError`` where
+        ``plan``'s default is not this evaluation's."""
         if plan.default is not self.default:
             raise ValueError(f"plan default {plan.default.value} is not {self.default.value}")
         return IncrementalRunner(self, plan, name or f"emulate-{plan.default.value}")
@@ -378,8 +377,9 @@ def incremental_scope(model: onnx.ModelProto, default: Precision, samples: Seque
                       cache_bytes: int = CACHE_BYTES) -> IncrementalEmulation | nullcontext:
     """An ``IncrementalEmulation`` for a search on the CPU (on a GPU each plan is one feed of
     the switched session, ``runners.sessions.switched``), or an empty context where it does not
-    apply: not ``wanted``, a GPU, a model that cannot be cut, a boundary left untyped, cuts
-    that change the all-FP32 plan's outputs by more than ``CUT_ERROR``.
+    apply: not ``wanted``, a GPU, a model that cannot be cut, a boundary left untyped, fewer
+    than ``PLANS_KEPT`` plans' states of one sample within ``cache_bytes``, cuts that change
+    the all-FP32 plan's outputs by more than ``CUT_ERROR``.
 
     Args:
         model / default / samples / conv_bias / cpu_mem_arena / cache_bytes: As for
@@ -393,7 +393,7 @@ def incremental_scope(model: onnx.ModelProto, default: Precision, samples: Seque
                                     cache_bytes=cache_bytes, cpu_mem_arena=cpu_mem_arena)
     except ValueError:  # a boundary type inference cannot tell: whole-model evaluations
         return nullcontext()
-    if made.cut_error() > CUT_ERROR:
+    if PLANS_KEPT * made.chain_bytes > cache_bytes or made.cut_error() > CUT_ERROR:
         made.close()
         return nullcontext()
     return made
