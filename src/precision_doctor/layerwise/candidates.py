@@ -6,6 +6,7 @@ different marked outputs. ``candidate_from_spec`` maps the CLI's ``--runner`` te
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -31,6 +32,7 @@ from precision_doctor.runners.ort import OrtRunner, resolve_provider
 from precision_doctor.runners.ort_options import ort_providers
 from precision_doctor.runners.recorded import RecordedRunner
 from precision_doctor.runners.sessions import switched
+from precision_doctor.runners.sessions.cpu_arena import shared_cpu
 from precision_doctor.runners.tensorrt import TensorRTRunner
 from precision_doctor.runners.verify import VerifiedBy, verified_again
 
@@ -356,7 +358,10 @@ def run_samples(runner: Runner, samples: Sequence, names: Sequence[str], stage: 
     """
     outs: dict[str, list[np.ndarray]] = {n: [] for n in names}
     batched = batches_on(device.current().is_cuda, getattr(runner, "model", None), len(samples))
-    with runner:
+    # on the CPU the session allocates from the shared arena (runners.sessions.cpu_arena): det's
+    # 3 images at up to 736x3968 run in 1.29 s instead of 3.19 s with a fresh allocation per
+    # activation (2026-11-28); outputs are copied out of it, where kept views would pin chunks
+    with shared_cpu() if not device.current().is_cuda else nullcontext(), runner:
         if batched:  # on a GPU: samples of equal shapes in one run (runners.batching)
             for r in run_batched(runner, [s.feeds for s in samples], names):
                 result = float32_outputs(r, names)
@@ -368,7 +373,7 @@ def run_samples(runner: Runner, samples: Sequence, names: Sequence[str], stage: 
         for i, s in enumerate(samples):
             result = float32_outputs(runner.run(s.feeds), names)
             for n in names:
-                outs[n].append(result[n])
+                outs[n].append(np.array(result[n]))
             if progress:
                 progress(stage, i + 1, len(samples))
     return outs
