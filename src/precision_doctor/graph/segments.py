@@ -297,7 +297,7 @@ def is_segment(model: onnx.ModelProto) -> bool:
 
 
 def node_costs(model: onnx.ModelProto, types: Mapping[str, onnx.TypeProto]
-           ) -> tuple[list[float], dict[str, int]]:
+               ) -> tuple[list[float], dict[str, int]]:
     """The costs ``balanced_segments`` takes: (per node, its output bytes, a proxy of its work;
     per tensor, its bytes), from ``types`` with one sample's shapes (``graph.shapes
     .infer_types``). A tensor of unknown size counts as the median known one; Constant nodes

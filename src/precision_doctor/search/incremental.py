@@ -155,7 +155,7 @@ class IncrementalEmulation:
         self.counts = Counts()
         self._lock = threading.Lock()
         self._prefix_ids: dict[tuple[int, frozenset], int] = {}
-        self._states: OrderedDict[tuple[int, int, int], tuple[dict, dict, int]] = OrderedDict()
+        self._states: OrderedDict[tuple[int, int, int], tuple[dict, dict]] = OrderedDict()
         self._held: dict[int, list] = {}  # id -> [array, states holding it]
         self._state_bytes = 0
         self._sessions: list[OrderedDict[frozenset, _Session]] = [
@@ -214,15 +214,15 @@ class IncrementalEmulation:
                 prefixes.append(parent)
         return _Plan(plan, keys, prefixes)
 
-    def _first_to_run(self, p: _Plan, i: int) -> tuple[int, dict, dict]:
-        """(first segment to run for sample i, its boundary store, the outputs so far)."""
+    def _first_to_run(self, p: _Plan, i: int) -> tuple[int, tuple[dict, dict] | None]:
+        """(first segment to run for sample i, the kept (store, outputs) it starts from)."""
         with self._lock:
             for k in range(len(self.segments) - 1, -1, -1):
                 state = self._states.get((i, k, p.prefixes[k]))
                 if state is not None:
                     self._states.move_to_end((i, k, p.prefixes[k]))
-                    return k + 1, dict(state[0]), dict(state[1])
-        return 0, {}, {}
+                    return k + 1, state
+        return 0, None
 
     def _session(self, p: _Plan, k: int) -> EmulatorRunner:
         key = p.keys[k]
@@ -274,7 +274,7 @@ class IncrementalEmulation:
             if key in self._states:
                 return
             arrays = [*store.values(), *outs.values()]
-            self._states[key] = (dict(store), dict(outs), 0)
+            self._states[key] = (dict(store), dict(outs))
             self._hold(arrays, +1)
             while self._state_bytes > self.cache_bytes and self._states:
                 old = self._states.popitem(last=False)[1]
@@ -294,7 +294,8 @@ class IncrementalEmulation:
     def run_plan_sample(self, p: _Plan, i: int | None, feeds: Feeds) -> dict[str, np.ndarray]:
         """Outputs of plan ``p`` on sample ``i`` (None: not cached), from its first segment
         without a kept state."""
-        start, store, outs = self._first_to_run(p, i) if i is not None else (0, {}, {})
+        start, state = self._first_to_run(p, i) if i is not None else (0, None)
+        store, outs = (dict(state[0]), dict(state[1])) if state is not None else ({}, {})
         self.counts.segments_skipped += start
         for k in range(start, len(self.segments)):
             seg = self.segments[k]
@@ -317,10 +318,8 @@ class IncrementalEmulation:
 class IncrementalRunner:
     """A ``Runner`` of one plan on an ``IncrementalEmulation`` (construct it with
     ``IncrementalEmulation.runner``). ``run_sample(i, feeds)`` reuses and keeps states of
-    sample i; ``run(feeds)`` runs every segment and keeps nothing.
-
-    Raises:
-        BackendError: ONNX Runtime rejects a segment's emulation or fails to run it.
+    sample i; ``run(feeds)`` runs every segment and keeps nothing. Both raise ``BackendError``
+    where ONNX Runtime rejects a segment's emulation or fails to run it.
     """
 
     def __init__(self, owner: IncrementalEmulation, plan: PrecisionPlan, name: str) -> None:

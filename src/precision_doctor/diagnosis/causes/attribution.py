@@ -149,11 +149,11 @@ def attribute(model: onnx.ModelProto, samples: Sequence, reference: Outputs,
                                                       {k: list(v) for k, v in inputs_of.items()}),
                                   regions)
 
-    incremental: list[IncrementalEmulation] = []
+    scope: IncrementalEmulation | None = None  # set by the `with` below, before any plan
 
     def open_plan(p: PrecisionPlan, threads: int = 0) -> EmulatorRunner | IncrementalRunner:
-        if incremental and not threads:  # each plan from the first segment it changes
-            return incremental[0].runner(p)
+        if scope is not None and not threads:  # each plan from the first segment it changes
+            return scope.runner(p)
         return EmulatorRunner(model, p, intra_op_threads=threads, conv_bias=conv_bias)
 
     def report(stage: str, done: int, total: int) -> None:
@@ -172,7 +172,6 @@ def attribute(model: onnx.ModelProto, samples: Sequence, reference: Outputs,
         with shared_cpu(), use_device(where), \
                 incremental_scope(model, plan.default, sub, conv_bias,
                                   cache_bytes=LAYERWISE_BUDGET) as scope:
-            incremental.extend([scope] if scope is not None else [])
             result = search_fp32_set(open_plan, sub, ref, objective, plan, ranking, max_evals,
                                      report, seconds=max(seconds, MIN_SECONDS))
     except TargetNotMetError:

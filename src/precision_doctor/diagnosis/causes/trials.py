@@ -57,7 +57,8 @@ class ImpactTrials:
         self.samples, self.reference, self.names = samples, reference, list(names)
         self.errors: dict[frozenset[str], float] = {}
         self.evaluations = 0
-        self._scope: IncrementalEmulation | bool | None = None  # None: not opened yet
+        self._incremental_done = False  # _incremental() decided
+        self._scope: IncrementalEmulation | None = None
 
     def _plan(self, nodes: Iterable[str]) -> PrecisionPlan:
         return self.plan.keep_fp32(list(nodes), "diagnose")
@@ -89,17 +90,17 @@ class ImpactTrials:
         states within the layerwise budget, so diagnose's peak memory stays its layerwise
         pass's), opened on the first trial; None where it does not apply (a GPU's switched
         session serves the trials)."""
-        if self._scope is None:
-            scope = None
+        if not self._incremental_done:
+            self._incremental_done = True
             if not switched.serves(device.current()):
                 scope = incremental_scope(self.model, self.plan.default, self.samples,
                                           self.conv_bias, cache_bytes=LAYERWISE_BUDGET)
-            self._scope = scope if isinstance(scope, IncrementalEmulation) else False
-        return self._scope if isinstance(self._scope, IncrementalEmulation) else None
+                self._scope = scope if isinstance(scope, IncrementalEmulation) else None
+        return self._scope
 
     def close(self) -> None:
         """Close the incremental evaluation's sessions (the measured errors stay)."""
-        if isinstance(self._scope, IncrementalEmulation):
+        if self._scope is not None:
             self._scope.close()
         self._scope = None
 
