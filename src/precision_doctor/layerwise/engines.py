@@ -169,10 +169,11 @@ def run_segments(model: onnx.ModelProto, segments: Sequence[Segment],
     cand_store: list[dict[str, np.ndarray]] = [{} for _ in samples]
     missing: list[str] = []
     total, done = len(segments) * len(samples), 0
+
     def small(k: int) -> bool:  # the weights of segment k may be held beside the current ones
-        return (weight_bytes(model, segments[k])
-                + (weight_bytes(cg.model, cand_segments[k]) if cg is not None
-                   else weight_bytes(model, segments[k]))) <= ahead_bytes
+        ref = weight_bytes(model, segments[k])
+        cand = weight_bytes(cg.model, cand_segments[k]) if cg is not None else ref
+        return ref + cand <= ahead_bytes
 
     with _Opener(open_segment, runs, small if ahead_bytes > 0 else None) as opener:
         for k, (seg, names) in enumerate(zip(segments, by_segment)):
