@@ -359,8 +359,9 @@ def run_samples(runner: Runner, samples: Sequence, names: Sequence[str], stage: 
     outs: dict[str, list[np.ndarray]] = {n: [] for n in names}
     batched = batches_on(device.current().is_cuda, getattr(runner, "model", None), len(samples))
     # on the CPU the session allocates from the shared arena (runners.sessions.cpu_arena): det's
-    # 3 images at up to 736x3968 run in 1.29 s instead of 3.19 s with a fresh allocation per
-    # activation (2026-11-28); outputs are copied out of it, where kept views would pin chunks
+    # 3 images at up to 736x3968 run in 1.2 s instead of 3.3 s with a fresh allocation per
+    # activation (benchmarks/probes/incremental_cuts.py, 2026-11-28); outputs are copied out of
+    # it, where kept views would pin its chunks
     with shared_cpu() if not device.current().is_cuda else nullcontext(), runner:
         if batched:  # on a GPU: samples of equal shapes in one run (runners.batching)
             for r in run_batched(runner, [s.feeds for s in samples], names):

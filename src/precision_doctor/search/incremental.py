@@ -66,9 +66,9 @@ SEARCH_SEGMENTS = 12
 # none where the weights take ``graph.external.SMALL_MODEL_BYTES`` or more).
 SESSIONS_PER_SEGMENT = 1
 # Largest relative L2 the cuts alone may cause in the all-FP32 plan (``cut_error``), else
-# whole-model evaluations: measured 2026-11-28, 0 (the same bits) on PP-OCRv4 det and rec,
-# 5.3e-7 on the Whisper encoder, 0.10 on MiniLM quantized by ``quantize_dynamic`` (ONNX
-# Runtime's SkipLayerNorm fusion, cut at some layers, moves its output that much).
+# whole-model evaluations: 0 (the same bits) on PP-OCRv4 det and rec, 5.3e-7 on the Whisper
+# encoder, 0.10 on MiniLM quantized by ``quantize_dynamic`` (ONNX Runtime's SkipLayerNorm
+# fusion, cut at some layers; ``benchmarks/probes/incremental_cuts.py``, 2026-11-28).
 CUT_ERROR = 1e-5
 # Plans whose states of one sample must fit ``CACHE_BYTES`` together (the last passing plan,
 # the start plan, the plan evaluated and the next), else each plan evicts what the next needs.
