@@ -4,6 +4,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from precision_doctor.compare.tasks.registry import get_metric
 from precision_doctor.errors import TargetNotMetError
@@ -67,3 +69,36 @@ def test_budget_and_unreachable_target():
                              PrecisionPlan(Precision.FP16), NODES, max_evals=5)
     assert result.evaluations <= 6 and result.score.passed  # a passing superset
     assert NEEDED <= set(result.kept)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.lists(st.lists(st.integers(0, 39), min_size=1, max_size=5), min_size=1, max_size=3),
+       st.randoms(use_true_random=False))
+def test_the_set_found_passes_and_no_single_node_can_go(alternatives, rnd):
+    """Any monotone target (passes when one of several node sets is all FP32), any ranking:
+    the answer passes, and dropping any one of its nodes fails (1-minimal)."""
+    sets = [{f"n{i}" for i in alt} for alt in alternatives]
+
+    def passes(fp32):
+        return any(s <= set(fp32) for s in sets)
+
+    samples, _, reference, _ = _setup()
+
+    def open_plan(plan):
+        fp32 = set(plan.fp32_nodes())
+
+        def fn(feeds):
+            logits = np.zeros((1, 3), np.float32)
+            logits[0, 0 if passes(fp32) or int(feeds["x"][0, 0]) != 2 else 1] = 1.0
+            return {"y": logits}
+        return FakeRunner([TensorMeta("x", np.dtype(np.float32), (1, 4))], ["y"], fn)
+
+    ranking = list(NODES)
+    rnd.shuffle(ranking)
+    objective = Objective(metric=get_metric("top1"), threshold=1.0)
+    result = search_fp32_set(open_plan, samples, reference, objective,
+                             PrecisionPlan(Precision.FP16), ranking, max_evals=1000)
+    kept = list(result.kept)
+    assert result.score.passed and passes(kept)
+    assert all(not passes([n for n in kept if n != node]) for node in kept)
+    assert kept == sorted(kept, key=ranking.index)  # in ranking order
