@@ -72,18 +72,21 @@ def test_a_folded_tensor_is_not_held_by_the_queue():
 
 
 class _Counting:
-    """Runner factory wrapper: how many runners are open at once, the most ever, and a
-    failure on the ``fail_at``-th runner opened."""
+    """Runner factory wrapper: how many runners are open at once, the most ever, how many were
+    made on a helper thread (opened ahead), and a failure on the ``fail_at``-th runner opened.
+    Whether a runner opened ahead overlaps the one before depends on timing; which thread
+    made it does not."""
 
     def __init__(self, factory, fail_at=None):
         self.factory, self.fail_at = factory, fail_at
-        self.open = self.most = self.made = 0
+        self.open = self.most = self.made = self.ahead = 0
         self.lock = threading.Lock()
         self.beside: dict[tuple[str, ...], int] = {}  # weights -> runners open when it opened
 
     def __call__(self, model):
         with self.lock:
             self.made += 1
+            self.ahead += threading.current_thread() is not threading.main_thread()
             if self.fail_at is not None and self.made >= self.fail_at:
                 raise BackendError("refused on purpose")
         runner, outer = self.factory(model), self
@@ -133,7 +136,8 @@ def test_opening_the_next_segment_ahead_gives_the_same_records():
         made[ahead_bytes] = (_run(ahead_bytes, reference, candidate), reference.made,
                              candidate.made)
         assert reference.open == candidate.open == 0  # every runner exited
-        assert reference.most == (2 if ahead_bytes else 1) and candidate.most == reference.most
+        assert max(reference.most, candidate.most) <= (2 if ahead_bytes else 1)
+        assert (reference.ahead > 0) == (candidate.ahead > 0) == (ahead_bytes > 0)
     assert made[0] == made[1 << 20]  # the same records from the same runners
 
 
@@ -141,7 +145,7 @@ def test_a_segment_with_more_weights_than_allowed_opens_after_the_one_before():
     reference = _Counting(reference_factory)
     candidate = _Counting(emulated(PrecisionPlan(FP16)).factory)
     _run(1, reference, candidate)  # segments without weights open ahead, "proj" (w) does not
-    assert reference.most == 2 and reference.beside[("w",)] == 0
+    assert reference.ahead > 0 and reference.most <= 2 and reference.beside[("w",)] == 0
 
 
 def test_a_segment_that_fails_to_open_ahead_leaves_no_runner_open():
