@@ -85,15 +85,33 @@ def _style() -> AbstractContextManager[None]:
 
 def _figure() -> tuple[Figure, Axes]:
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import FuncFormatter, LogFormatter, MaxNLocator
 
     with _style():
         fig = Figure(figsize=FIGSIZE, layout="constrained")
         ax = fig.add_subplot()
         ax.set_yscale("log")
+        # plain-text tick labels ("1e-5", "0.01", "100"): the default scientific labels are
+        # mathtext, whose parsing was half of a plot's time (0.5 of 1.05 s under cProfile,
+        # PP-OCRv4 rec's 403 tensors, 2026-11-28)
+        ax.yaxis.set_major_formatter(FuncFormatter(_decade))
+        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False,
+                                                  minor_thresholds=(2, 0.5)))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("topological index of the producing node")
     return fig, ax
+
+
+def _decade(value: float, _position: int) -> str:
+    """Label of a log axis' major tick: ``0.001`` to ``1000`` written out, ``1e-5`` and
+    ``1e6`` beyond (a tick off a power of ten, which a major one is not, as ``%g``)."""
+    if value <= 0 or not math.isfinite(value):
+        return ""
+    k = math.log10(value)
+    if abs(k - round(k)) > 1e-9:
+        return f"{value:g}"
+    k = round(k)
+    return f"{value:g}" if -3 <= k <= 3 else f"1e{k}"
 
 
 def _finite_positive(values: Sequence[float]) -> list[float]:
