@@ -20,7 +20,10 @@ NODES = [f"n{i}" for i in range(40)]
 NEEDED = {"n7", "n23"}  # sample 2 flips unless both are FP32
 
 
-def _setup(needed=NEEDED):
+def _setup(needed=NEEDED, passes=None):
+    """Four samples; sample 2 flips unless ``passes(fp32 nodes)`` (default: ``needed`` are
+    all FP32)."""
+    passes = passes or (lambda fp32: needed <= fp32)
     samples = [SimpleNamespace(feeds={"x": np.full((1, 4), float(i), np.float32)})
                for i in range(4)]
     runs: list[int] = []
@@ -32,7 +35,7 @@ def _setup(needed=NEEDED):
             i = int(feeds["x"][0, 0])
             runs.append(i)
             logits = np.zeros((1, 3), np.float32)
-            flips = i == 2 and not needed <= fp32
+            flips = i == 2 and not passes(fp32)
             logits[0, 1 if flips else 0] = 1.0
             return {"y": logits}
         return FakeRunner([TensorMeta("x", np.dtype(np.float32), (1, 4))], ["y"], fn)
@@ -82,17 +85,7 @@ def test_the_set_found_passes_and_no_single_node_can_go(alternatives, rnd):
     def passes(fp32):
         return any(s <= set(fp32) for s in sets)
 
-    samples, _, reference, _ = _setup()
-
-    def open_plan(plan):
-        fp32 = set(plan.fp32_nodes())
-
-        def fn(feeds):
-            logits = np.zeros((1, 3), np.float32)
-            logits[0, 0 if passes(fp32) or int(feeds["x"][0, 0]) != 2 else 1] = 1.0
-            return {"y": logits}
-        return FakeRunner([TensorMeta("x", np.dtype(np.float32), (1, 4))], ["y"], fn)
-
+    samples, open_plan, reference, _ = _setup(passes=passes)
     ranking = list(NODES)
     rnd.shuffle(ranking)
     objective = Objective(metric=get_metric("top1"), threshold=1.0)
