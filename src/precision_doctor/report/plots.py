@@ -92,8 +92,9 @@ def _figure() -> tuple[Figure, Axes]:
         ax = fig.add_subplot()
         ax.set_yscale("log")
         # plain-text tick labels ("1e-5", "0.01", "100"): the default scientific labels are
-        # mathtext, whose parsing was half of a plot's time (0.5 of 1.05 s under cProfile,
-        # PP-OCRv4 rec's 403 tensors, 2026-11-28)
+        # mathtext, whose parsing made a fresh process's plots of PP-OCRv4 rec's 403 tensors
+        # take 0.43 / 0.61 s instead of 0.24 / 0.23 s (benchmarks/probes/plots_speed.py,
+        # 2026-11-28)
         ax.yaxis.set_major_formatter(FuncFormatter(_decade))
         # minor ticks labelled where matplotlib's default would (narrow ranges), in plain text
         ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
