@@ -20,7 +20,12 @@ import onnx
 import onnx_ir as ir
 
 from precision_doctor.errors import BackendError
-from precision_doctor.graph.external import pad_to_alignment, set_external_info
+from precision_doctor.graph.external import (
+    external_info,
+    pad_to_alignment,
+    set_external_info,
+    tensor_array,
+)
 
 
 class WeightStore:
@@ -106,6 +111,26 @@ def stored_copy(source: ir.ExternalTensor, key: tuple, dtype: ir.DataType, name:
         entry = STORE.put(derived, key)
         del derived
     return ir.ExternalTensor(*entry, dtype, shape=ir.Shape(source.shape), name=name), computed
+
+
+def stored_proto_copy(source: onnx.TensorProto, tag: str, name: str,
+                      compute: Callable[[np.ndarray], np.ndarray]) -> onnx.TensorProto:
+    """``stored_copy`` for an external weight given as a ``TensorProto``: ``compute(source
+    values)`` (same shape and dtype) is stored once per (source bytes, ``tag``) in this process.
+
+    Raises:
+        BackendError: The store cannot be written.
+    """
+    location, offset, length = external_info(source)
+    key = (location, offset, length, tag)  # ``ir_external_key`` of the same weight
+    entry = STORE.get(key)
+    if entry is None:
+        derived = compute(tensor_array(source))
+        entry = STORE.put(derived, key)
+        del derived
+    tensor = onnx.TensorProto(name=name, dims=list(source.dims), data_type=source.data_type)
+    set_external_info(tensor, *entry)
+    return tensor
 
 
 def ir_external_key(tensor: object, tag: str) -> tuple | None:

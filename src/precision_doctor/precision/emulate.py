@@ -41,6 +41,12 @@ Nodes inside subgraphs (If/Loop/Scan bodies) are left in FP32; ``EmulationInfo``
 Weights kept in external data files (``graph.external``) are rounded into the process's weight
 store once per (tensor, format) and referenced from there, so the emulation model of a model of
 any size stays a small proto and repeated emulations (search, layerwise) reuse the rounding.
+
+The pass edits the protobuf of the shape-inferred model in place and re-emits its nodes in order
+with the rounding nodes between them; the FP32 weights no node reads any more are dropped. A
+search builds one emulation per plan: on PP-OCRv4 det in FP16 this takes about a quarter of
+the time of the same pass over onnx-ir's object graph (deserialized and serialized back), with
+the same nodes, names and values (``benchmarks/probes/emulation_cost.py``).
 """
 
 from __future__ import annotations
@@ -50,13 +56,13 @@ from typing import Callable, TypeVar
 
 import numpy as np
 import onnx
-import onnx_ir as ir
+from onnx import helper, numpy_helper
 
 from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.formats import Precision, round_to
-from precision_doctor.graph.constants import const_tensor, ir_tensor
+from precision_doctor.graph.external import is_external, tensor_array
 from precision_doctor.graph.load import opset_of
-from precision_doctor.graph.weight_store import ir_external_key, stored_copy
+from precision_doctor.graph.weight_store import stored_proto_copy
 from precision_doctor.precision.conv_bias import FUSED, SEPARATE, split_conv_bias
 from precision_doctor.precision.emulate_layernorm import expand_low_precision_stats
 from precision_doctor.precision.plan import (
@@ -72,7 +78,8 @@ TF32_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
 # format, so its output round trip is skipped (same values, two Casts fewer per tensor).
 EXACT_OPS = frozenset({"Relu", "Clip", "MaxPool", "Abs", "Neg", "Max", "Min", "ReduceMax",
                        "ReduceMin"})
-_FLOATS = {ir.DataType.FLOAT, ir.DataType.DOUBLE}
+_T = onnx.TensorProto
+_FLOATS = {_T.FLOAT, _T.DOUBLE}
 _SPLIT_BITS = {Precision.TF32: 13, Precision.BF16: 16}  # FP32 mantissa bits dropped (23 - kept)
 
 
@@ -99,20 +106,31 @@ _E = TypeVar("_E", bound="_Emulator")
 
 
 class _Emulator:
-    """Mutable state of one emulation pass over an ``ir.Model``."""
+    """Mutable state of one emulation pass over a shape-inferred ``onnx.ModelProto`` that the
+    pass owns: nodes are edited in place and re-emitted in order (``emitted``), the rounding of
+    a node's inputs before it, of its outputs after it (``after``). Tensors are named: a rounded
+    output keeps its name (consumers and graph outputs read it), its raw value is renamed."""
 
-    def __init__(self, model: ir.Model, plan: PrecisionPlan) -> None:
+    def __init__(self, model: onnx.ModelProto, plan: PrecisionPlan,
+                 dtypes: dict[str, int], types: dict[str, onnx.TypeProto]) -> None:
         self.model = model
         self.graph = model.graph
         self.plan = plan
-        self.opset = model.opset_imports.get("", 1)
-        self.cache: dict[tuple[int, Precision], ir.Value] = {}
-        self.rounded: dict[Precision, set[int]] = {p: set() for p in Precision}
+        self.opset = opset_of(model)
+        self.dtypes = dtypes  # tensor name -> element type (known types only)
+        self.types = types  # tensor name -> type, for value_info
+        self.inits = {t.name: t for t in self.graph.initializer}
+        self.producers = {o: n for n in self.graph.node for o in n.output if o}
+        self.emitted: list[onnx.NodeProto] = []
+        self.after: list[onnx.NodeProto] = []
+        self.added_inits: list[onnx.TensorProto] = []
+        self.cache: dict[tuple[str, Precision], str] = {}
+        self.rounded: dict[Precision, set[str]] = {p: set() for p in Precision}
         self.n_act = 0
         self.n_init = 0
-        self.unknown: list[str] = []
+        self.unknown: dict[str, None] = {}
         self.methods: dict[str, str] = {}
-        self.constants: set[int] = set()  # values computed from constants only
+        self.constants: set[str] = set()  # tensors computed from constants only
 
     # -- rounding primitives -------------------------------------------------------------
     def _method(self, p: Precision) -> str:
@@ -120,173 +138,234 @@ class _Emulator:
             return "cast"
         return "veltkamp"
 
-    def _round_nodes(self, x: ir.Value, p: Precision, tag: str) -> tuple[list[ir.Node], ir.Value]:
-        """Nodes computing round_p(x) and their output value."""
-        dtype = x.dtype or ir.DataType.FLOAT
+    def _typed(self, name: str, like: str) -> None:
+        """Give tensor ``name`` the element type and value_info type of tensor ``like``."""
+        self.dtypes[name] = self.dtypes.get(like) or _T.FLOAT
+        self.types[name] = self.types.get(like) or helper.make_tensor_type_proto(
+            self.dtypes[name], None)
+
+    def _round_nodes(self, x: str, p: Precision, tag: str, out: str | None = None
+                     ) -> tuple[list[onnx.NodeProto], str]:
+        """Nodes computing round_p(x) (their last output named ``out`` if given) and the name
+        of their output."""
+        dtype = self.dtypes.get(x) or _T.FLOAT
         method = self._method(p)
         self.methods[p.value] = method
         base = f"pd_round/{p.value}/{tag}"
+        names = [f"{base}/{i}" for i in range(2 if method == "cast" else 4)]
+        if out is not None:
+            names[-1] = out
         if method == "cast":
-            to = ir.DataType.FLOAT16 if p is Precision.FP16 else ir.DataType.BFLOAT16
-            down = ir.node("Cast", [x], {"to": to}, name=f"{base}/down")
-            up = ir.node("Cast", [down.outputs[0]], {"to": dtype}, name=f"{base}/up")
-            nodes = [down, up]
+            to = _T.FLOAT16 if p is Precision.FP16 else _T.BFLOAT16
+            nodes = [helper.make_node("Cast", [x], [names[0]], name=f"{base}/down", to=to),
+                     helper.make_node("Cast", [names[0]], [names[1]], name=f"{base}/up",
+                                      to=dtype)]
         else:
-            bits = _SPLIT_BITS[p] + (29 if dtype == ir.DataType.DOUBLE else 0)
-            np_dtype = np.float64 if dtype == ir.DataType.DOUBLE else np.float32
-            const = ir.node("Constant", [], {"value": ir.tensor(np_dtype(2.0**bits + 1.0))},
-                            name=f"{base}/k")
-            c = ir.node("Mul", [x, const.outputs[0]], name=f"{base}/c")
-            d = ir.node("Sub", [c.outputs[0], x], name=f"{base}/d")
-            hi = ir.node("Sub", [c.outputs[0], d.outputs[0]], name=f"{base}/hi")
-            nodes = [const, c, d, hi]
-        for i, n in enumerate(nodes):
-            for o in n.outputs:
-                o.name = f"{base}/{i}"
-        out = nodes[-1].outputs[0]
-        out.dtype = dtype
-        out.shape = x.shape
-        return nodes, out
+            bits = _SPLIT_BITS[p] + (29 if dtype == _T.DOUBLE else 0)
+            np_dtype = np.float64 if dtype == _T.DOUBLE else np.float32
+            k = numpy_helper.from_array(np.array(2.0**bits + 1.0, np_dtype))
+            nodes = [helper.make_node("Constant", [], [names[0]], name=f"{base}/k", value=k),
+                     helper.make_node("Mul", [x, names[0]], [names[1]], name=f"{base}/c"),
+                     helper.make_node("Sub", [names[1], x], [names[2]], name=f"{base}/d"),
+                     helper.make_node("Sub", [names[1], names[2]], [names[3]],
+                                      name=f"{base}/hi")]
+        self._typed(names[-1], x)
+        return nodes, names[-1]
 
-    def rounded_input(self, x: ir.Value, p: Precision, before: ir.Node) -> ir.Value:
-        """A value equal to round_p(x), created once per (x, p)."""
-        key = (id(x), p)
+    def _const_tensor(self, x: str) -> onnx.TensorProto | None:
+        """The weight or ``Constant`` value behind tensor ``x``, or None."""
+        if x in self.inits:
+            return self.inits[x]
+        node = self.producers.get(x)
+        if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx") \
+                or len(node.attribute) != 1:
+            return None
+        attr = node.attribute[0]
+        if attr.name == "value":
+            return attr.t
+        if attr.name in ("value_float", "value_floats"):
+            values = attr.f if attr.name == "value_float" else list(attr.floats)
+            return numpy_helper.from_array(np.array(values, np.float32))
+        return None
+
+    def rounded_input(self, x: str, p: Precision) -> str:
+        """A tensor equal to round_p(x), created once per (x, p)."""
+        key = (x, p)
         if key in self.cache:
             return self.cache[key]
-        const = x.const_value if x.is_initializer() else const_tensor(x)
+        const = self._const_tensor(x)
         if const is not None:
-            name = f"{x.name}__pd_{p.value}"
-            stored = ir_external_key(const, p.value)
-            tensor: ir.TensorProtocol
-            if isinstance(const, ir.ExternalTensor) and stored is not None:
-                # External weight: the rounded copy goes to the weight store, once per process.
-                source = const
-                tensor, computed = stored_copy(
-                    source, stored, source.dtype, name,
-                    lambda: round_to(source.numpy(), p).astype(source.dtype.numpy()))
-                if computed:
-                    source.release()  # unmap the source weights
+            new = f"{x}__pd_{p.value}"
+            if is_external(const):  # rounded into the weight store, once per process
+                tensor = stored_proto_copy(
+                    const, p.value, new, lambda a: round_to(a, p).astype(a.dtype))
             else:
-                array = const.numpy()
-                tensor = ir_tensor(round_to(array, p).astype(array.dtype), name=name)
-            new = ir.Value(name=name, type=x.type, shape=x.shape, const_value=tensor)
-            self.graph.register_initializer(new)
+                array = tensor_array(const)
+                tensor = numpy_helper.from_array(round_to(array, p).astype(array.dtype), new)
+            self.added_inits.append(tensor)
             self.n_init += 1
         else:
-            nodes, new = self._round_nodes(x, p, f"in/{x.name}")
-            self.graph.insert_before(before, nodes)
+            nodes, new = self._round_nodes(x, p, f"in/{x}")
+            self.emitted.extend(nodes)
             self.n_act += 1
-        self.rounded[p].add(id(new))
+        self.rounded[p].add(new)
         self.cache[key] = new
         return new
 
-    def round_output(self, node: ir.Node, out: ir.Value, p: Precision) -> None:
-        """Round ``out`` in place: consumers and graph outputs see the rounded value, which
-        keeps the original tensor name (so layerwise comparison finds it)."""
-        uses = list(out.uses())
-        original = out.name
-        out.name = f"{original}__pd_raw"
-        nodes, rounded = self._round_nodes(out, p, f"out/{original}")
-        rounded.name = original
-        self.graph.insert_after(node, nodes)
-        for use in uses:
-            use.node.replace_input_with(use.idx, rounded)
-        for i, g_out in enumerate(self.graph.outputs):
-            if g_out is out:
-                self.graph.outputs[i] = rounded
-        self.rounded[p].add(id(rounded))
+    def round_output(self, node: onnx.NodeProto, index: int, p: Precision) -> None:
+        """Round output ``index`` of ``node`` after it: consumers and graph outputs read the
+        rounded value under the original name (so layerwise comparison finds it)."""
+        original = node.output[index]
+        raw = f"{original}__pd_raw"
+        node.output[index] = raw
+        self._typed(raw, original)
+        nodes, _ = self._round_nodes(raw, p, f"out/{original}", out=original)
+        self.after.extend(nodes)
+        self.rounded[p].add(original)
         self.n_act += 1
 
     # -- the pass ------------------------------------------------------------------------
-    def is_float(self, v: ir.Value | None) -> bool:
-        if v is None:
+    def is_float(self, name: str) -> bool:
+        if not name:
             return False
-        if v.dtype is None:
-            if v.name and v.name not in self.unknown:
-                self.unknown.append(v.name)
+        dtype = self.dtypes.get(name)
+        if dtype is None:
+            self.unknown[name] = None
             return False
-        return v.dtype in _FLOATS
+        return dtype in _FLOATS
 
     def run(self) -> None:
-        for node in list(self.graph):
+        for node in list(self.graph.node):
+            self.after = []
             if node.op_type in DATA_MOVEMENT_OPS and node.op_type not in CAST_OPS:
                 self._follow_producer(node)
-                continue
-            p = self.plan.precision_of(node.name or "")
-            if p is Precision.FP32:
-                continue
-            if p is Precision.TF32:
-                if node.op_type in TF32_OPS and node.domain in ("", "ai.onnx") \
-                        and not _depthwise(node):
-                    self._tf32_node(node, p)
-                continue
-            self._low_precision_node(node, p)
+            else:
+                p = self.plan.precision_of(node.name)
+                if p is Precision.TF32:
+                    if node.op_type in TF32_OPS and node.domain in ("", "ai.onnx") \
+                            and not self._depthwise(node):
+                        self._tf32_node(node, p)
+                elif p is not Precision.FP32:
+                    self._low_precision_node(node, p)
+            self.emitted.append(node)
+            self.emitted.extend(self.after)
 
-    def _tf32_node(self, node: ir.Node, p: Precision) -> None:
+    def _tf32_node(self, node: onnx.NodeProto, p: Precision) -> None:
         """Round the two multiplicands of a TF32 MatMul/Gemm/Conv."""
-        for i in (0, 1):
-            v = node.inputs[i] if i < len(node.inputs) else None
-            if v is not None and self.is_float(v):
-                node.replace_input_with(i, self.rounded_input(v, p, node))
+        for i in range(min(2, len(node.input))):
+            if self.is_float(node.input[i]):
+                node.input[i] = self.rounded_input(node.input[i], p)
 
-    def _constant(self, v: ir.Value) -> bool:
+    def _constant(self, v: str) -> bool:
         """Whether ``v`` is a weight, a Constant's output, or data movement on those only."""
-        if id(v) in self.constants:
+        if v in self.constants or v in self.inits:
             return True
-        producer = v.producer()
-        return v.is_initializer() or v.const_value is not None or (
-            producer is not None and producer.op_type == "Constant")
+        producer = self.producers.get(v)
+        return producer is not None and producer.op_type == "Constant"
 
-    def _follow_producer(self, node: ir.Node) -> None:
+    def _follow_producer(self, node: onnx.NodeProto) -> None:
         """A data-movement node: its outputs are in a format when all its float inputs are.
 
         Constants do not vote, as in the writer (``precision.writer.decide``): a constant that
         meets an FP16 tensor in a data-movement node (``Where(c, x, Expand(b))``) is stored in
         FP16 there and rounded here, unless the plan names the node FP32 (found by
         tests/fuzz). Data movement on constants only stays a constant."""
-        floats = [v for v in node.inputs if v is not None and self.is_float(v)]
+        floats = [v for v in node.input if self.is_float(v)]
         voters = [v for v in floats if not self._constant(v)]
         if not voters:
-            self.constants.update(id(o) for o in node.outputs if self.is_float(o))
+            self.constants.update(o for o in node.output if self.is_float(o))
             return
-        pinned = self.plan.overrides.get(node.name or "")
+        pinned = self.plan.overrides.get(node.name)
         fp32 = pinned is not None and pinned.precision is Precision.FP32
         for p in (Precision.FP16, Precision.BF16):
-            if not all(id(v) in self.rounded[p] for v in voters):
+            if not all(v in self.rounded[p] for v in voters):
                 continue
             if fp32 and len(voters) < len(floats):
                 continue  # FP32 by the plan: its constants stay FP32, its output is mixed
-            for i, v in enumerate(node.inputs):
-                if v is not None and v in floats and v not in voters:
-                    node.replace_input_with(i, self.rounded_input(v, p, node))
-            self.rounded[p].update(id(o) for o in node.outputs if self.is_float(o))
+            for i, v in enumerate(node.input):
+                if v in floats and v not in voters:
+                    node.input[i] = self.rounded_input(v, p)
+            self.rounded[p].update(o for o in node.output if self.is_float(o))
 
-    def _low_precision_node(self, node: ir.Node, p: Precision) -> None:
+    def _exact(self, node: onnx.NodeProto) -> bool:
+        """Whether ``node``'s outputs are already in the format (``EXACT_OPS``; Clip < 11
+        takes its bounds as attributes, which are not rounded)."""
+        return node.op_type in EXACT_OPS and node.domain in ("", "ai.onnx") \
+            and not any(a.name in ("min", "max") for a in node.attribute)
+
+    def _low_precision_node(self, node: onnx.NodeProto, p: Precision) -> None:
         # A Cast reads its input as its producer stored it (FP32 from an FP32 node: a Cast to
         # int64 of an FP32 value is not rounded first); its float output is in the node's format.
-        cast = node.op_type in CAST_OPS
-        for i, v in enumerate(node.inputs):
-            if not cast and v is not None and self.is_float(v) and id(v) not in self.rounded[p]:
-                node.replace_input_with(i, self.rounded_input(v, p, node))
-        exact = (node.op_type in EXACT_OPS and node.domain in ("", "ai.onnx")
-                 and not ("min" in node.attributes or "max" in node.attributes))  # Clip < 11
-        for out in node.outputs:
+        if node.op_type not in CAST_OPS:
+            for i, v in enumerate(node.input):
+                if self.is_float(v) and v not in self.rounded[p]:
+                    node.input[i] = self.rounded_input(v, p)
+        exact = self._exact(node)
+        for i, out in enumerate(node.output):
             if not self.is_float(out):
                 continue
             if exact:  # already representable: rounding it again would change nothing
-                self.rounded[p].add(id(out))
+                self.rounded[p].add(out)
             else:
-                self.round_output(node, out, p)
+                self.round_output(node, i, p)
+
+    def _depthwise(self, node: onnx.NodeProto) -> bool:
+        """A Conv with one input channel per group (weights [C_out, 1, k...]) and group > 1."""
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        if node.op_type != "Conv" or group <= 1 or len(node.input) < 2:
+            return False
+        w = node.input[1]
+        if w in self.inits:
+            dims = list(self.inits[w].dims)
+        else:
+            shape = self.types[w].tensor_type.shape if w in self.types else None
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in shape.dim] \
+                if shape is not None else []
+        return len(dims) >= 2 and dims[1] == 1
+
+    def finish(self) -> onnx.ModelProto:
+        """The emulation model: the emitted nodes, the weights some node still reads (an FP32
+        weight every reader of which now reads its rounded copy goes, as ONNX Runtime would
+        drop it at session creation) plus the rounded ones, and the value_info of every typed
+        tensor a node writes (ONNX Runtime's fusions read it: without it
+        ``SkipLayerNormFusion`` does not fire on a quantized MiniLM, which moves its FP32
+        output by 0.10 relative L2, so even the all-FP32 plan would not be the reference,
+        ``search.invariant``)."""
+        graph = self.graph
+        del graph.node[:]
+        graph.node.extend(self.emitted)
+        read = {v for n in self.emitted for v in n.input} | _outer_reads(self.emitted)
+        read.update(v.name for v in (*graph.input, *graph.output))
+        kept = [t for t in graph.initializer if t.name in read]
+        del graph.initializer[:]
+        graph.initializer.extend(kept + self.added_inits)
+        io = {v.name for v in (*graph.input, *graph.output)}
+        written = [o for n in self.emitted for o in n.output if o and o not in io]
+        del graph.value_info[:]
+        graph.value_info.extend(onnx.ValueInfoProto(name=o, type=self.types[o])
+                                for o in written if o in self.types)
+        return self.model
 
 
-def _depthwise(node: ir.Node) -> bool:
-    """A Conv with one input channel per group (weights [C_out, 1, k...]) and group > 1."""
-    group = node.attributes.get("group")
-    if node.op_type != "Conv" or group is None or group.as_int() <= 1 or len(node.inputs) < 2:
-        return False
-    w = node.inputs[1]
-    shape = w.shape if w is not None else None
-    return shape is not None and len(shape) >= 2 and shape[1] == 1
+def _outer_reads(nodes: list[onnx.NodeProto]) -> set[str]:
+    """Every tensor name read inside the subgraphs of ``nodes`` (outer-scope reads included)."""
+    read: set[str] = set()
+    for node in nodes:
+        for attr in node.attribute:
+            for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                read.update(v for n in g.node for v in n.input)
+                read.update(_outer_reads(list(g.node)))
+    return read
+
+
+def _subgraph_nodes(nodes) -> int:
+    """Nodes inside the subgraphs of ``nodes``, at any depth."""
+    count = 0
+    for node in nodes:
+        for attr in node.attribute:
+            for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                count += len(g.node) + _subgraph_nodes(g.node)
+    return count
 
 
 def emulate(model: onnx.ModelProto, plan: PrecisionPlan, conv_bias: str = FUSED
@@ -315,14 +394,15 @@ def emulate(model: onnx.ModelProto, plan: PrecisionPlan, conv_bias: str = FUSED
                                                       "bias added after the rounded Conv")
                                     for conv, add in added.items()})
     model, plan = expand_low_precision_stats(model, plan)  # stash_type=0 LayerNorms
-    out, info, _ = build_emulation(model, lambda m: _Emulator(m, plan))
+    out, info, _ = build_emulation(model, lambda m, d, t: _Emulator(m, plan, d, t))
     return out, info
 
 
-def build_emulation(model: onnx.ModelProto, make: Callable[[ir.Model], _E]
+def build_emulation(model: onnx.ModelProto, make: Callable[..., _E]
                     ) -> tuple[onnx.ModelProto, EmulationInfo, _E]:
-    """Infer ``model``'s types, run the emulator ``make`` builds on it, and serialize the
-    result (shared by ``emulate`` and ``precision.emulate_switch``).
+    """Infer ``model``'s types, run the emulator ``make(inferred, dtypes, types)`` builds on
+    the inferred copy, and return the result (shared by ``emulate`` and
+    ``precision.emulate_switch``).
 
     Raises:
         UnsupportedModelError: Shape/type inference of the model failed.
@@ -333,47 +413,40 @@ def build_emulation(model: onnx.ModelProto, make: Callable[[ir.Model], _E]
         raise UnsupportedModelError(
             f"ONNX shape inference failed ({exc}); the emulator needs tensor dtypes. Run "
             "onnx.shape_inference or export with value_info.") from exc
-    ir_model = ir.serde.deserialize_model(inferred)
-    _contrib_dtypes(inferred, ir_model)
-    emulator = make(ir_model)
+    graph = inferred.graph
+    types = {v.name: v.type for v in (*graph.input, *graph.value_info, *graph.output)
+             if v.type.HasField("tensor_type")}
+    dtypes = {name: t.tensor_type.elem_type for name, t in types.items()
+              if t.tensor_type.elem_type}
+    dtypes.update((t.name, t.data_type) for t in graph.initializer)
+    _contrib_dtypes(inferred, dtypes, types)
+    emulator = make(inferred, dtypes, types)
     emulator.run()
-    subgraph_nodes = sum(1 for _ in ir_model.graph.all_nodes()) - len(list(ir_model.graph))
-    out = ir.serde.serialize_model(ir_model)
-    _keep_value_info(out)
+    subgraph_nodes = _subgraph_nodes(graph.node)
+    out = emulator.finish()
     info = EmulationInfo(emulator.n_act, emulator.n_init, dict(sorted(emulator.methods.items())),
                          tuple(emulator.unknown), subgraph_nodes)
     return out, info, emulator
 
 
-def _keep_value_info(out: onnx.ModelProto) -> None:
-    """Keep the inferred ``value_info`` of the emulation model's tensors (a rounded tensor
-    keeps its name, element type and shape; its raw value is typed like it), dropping only
-    entries whose tensor no node writes any more. ONNX Runtime's fusions read it: without it
-    ``SkipLayerNormFusion`` does not fire on a quantized MiniLM, which moves its FP32 output
-    by 0.10 relative L2 (8-bit activation rounding flips), so even the all-FP32 plan would not
-    be the reference (``search.invariant``)."""
-    written = {o for n in out.graph.node for o in n.output}
-    keep = [vi for vi in out.graph.value_info if vi.name in written]
-    del out.graph.value_info[:]
-    out.graph.value_info.extend(keep)
-
-
-def _contrib_dtypes(inferred: onnx.ModelProto, ir_model: ir.Model) -> None:
+def _contrib_dtypes(inferred: onnx.ModelProto, dtypes: dict[str, int],
+                    types: dict[str, onnx.TypeProto]) -> None:
     """Give the outputs of ops ONNX inference cannot type (``com.microsoft`` Gelu, ...), and
     what inference then left untyped after them, their element type from ONNX Runtime's
     schema, as the writer does
     (``precision.writer.validate.inferred_dtypes``): an FP16 node reading such a float output
     rounds it, as the written model casts it (found by tests/fuzz)."""
-    if not any(v.dtype is None for n in ir_model.graph for v in n.outputs
-               if n.domain not in ("", "ai.onnx")):
+    if not any(o and o not in dtypes for n in inferred.graph.node
+               if n.domain not in ("", "ai.onnx") for o in n.output):
         return
     from precision_doctor.precision.writer.validate import inferred_dtypes
 
-    types = inferred_dtypes(inferred)  # also what ONNX inference left untyped downstream
-    for v in (v for n in ir_model.graph for v in n.outputs if v.dtype is None):
-        dtype = types.get(v.name or "")
+    found = inferred_dtypes(inferred)  # also what ONNX inference left untyped downstream
+    for name in (o for n in inferred.graph.node for o in n.output if o and o not in dtypes):
+        dtype = found.get(name)
         if dtype is not None:
-            v.dtype = dtype
+            dtypes[name] = int(dtype)
+            types[name] = helper.make_tensor_type_proto(int(dtype), None)
 
 
 def describe_method(model: onnx.ModelProto, precision: Precision) -> str:

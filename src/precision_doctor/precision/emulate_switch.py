@@ -46,12 +46,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-import onnx_ir as ir
+from onnx import helper, numpy_helper
 
 from precision_doctor.formats import Precision
 from precision_doctor.precision.conv_bias import FUSED, SEPARATE, split_conv_bias
 from precision_doctor.precision.emulate import (
-    EXACT_OPS,
     EmulationInfo,
     _Emulator,
     build_emulation,
@@ -97,94 +96,81 @@ class SwitchableEmulation:
 class _SwitchEmulator(_Emulator):
     """``_Emulator`` whose every rounding of a node is guarded by that node's switch."""
 
-    def __init__(self, model: ir.Model, plan: PrecisionPlan, owner: dict[str, str]) -> None:
-        super().__init__(model, plan)
+    def __init__(self, model: onnx.ModelProto, plan: PrecisionPlan, dtypes: dict[str, int],
+                 types: dict[str, onnx.TypeProto], owner: dict[str, str]) -> None:
+        super().__init__(model, plan, dtypes, types)
         self.owner = owner  # node name -> the source node whose switch it follows
         self.keys: list[str] = []
-        self.keep: dict[str, ir.Value] = {}
-        self.guarded: dict[tuple[int, int], ir.Value] = {}
-        # (id(v), p) -> a value equal to round_p(v) whatever the switches: for an output v of a
+        self.keep: dict[str, str] = {}
+        self.guarded: dict[tuple[str, str], str] = {}
+        # (v, p) -> a tensor equal to round_p(v) whatever the switches: for an output v of a
         # switched node, its rounding round_p(raw) (round_p(v) = round_p(raw) both ways)
-        self.low_of: dict[tuple[int, Precision], ir.Value] = {}
-        self.switch = ir.Value(name=SWITCH_INPUT, type=ir.TensorType(ir.DataType.BOOL),
-                               shape=ir.Shape([None]))
+        self.low_of: dict[tuple[str, Precision], str] = {}
 
     def run(self) -> None:
         super().run()
-        self.graph.inputs.append(self.switch)
-        self.switch.shape = ir.Shape([len(self.keys)])
+        self.graph.input.append(helper.make_tensor_value_info(
+            SWITCH_INPUT, onnx.TensorProto.BOOL, [len(self.keys)]))
 
-    def _keep(self, node: ir.Node) -> ir.Value:
+    def _keep(self, node: onnx.NodeProto) -> str:
         """The bool scalar ``keep_n`` of ``node``'s switch, computed once before its first
         user."""
-        key = self.owner.get(node.name or "", node.name or "")
+        key = self.owner.get(node.name, node.name)
         if key not in self.keep:
-            index = ir.node("Constant", [], {"value": ir.tensor(np.int64(len(self.keys)))},
-                            name=f"pd_switch/{key}/index")
-            gather = ir.node("Gather", [self.switch, index.outputs[0]], {"axis": 0},
-                             name=f"pd_switch/{key}/keep")
-            index.outputs[0].name = f"pd_switch/{key}/index"
-            gather.outputs[0].name = f"pd_switch/{key}/keep"
-            gather.outputs[0].dtype = ir.DataType.BOOL
-            gather.outputs[0].shape = ir.Shape([])
-            self.graph.insert_before(node, [index, gather])
+            index, keep = f"pd_switch/{key}/index", f"pd_switch/{key}/keep"
+            self.emitted += [
+                helper.make_node("Constant", [], [index], name=index,
+                                 value=numpy_helper.from_array(np.array(len(self.keys),
+                                                                        np.int64))),
+                helper.make_node("Gather", [SWITCH_INPUT, index], [keep], name=keep, axis=0)]
+            self.dtypes[keep] = onnx.TensorProto.BOOL
+            self.types[keep] = helper.make_tensor_type_proto(onnx.TensorProto.BOOL, [])
             self.keys.append(key)
-            self.keep[key] = gather.outputs[0]
+            self.keep[key] = keep
         return self.keep[key]
 
-    def _where(self, keep: ir.Value, fp32: ir.Value, low: ir.Value, name: str) -> ir.Node:
-        where = ir.node("Where", [keep, fp32, low], name=name)
-        if fp32.dtype is not None:
-            where.outputs[0].dtype = fp32.dtype
-        where.outputs[0].shape = fp32.shape
-        return where
+    def _where(self, keep: str, fp32: str, low: str, name: str, out: str) -> onnx.NodeProto:
+        if out != fp32:
+            self._typed(out, fp32)
+        return helper.make_node("Where", [keep, fp32, low], [out], name=name)
 
-    def switched_input(self, x: ir.Value, p: Precision, node: ir.Node) -> ir.Value:
+    def switched_input(self, x: str, p: Precision, node: onnx.NodeProto) -> str:
         keep = self._keep(node)
-        key = (id(x), id(keep))
+        key = (x, keep)
         if key not in self.guarded:
-            low = self.low_of.get((id(x), p)) or super().rounded_input(x, p, node)
-            where = self._where(keep, x, low, f"pd_switch/in/{x.name}/{keep.name}")
-            where.outputs[0].name = f"{x.name}__pd_sw{len(self.guarded)}"
-            self.graph.insert_before(node, [where])
-            self.guarded[key] = where.outputs[0]
+            low = self.low_of.get((x, p)) or super().rounded_input(x, p)
+            out = f"{x}__pd_sw{len(self.guarded)}"
+            self.emitted.append(self._where(keep, x, low, f"pd_switch/in/{x}/{keep}", out))
+            self.guarded[key] = out
         return self.guarded[key]
 
-    def _tf32_node(self, node: ir.Node, p: Precision) -> None:
-        for i in (0, 1):
-            v = node.inputs[i] if i < len(node.inputs) else None
-            if v is not None and self.is_float(v):
-                node.replace_input_with(i, self.switched_input(v, p, node))
+    def _tf32_node(self, node: onnx.NodeProto, p: Precision) -> None:
+        for i in range(min(2, len(node.input))):
+            if self.is_float(node.input[i]):
+                node.input[i] = self.switched_input(node.input[i], p, node)
 
-    def _low_precision_node(self, node: ir.Node, p: Precision) -> None:
-        cast = node.op_type in CAST_OPS  # reads its input as stored (``precision.emulate``)
-        for i, v in enumerate(node.inputs):  # rounding is idempotent: always guard
-            if not cast and v is not None and self.is_float(v):
-                node.replace_input_with(i, self.switched_input(v, p, node))
-        exact = (node.op_type in EXACT_OPS and node.domain in ("", "ai.onnx")
-                 and not ("min" in node.attributes or "max" in node.attributes))  # Clip < 11
-        if exact:
+    def _low_precision_node(self, node: onnx.NodeProto, p: Precision) -> None:
+        if node.op_type not in CAST_OPS:  # reads its input as stored (``precision.emulate``)
+            for i, v in enumerate(node.input):  # rounding is idempotent: always guard
+                if self.is_float(v):
+                    node.input[i] = self.switched_input(v, p, node)
+        if self._exact(node):
             self._keep(node)  # switchable like any node, though nothing is rounded after it
             return
-        for out in node.outputs:
+        for i, out in enumerate(node.output):
             if self.is_float(out):
-                self._switched_output(node, out, p)
+                self._switched_output(node, i, p)
 
-    def _switched_output(self, node: ir.Node, out: ir.Value, p: Precision) -> None:
+    def _switched_output(self, node: onnx.NodeProto, index: int, p: Precision) -> None:
         keep = self._keep(node)
-        uses = list(out.uses())
-        original = out.name
-        out.name = f"{original}__pd_raw"
-        nodes, rounded = self._round_nodes(out, p, f"out/{original}")
-        where = self._where(keep, out, rounded, f"pd_switch/out/{original}")
-        where.outputs[0].name = original
-        self.low_of[(id(where.outputs[0]), p)] = rounded
-        self.graph.insert_after(node, [*nodes, where])
-        for use in uses:
-            use.node.replace_input_with(use.idx, where.outputs[0])
-        for i, g_out in enumerate(self.graph.outputs):
-            if g_out is out:
-                self.graph.outputs[i] = where.outputs[0]
+        original = node.output[index]
+        raw = f"{original}__pd_raw"
+        node.output[index] = raw
+        self._typed(raw, original)
+        nodes, rounded = self._round_nodes(raw, p, f"out/{original}")
+        where = self._where(keep, raw, rounded, f"pd_switch/out/{original}", original)
+        self.low_of[(original, p)] = rounded
+        self.after += [*nodes, where]
         self.n_act += 1
 
 
@@ -221,5 +207,6 @@ def emulate_switchable(model: onnx.ModelProto, default: Precision, conv_bias: st
         model, added = split_conv_bias(model, lambda n: True)
         owner = {add: conv for conv, add in added.items()}
         plan = plan.with_overrides({add: NodeDecision(default, "engine") for add in owner})
-    out, info, emulator = build_emulation(model, lambda m: _SwitchEmulator(m, plan, owner))
+    out, info, emulator = build_emulation(
+        model, lambda m, d, t: _SwitchEmulator(m, plan, d, t, owner))
     return SwitchableEmulation(out, tuple(emulator.keys), default, conv_bias, info)
