@@ -75,9 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     samples = load_samples(str(IMAGES), input_metadata(model), "ppocr-det")
     plain = model.SerializeToString()
     emulate(model, PrecisionPlan(Precision.FP16))  # warm-up
-    t = time.perf_counter()
-    emulated, info = emulate(model, PrecisionPlan(Precision.FP16))
-    build = time.perf_counter() - t
+    builds = []
+    for _ in range(5):
+        t = time.perf_counter()
+        emulated, info = emulate(model, PrecisionPlan(Precision.FP16))
+        builds.append(time.perf_counter() - t)
+    build = sorted(builds)[2]
     blob = emulated.SerializeToString()
     for name, b in (("plain", plain), ("emulated", blob)):
         t = time.perf_counter()
@@ -91,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(time.perf_counter() - t)
         print(f"{name}: session opened in {opened:.2f} s, 3 images run in "
               f"{runs[0]:.2f} / {runs[1]:.2f} s")
-    print(f"emulation build (Python): {build:.2f} s, {info.rounded_activations} rounded "
-          "activations")
+    print(f"emulation build (Python, median of 5): {build * 1e3:.0f} ms, "
+          f"{info.rounded_activations} rounded activations")
     with tempfile.TemporaryDirectory() as folder:
         for name, b in (("plain", plain), ("emulated", blob)):
             total, top, casts = _kernel_ms(b, samples, folder)

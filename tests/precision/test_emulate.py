@@ -75,7 +75,7 @@ def test_emulation_keeps_names_and_model_untouched():
 @pytest.mark.parametrize("precision", [Precision.FP16, Precision.BF16])
 def test_exact_ops_skip_their_output_round_trip_with_identical_values(precision, monkeypatch):
     """Relu/Clip/MaxPool/Max/Abs/Neg outputs of rounded inputs are already in the format."""
-    import precision_doctor.precision.emulate as emulate_module
+    import precision_doctor.precision.emulate_pass as emulate_module
 
     f = TensorProto.FLOAT
     nodes = [helper.make_node("Mul", ["x", "s"], ["a"], name="scale"),

@@ -50,11 +50,8 @@ from onnx import helper, numpy_helper
 
 from precision_doctor.formats import Precision
 from precision_doctor.precision.conv_bias import FUSED, SEPARATE, split_conv_bias
-from precision_doctor.precision.emulate import (
-    EmulationInfo,
-    _Emulator,
-    build_emulation,
-)
+from precision_doctor.precision.emulate import EmulationInfo, build_emulation
+from precision_doctor.precision.emulate_pass import Emulator
 from precision_doctor.precision.plan import CAST_OPS, NodeDecision, PrecisionPlan
 
 SWITCH_INPUT = "pd_keep_fp32"
@@ -93,8 +90,8 @@ class SwitchableEmulation:
                         dtype=bool)
 
 
-class _SwitchEmulator(_Emulator):
-    """``_Emulator`` whose every rounding of a node is guarded by that node's switch."""
+class _SwitchEmulator(Emulator):
+    """``Emulator`` whose every rounding of a node is guarded by that node's switch."""
 
     def __init__(self, model: onnx.ModelProto, plan: PrecisionPlan, dtypes: dict[str, int],
                  types: dict[str, onnx.TypeProto], owner: dict[str, str]) -> None:

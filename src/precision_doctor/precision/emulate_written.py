@@ -44,7 +44,8 @@ from precision_doctor.formats import Precision
 from precision_doctor.graph.constants import attr_tensor, ir_tensor
 from precision_doctor.graph.weight_store import ir_external_key, stored_copy
 from precision_doctor.precision.conv_bias import FUSED, SEPARATE, split_conv_bias
-from precision_doctor.precision.emulate import EXACT_OPS, emulate
+from precision_doctor.precision.emulate import emulate
+from precision_doctor.precision.emulate_pass import EXACT_OPS
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, NodeDecision, PrecisionPlan
 from precision_doctor.precision.writer.validate import inferred_dtypes
 
@@ -236,7 +237,7 @@ def _stash_type(node: ir.Node) -> int:
 
 def _fresh_value_info(out: onnx.ModelProto) -> onnx.ModelProto:
     """``out`` with its value_info inferred again (the lowering changed types): ONNX Runtime's
-    fusions read it (``precision.emulate._keep_value_info``: without it SkipLayerNormFusion
+    fusions read it (``precision.emulate_pass.Emulator.finish``: without it SkipLayerNormFusion
     does not fire, which moves a quantized MiniLM's FP32 output by 0.10), so the written
     model's verification sees the fusions the reference had. Dropped when inference fails."""
     del out.graph.value_info[:]
