@@ -111,7 +111,8 @@ def cast_cost(model: onnx.ModelProto, samples: list) -> dict:
     import onnxruntime as ort
 
     from precision_doctor.formats import Precision
-    from precision_doctor.precision import emulate as emulate_module
+    from precision_doctor.precision import emulate_pass as emulate_module
+    from precision_doctor.precision.emulate import emulate
     from precision_doctor.precision.plan import PrecisionPlan
 
     exact_ops = emulate_module.EXACT_OPS
@@ -119,7 +120,7 @@ def cast_cost(model: onnx.ModelProto, samples: list) -> dict:
     for label, ops in (("skip_exact_ops", exact_ops), ("every_op", frozenset())):
         emulate_module.EXACT_OPS = ops
         try:
-            emulated, _ = emulate_module.emulate(model, PrecisionPlan(Precision.FP16))
+            emulated, _ = emulate(model, PrecisionPlan(Precision.FP16))
         finally:
             emulate_module.EXACT_OPS = exact_ops
         opts = ort.SessionOptions()

@@ -23,7 +23,7 @@ node accumulates in FP32, its outputs are stored in the format):
   caller feeds float32 as to the FP32 model; a BF16/FP16 graph output is FP32 holding the
   stored values.
 * Nodes that only move, select or bound values (``DATA_MOVEMENT_OPS`` but Cast/CastLike,
-  ``precision.emulate.EXACT_OPS``) produce values already in the format from inputs in the
+  ``precision.emulate_pass.EXACT_OPS``) produce values already in the format from inputs in the
   format: their outputs are not rounded again (same values, fewer Casts).
 * A BF16/FP16 ``LayerNormalization`` with ``stash_type`` != 1 is emulated with statistics in its
   format (``precision.emulate_layernorm``), as ``emulate`` does.
