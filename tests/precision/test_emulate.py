@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from tiny_models import conv_bn, make_model, tensor
 
 from precision_doctor.formats import Precision, round_to
@@ -107,3 +107,34 @@ def test_exact_ops_skip_their_output_round_trip_with_identical_values(precision,
     for n in names:
         assert np.array_equal(fast[n], full[n]), n
         assert np.array_equal(fast[n], round_to(fast[n], precision)), n
+
+
+def test_an_fp32_weight_only_rounded_copies_read_is_dropped():
+    """``w`` is read by FP16 nodes only: the emulation keeps its rounded copy alone. ``b`` is
+    read by an FP16 node and an FP32 one: both copies stay. The values are unchanged."""
+    from precision_doctor.precision.plan import NodeDecision
+
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+             helper.make_node("Add", ["a", "b"], ["c"], name="add16"),
+             helper.make_node("Add", ["c", "b"], ["y"], name="add32")]
+    rng = np.random.default_rng(2)
+    model = make_model(nodes, [helper.make_tensor_value_info("x", f, [2, 8])],
+                       [helper.make_tensor_value_info("y", f, [2, 8])],
+                       [tensor("w", rng.standard_normal((8, 8))),
+                        tensor("b", rng.standard_normal(8) * 1e-3)])
+    plan = PrecisionPlan(Precision.FP16).with_overrides(
+        {"add32": NodeDecision(Precision.FP32, "test")})
+    emulated, info = emulate(model, plan)
+    assert sorted(t.name for t in emulated.graph.initializer) == ["b", "b__pd_fp16", "w__pd_fp16"]
+    assert info.rounded_initializers == 2
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    # the values: MatMul and the first Add in FP16 (rounded inputs and outputs), the last in FP32
+    weights = {t.name: t for t in model.graph.initializer}
+    w16 = round_to(numpy_helper.to_array(weights["w"]), Precision.FP16)
+    b = numpy_helper.to_array(weights["b"])
+    a = round_to(round_to(x, Precision.FP16) @ w16, Precision.FP16)
+    c = round_to(a + round_to(b, Precision.FP16), Precision.FP16)
+    with OrtRunner(emulated) as r:
+        y = r.run({"x": x})["y"]
+    np.testing.assert_allclose(y, c + b, rtol=1e-6)
