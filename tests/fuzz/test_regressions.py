@@ -221,3 +221,14 @@ def test_fix_checks_the_cuts_on_every_sample() -> None:
     fixed = pd.fix(c.model, feeds, target="fp16", quiet=True, device="cpu")
     assert fixed.verdict == "pass"
     assert set(fixed.plan.fp32_nodes()) <= {"q", "dq", "w", "y"}
+
+
+def test_a_flushed_output_cured_in_fp32_is_a_defect() -> None:
+    """(c) y = x * 1e-9: the weight flushes to zero in FP16 and so does every output. The
+    underflow finding is a warning by its static rule, but its measured cure removes all the
+    error: a defect, not "unexplained" (found with ``benchmarks/fuzz.py --seed 13``)."""
+    c = case([node("Mul", ["x", "tiny"], "y")], {"tiny": (1e-9, F32)}, "y")
+    d = pd.diagnose(c.model, [s.feeds for s in c.samples], target="fp16", quiet=True,
+                    device="cpu", noise=False)
+    assert d.assessment is not None and d.assessment.kind == "defect", d.assessment.summary
+    assert "underflow" in d.assessment.summary and d.explained_share == pytest.approx(1.0)

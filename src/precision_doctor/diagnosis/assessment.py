@@ -140,17 +140,22 @@ def rounding_depth(model: onnx.ModelProto) -> int:
 
 
 def defect_candidates(findings: Sequence[Finding], target: Precision) -> list[Finding]:
-    """Main-group findings of a defect kind (module docstring): range events, mechanisms of
-    the taxonomy whose cure was measured, and catastrophic amplifiers (``accumulated-rounding``
-    with gain >= ``catastrophic_gain``). A member of a joint cause (``diagnosis.causes.joint``:
-    its cure measured jointly with the others) counts whatever its kind and severity."""
+    """Main-group findings of a defect kind (module docstring): range events (of severity
+    error, or whose own measured cure removes at least ``DEFECT_MIN_SHARE`` of the error: a
+    graph output of x * 1e-9, flushed to zero in FP16, is a warning by the static rule and
+    fully cured in FP32, found by tests/fuzz), mechanisms of the taxonomy whose cure was
+    measured, and catastrophic amplifiers (``accumulated-rounding`` with gain >=
+    ``catastrophic_gain``). A member of a joint cause (``diagnosis.causes.joint``: its cure
+    measured jointly with the others) counts whatever its kind and severity."""
     limit = catastrophic_gain(target)
     out = []
     for f in findings:
         if f.group != "main":
             continue
         gain = f.evidence.get("gain")
-        if (f.kind in DEFECT_KINDS and f.severity == "error") or "joint_cause" in f.evidence \
+        cured = f.impact is not None and f.impact >= DEFECT_MIN_SHARE
+        if (f.kind in DEFECT_KINDS and (f.severity == "error" or cured)) \
+                or "joint_cause" in f.evidence \
                 or (f.kind in MECHANISM_KINDS and f.impact is not None) or (
                 f.kind in ("accumulated-rounding", *MECHANISM_KINDS)
                 and isinstance(gain, (int, float)) and gain >= limit):
