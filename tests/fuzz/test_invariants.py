@@ -208,7 +208,9 @@ def check_diagnose(case: Case) -> None:
     joint = list(dict.fromkeys(n for f in d.findings if f.kind != "reference-mismatch"
                                for n in f.nodes))
     found, cured = cure_share(case, ref, attributed, worst), cure_share(case, ref, joint, worst)
-    assert cured >= found - 1e-6, (
+    # more nodes in FP32 can round the rest differently: the joint set of a Q/DQ MatMul plus
+    # three minor findings (cure 0 each) removed 0.98163 against the MatMul's 0.98174 (seed 14)
+    assert cured >= found - 1e-3, (
         f"joint cure of the findings removes {cured:.3f} < attribution's {found:.3f} on "
         f"{case.pieces}")
     assert d.explained_share is not None and d.explained_share >= found - 0.05, (

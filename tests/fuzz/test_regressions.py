@@ -232,3 +232,17 @@ def test_a_flushed_output_cured_in_fp32_is_a_defect() -> None:
                     device="cpu", noise=False)
     assert d.assessment is not None and d.assessment.kind == "defect", d.assessment.summary
     assert "underflow" in d.assessment.summary and d.explained_share == pytest.approx(1.0)
+
+
+def test_a_bf16_quantizelinear_is_written_for_engines_that_run_it() -> None:
+    """(b) A plan with only QuantizeLinear in BF16: its input is a boundary Cast to BF16 and
+    its scale a converted weight, neither among the writer's storage decisions, so the
+    writer did not know the model stores BF16 and raised on ONNX Runtime CPU's missing kernel
+    instead of noting it (found with ``benchmarks/fuzz.py --seed 13``)."""
+    c = case([node("Div", ["x", "two"], "d"), node("QuantizeLinear", ["d", "s", "zp"], "q"),
+              node("DequantizeLinear", ["q", "s", "zp"], "y")],
+             {"two": (2.0, F32), "s": (0.001, F32), "zp": (128, np.uint8)}, "y")
+    plan = PrecisionPlan(Precision.BF16).keep_fp32(["d", "y"], "test")
+    check_writer(c, plan)
+    _, report = write_mixed_precision(c.model, plan)
+    assert report.node_precisions["q"] == "bf16"
