@@ -246,3 +246,17 @@ def test_a_bf16_quantizelinear_is_written_for_engines_that_run_it() -> None:
     check_writer(c, plan)
     _, report = write_mixed_precision(c.model, plan)
     assert report.node_precisions["q"] == "bf16"
+
+
+def test_a_data_movement_node_the_plan_names_fp32_keeps_its_constant_fp32() -> None:
+    """(b) Where(d > 0, Gather(d), e), d = x / 2 in FP16, e up to 1.3e5 (inf in FP16), the
+    Where named FP32 by the plan (as ``fix`` does for a parameter out of range): written in
+    FP32 with e in FP32, but the effective plan did not name it, so its emulation followed the
+    FP16 Gather and rounded e to inf (found with ``benchmarks/fuzz.py --seed 17``)."""
+    e = np.array([[[-53566.9, 36159.5, 130400.0, 94708.1, -70373.5, -126542.1, -62327.4,
+                    4132.6]]], F32)
+    c = case([node("Div", ["x", "two"], "d"), node("Gather", ["d", "idx"], "g", axis=2),
+              node("Greater", ["d", "zero"], "gt"), node("Where", ["gt", "g", "e"], "y")],
+             {"two": (2.0, F32), "idx": ([2, 4, 3, 6, 5, 0, 1, 7], np.int64),
+              "zero": (0.0, F32), "e": (e, F32)}, "y", scale=1.0)
+    check_writer(c, PrecisionPlan(Precision.FP16).keep_fp32(["y"], "test"))

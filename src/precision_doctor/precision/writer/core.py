@@ -24,8 +24,9 @@ import onnx_ir as ir
 from onnx import version_converter
 
 from precision_doctor.errors import UnsupportedModelError
+from precision_doctor.formats import Precision
 from precision_doctor.graph.load import opset_of
-from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
 from precision_doctor.precision.writer.apply import WritePassResult, WritePrecisionPass
 from precision_doctor.precision.writer.decide import FLOAT, Decisions, decide
 from precision_doctor.precision.writer.report import WriterReport
@@ -95,7 +96,7 @@ def _why(decisions: Decisions) -> str:
 
 def _report(original: onnx.ModelProto, written: onnx.ModelProto, decisions: Decisions,
             result: WritePassResult, keep_io_types: bool, ort_ok: bool,
-            warnings: list[str]) -> WriterReport:
+            warnings: list[str], plan: PrecisionPlan) -> WriterReport:
     per_precision: dict[str, int] = {}
     names: dict[str, str] = {}
     for node, typing in decisions.typings.items():
@@ -132,6 +133,9 @@ def _report(original: onnx.ModelProto, written: onnx.ModelProto, decisions: Deci
         constants_converted=c.constants_converted, constants_duplicated=c.constants_duplicated,
         nodes_per_precision=dict(sorted(per_precision.items())),
         node_precisions=dict(sorted(names.items())), tf32_nodes=tuple(sorted(decisions.tf32)),
+        fp32_pinned=tuple(sorted(
+            n.name for n in decisions.typings if n.name and n.op_type in DATA_MOVEMENT_OPS
+            and names.get(n.name) == "fp32" and plan.precision_of(n.name) is Precision.FP32)),
         kept_fp32=tuple(decisions.kept), subgraph_nodes=decisions.subgraph_nodes, io_dtypes=io,
         ort_validated=ort_ok, warnings=tuple(notes))
 
@@ -205,7 +209,8 @@ def write_mixed_precision(model: onnx.ModelProto, plan: PrecisionPlan,
     has_bf16 = any(d == ir.DataType.BFLOAT16 for _, d in meant) or _stores_bf16(written)
     ort_ok, notes = check_written(written, model, meant, has_bf16) if validate else (False, [])
     warnings.extend(notes)
-    return written, _report(model, written, decisions, result, keep_io_types, ort_ok, warnings)
+    return written, _report(model, written, decisions, result, keep_io_types, ort_ok, warnings,
+                            plan)
 
 
 def _stores_bf16(written: onnx.ModelProto) -> bool:

@@ -79,6 +79,9 @@ class WriterReport:
             in that storage format (Constant nodes and nodes without float values excluded).
         node_precisions: Node name -> storage precision written (same nodes, named ones).
         tf32_nodes: Nodes the plan runs in TF32: FP32 in the model, TF32 is an engine setting.
+        fp32_pinned: Data-movement nodes the plan names FP32, written in FP32: the emulator
+            keeps the constants they read in FP32 only where the plan names them (a Where of
+            an FP16 tensor and a constant of 1.3e5 is inf in FP16, found by tests/fuzz).
         kept_fp32: Nodes the plan wanted in FP16/BF16 and the writer kept in FP32.
         subgraph_nodes: Nodes inside If/Loop/Scan bodies, left unchanged (FP32).
         io_dtypes: Graph input/output name -> element type written (``float32``, ``float16``).
@@ -102,6 +105,7 @@ class WriterReport:
     nodes_per_precision: dict[str, int] = field(default_factory=dict)
     node_precisions: dict[str, str] = field(default_factory=dict)
     tf32_nodes: tuple[str, ...] = ()
+    fp32_pinned: tuple[str, ...] = ()
     kept_fp32: tuple[KeptNode, ...] = ()
     subgraph_nodes: int = 0
     io_dtypes: dict[str, str] = field(default_factory=dict)
@@ -120,6 +124,8 @@ class WriterReport:
                      self.node_precisions.items() if p != Precision.FP32.value}
         overrides.update({k.node: NodeDecision(Precision.FP32, k.reason, k.detail)
                           for k in self.kept_fp32 if k.node})
+        overrides.update({name: NodeDecision(Precision.FP32, "writer", "data movement in FP32")
+                          for name in self.fp32_pinned})
         overrides.update({name: NodeDecision(Precision.TF32, "writer", "TF32 engine setting")
                           for name in self.tf32_nodes})
         return PrecisionPlan(Precision.FP32, dict(sorted(overrides.items())))
@@ -129,7 +135,7 @@ class WriterReport:
         data = asdict(self)
         data["schema_version"] = WRITER_REPORT_SCHEMA_VERSION
         data["kept_fp32"] = [k.to_dict() for k in self.kept_fp32]
-        for key in ("cast_nodes_retargeted", "tf32_nodes", "warnings"):
+        for key in ("cast_nodes_retargeted", "tf32_nodes", "fp32_pinned", "warnings"):
             data[key] = list(data[key])
         return data
 
@@ -138,7 +144,7 @@ class WriterReport:
         """Inverse of ``to_dict``."""
         data = {k: v for k, v in dict(data).items() if k != "schema_version"}
         data["kept_fp32"] = tuple(KeptNode.from_dict(k) for k in data.get("kept_fp32", ()))
-        for key in ("cast_nodes_retargeted", "tf32_nodes", "warnings"):
+        for key in ("cast_nodes_retargeted", "tf32_nodes", "fp32_pinned", "warnings"):
             data[key] = tuple(data.get(key, ()))
         for key in ("nodes_per_precision", "node_precisions", "io_dtypes"):
             data[key] = dict(data.get(key, {}))
