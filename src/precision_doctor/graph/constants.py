@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
-from onnx import numpy_helper
 
 from precision_doctor.graph.external import tensor_array
 
@@ -17,13 +16,22 @@ def constant_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output:
             for attr in node.attribute:
-                if attr.name == "value":
-                    values[node.output[0]] = numpy_helper.to_array(attr.t)
-                elif attr.name == "value_float":
-                    values[node.output[0]] = np.array(attr.f, np.float32)
-                elif attr.name == "value_floats":
-                    values[node.output[0]] = np.array(attr.floats, np.float32)
+                value = constant_attr_array(attr)
+                if value is not None:
+                    values[node.output[0]] = value
     return values
+
+
+def constant_attr_array(attr: onnx.AttributeProto) -> np.ndarray | None:
+    """The value of a ``Constant`` node's ``value``, ``value_float`` or ``value_floats``
+    attribute, else None."""
+    if attr.name == "value":
+        return tensor_array(attr.t)
+    if attr.name == "value_float":
+        return np.array(attr.f, np.float32)
+    if attr.name == "value_floats":
+        return np.array(attr.floats, np.float32)
+    return None
 
 
 # onnx_ir's ``ir.tensor(array)``, ``Attr.as_tensor()`` and ``ir.convenience.get_const_tensor``

@@ -205,17 +205,17 @@ def external_initializers(model: onnx.ModelProto) -> tuple[list[str], list[np.nd
     return names, values
 
 
-def _read_names(graph: onnx.GraphProto, into: set[str]) -> set[str]:
+def read_names(graph: onnx.GraphProto, into: set[str]) -> set[str]:
     """Names read by the nodes of ``graph`` and its subgraphs, plus its outputs."""
     into.update(o.name for o in graph.output)
     for node in graph.node:
         into.update(node.input)
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                _read_names(attr.g, into)
+                read_names(attr.g, into)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for g in attr.graphs:
-                    _read_names(g, into)
+                    read_names(g, into)
     return into
 
 
@@ -223,7 +223,7 @@ def drop_unused_external(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model``, or a copy without the external initializers nothing reads (the emulator's
     rounded copies replace the originals; ONNX Runtime removes unread initializers before it
     accepts external ones, and would then reject them)."""
-    read = _read_names(model.graph, set())
+    read = read_names(model.graph, set())
     if all(t.name in read for t in model.graph.initializer if is_external(t)):
         return model
     copy = onnx.ModelProto()

@@ -104,13 +104,20 @@ def stored_copy(source: ir.ExternalTensor, key: tuple, dtype: ir.DataType, name:
     Raises:
         BackendError: The store cannot be written.
     """
-    entry = STORE.get(key)
-    computed = entry is None
-    if entry is None:
-        derived = compute()
-        entry = STORE.put(derived, key)
-        del derived
+    entry, computed = _stored(key, compute)
     return ir.ExternalTensor(*entry, dtype, shape=ir.Shape(source.shape), name=name), computed
+
+
+def _stored(key: tuple, compute: Callable[[], np.ndarray]) -> tuple[tuple[str, int, int], bool]:
+    """The store's ``(file, offset, length)`` under ``key``, ``compute()`` stored there first
+    when absent; and whether it ran."""
+    entry = STORE.get(key)
+    if entry is not None:
+        return entry, False
+    derived = compute()
+    entry = STORE.put(derived, key)
+    del derived
+    return entry, True
 
 
 def stored_proto_copy(source: onnx.TensorProto, tag: str, name: str,
@@ -123,11 +130,7 @@ def stored_proto_copy(source: onnx.TensorProto, tag: str, name: str,
     """
     location, offset, length = external_info(source)
     key = (location, offset, length, tag)  # ``ir_external_key`` of the same weight
-    entry = STORE.get(key)
-    if entry is None:
-        derived = compute(tensor_array(source))
-        entry = STORE.put(derived, key)
-        del derived
+    entry, _ = _stored(key, lambda: compute(tensor_array(source)))
     tensor = onnx.TensorProto(name=name, dims=list(source.dims), data_type=source.data_type)
     set_external_info(tensor, *entry)
     return tensor

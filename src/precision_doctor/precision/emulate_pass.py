@@ -11,7 +11,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from precision_doctor.formats import Precision, round_to
-from precision_doctor.graph.external import is_external, tensor_array
+from precision_doctor.graph.constants import constant_attr_array
+from precision_doctor.graph.external import is_external, read_names, tensor_array
 from precision_doctor.graph.load import opset_of
 from precision_doctor.graph.weight_store import stored_proto_copy
 from precision_doctor.precision.plan import CAST_OPS, DATA_MOVEMENT_OPS, PrecisionPlan
@@ -94,35 +95,29 @@ class Emulator:
         self._typed(names[-1], x)
         return nodes, names[-1]
 
-    def _const_tensor(self, x: str) -> onnx.TensorProto | None:
-        """The weight or ``Constant`` value behind tensor ``x``, or None."""
+    def _const_value(self, x: str) -> onnx.TensorProto | np.ndarray | None:
+        """The weight (its ``TensorProto``) or ``Constant`` value behind tensor ``x``, or None."""
         if x in self.inits:
             return self.inits[x]
         node = self.producers.get(x)
         if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx") \
                 or len(node.attribute) != 1:
             return None
-        attr = node.attribute[0]
-        if attr.name == "value":
-            return attr.t
-        if attr.name in ("value_float", "value_floats"):
-            values = attr.f if attr.name == "value_float" else list(attr.floats)
-            return numpy_helper.from_array(np.array(values, np.float32))
-        return None
+        return constant_attr_array(node.attribute[0])
 
     def rounded_input(self, x: str, p: Precision) -> str:
         """A tensor equal to round_p(x), created once per (x, p)."""
         key = (x, p)
         if key in self.cache:
             return self.cache[key]
-        const = self._const_tensor(x)
+        const = self._const_value(x)
         if const is not None:
             new = f"{x}__pd_{p.value}"
-            if is_external(const):  # rounded into the weight store, once per process
+            if isinstance(const, onnx.TensorProto) and is_external(const):  # once per process
                 tensor = stored_proto_copy(
                     const, p.value, new, lambda a: round_to(a, p).astype(a.dtype))
             else:
-                array = tensor_array(const)
+                array = tensor_array(const) if isinstance(const, onnx.TensorProto) else const
                 tensor = numpy_helper.from_array(round_to(array, p).astype(array.dtype), new)
             self.added_inits.append(tensor)
             self.n_init += 1
@@ -256,8 +251,7 @@ class Emulator:
         graph = self.graph
         del graph.node[:]
         graph.node.extend(self.emitted)
-        read = {v for n in self.emitted for v in n.input} | _outer_reads(self.emitted)
-        read.update(v.name for v in (*graph.input, *graph.output))
+        read = read_names(graph, {v.name for v in graph.input})  # subgraphs' reads too
         kept = [t for t in graph.initializer if t.name in read]
         del graph.initializer[:]
         graph.initializer.extend(kept + self.added_inits)
@@ -267,17 +261,6 @@ class Emulator:
         graph.value_info.extend(onnx.ValueInfoProto(name=o, type=self.types[o])
                                 for o in written if o in self.types)
         return self.model
-
-
-def _outer_reads(nodes: list[onnx.NodeProto]) -> set[str]:
-    """Every tensor name read inside the subgraphs of ``nodes`` (outer-scope reads included)."""
-    read: set[str] = set()
-    for node in nodes:
-        for attr in node.attribute:
-            for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                read.update(v for n in g.node for v in n.input)
-                read.update(_outer_reads(list(g.node)))
-    return read
 
 
 def subgraph_nodes(nodes) -> int:
