@@ -131,7 +131,7 @@ def build_emulation(model: onnx.ModelProto, make: Callable[..., _E]
     """
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception as exc:  # inference can fail on custom ops; fall back to the bare model
+    except Exception as exc:  # noqa: BLE001 - inference can fail on custom ops
         raise UnsupportedModelError(
             f"ONNX shape inference failed ({exc}); the emulator needs tensor dtypes. Run "
             "onnx.shape_inference or export with value_info.") from exc

@@ -127,8 +127,7 @@ class _SwitchEmulator(Emulator):
         return self.keep[key]
 
     def _where(self, keep: str, fp32: str, low: str, name: str, out: str) -> onnx.NodeProto:
-        if out != fp32:
-            self._typed(out, fp32)
+        self._typed(out, fp32)
         return helper.make_node("Where", [keep, fp32, low], [out], name=name)
 
     def switched_input(self, x: str, p: Precision, node: onnx.NodeProto) -> str:
