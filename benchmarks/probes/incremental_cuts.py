@@ -1,8 +1,10 @@
 """What cutting a graph into the search's segments alone changes (``search.incremental``'s
 ``cut_error``, against its ``CUT_ERROR``), and what the shared CPU arena saves a plain run.
 
-1. Per model, the all-FP32 plan on the first sample: the segment runs against one whole-model
-   emulation, relative L2 of the worst output (0 = the same bits), after ``fix``'s rewrites.
+1. Per model, the all-FP32 plan on every sample (as ``incremental_scope`` checks it): the
+   segment runs against one whole-model emulation, relative L2 of the worst output and sample
+   (0 = the same bits), after ``fix``'s rewrites, and the seconds the check takes (its
+   sessions as ``fix``'s search opens them).
    Models: PP-OCRv4 det and rec (``../shared``), the Whisper encoder (``.models/``,
    ``benchmarks/export_whisper.py``), MiniLM quantized by ``quantize_dynamic``
    (``.models/quantized/minilm17.onnx``, ``benchmarks/quantize_zoo.py``); absent ones skipped.
@@ -49,11 +51,11 @@ def cases():
         MODELS / "minilm_data/batch0.npz", None
 
 
-def first_sample(model, data: Path, preprocess: str | None) -> Sample:
+def all_samples(model, data: Path, preprocess: str | None) -> list[Sample]:
     if data.suffix == ".npz":
         with np.load(data) as z:
-            return Sample(data.name, {k: z[k] for k in z.files})
-    return load_samples(str(data), input_metadata(model), preprocess, max_samples=1)[0]
+            return [Sample(data.name, {k: z[k] for k in z.files})]
+    return load_samples(str(data), input_metadata(model), preprocess)
 
 
 def main() -> None:
@@ -62,11 +64,16 @@ def main() -> None:
             print(f"{name}: {path} absent, skipped")
             continue
         model = apply_rewrites(load_model(path))[0]
-        sample = first_sample(model, data, preprocess)
-        with IncrementalEmulation(model, Precision.FP16, [sample]) as inc:
+        samples = all_samples(model, data, preprocess)
+        # as ``fix``'s search: inside ``shared_cpu()``, segment sessions on the CPU arena
+        with shared_cpu(), IncrementalEmulation(model, Precision.FP16, samples,
+                                                cpu_mem_arena=True) as inc:
+            t0 = time.perf_counter()
             error = inc.cut_error()
-        print(f"{name}: cut error {error:.3g} ({len(inc.segments)} segments; "
-              f"{'within' if error <= CUT_ERROR else 'over'} {CUT_ERROR:g})")
+            seconds = time.perf_counter() - t0
+        print(f"{name}: cut error {error:.3g} over {len(samples)} sample(s) in {seconds:.2f} s "
+              f"({len(inc.segments)} segments; {'within' if error <= CUT_ERROR else 'over'} "
+              f"{CUT_ERROR:g})")
     model = load_model(SHARED / "models/ppocrv4/det.onnx")
     samples = load_samples(str(SHARED / "data/ocr/full_images"), input_metadata(model),
                            "ppocr-det")

@@ -67,7 +67,7 @@ SEARCH_SEGMENTS = 12
 # none where the weights take ``graph.external.SMALL_MODEL_BYTES`` or more).
 SESSIONS_PER_SEGMENT = 1
 # Largest relative L2 the cuts alone may cause in the all-FP32 plan (``cut_error``), else whole
-# models: 0 on PP-OCRv4 det and rec, 5.3e-7 on the Whisper encoder, 0.10 on a quantize_dynamic
+# models: 0 on PP-OCRv4 det and rec, 1.5e-6 on the Whisper encoder, 0.10 on a quantize_dynamic
 # MiniLM (SkipLayerNorm fused across a cut; ``benchmarks/probes/incremental_cuts.py``).
 CUT_ERROR = 1e-5
 # Plans whose states of one sample must fit ``CACHE_BYTES`` together (the last passing plan,
