@@ -51,6 +51,11 @@ from precision_doctor.formats import Precision  # noqa: E402
 from precision_doctor.graph import input_metadata, load_model  # noqa: E402
 from precision_doctor.inputs import load_samples  # noqa: E402
 from precision_doctor.layerwise import compare, engines, stats  # noqa: E402
+
+try:  # absent from trees before the compiled statistics (--before comparisons)
+    from precision_doctor.layerwise import fused  # noqa: E402
+except ImportError:
+    fused = None  # type: ignore[assignment]
 from precision_doctor.layerwise.candidates import (  # noqa: E402
     emulated,
     reference_factory,
@@ -110,6 +115,8 @@ def profile_case(path: Path, data: Path, pre: str | None, top: int) -> dict:
     samples = load_samples(data, input_metadata(model), pre)
     names = [o.name for o in model.graph.output]
     candidate = emulated(PrecisionPlan(Precision.FP16))
+    if fused is not None:  # as diagnose does: the statistics kernel loads during the runs
+        fused.preload()
     t0, c0 = time.perf_counter(), time.process_time()
     run_samples(reference_factory(model), samples, names)
     t_ref, c_ref = time.perf_counter() - t0, time.process_time() - c0

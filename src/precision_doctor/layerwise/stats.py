@@ -23,6 +23,7 @@ from precision_doctor.compare.metrics import l2_ratio
 from precision_doctor.formats import FloatFormat
 from precision_doctor.graph.outputs import TensorSite
 from precision_doctor.jsonable import from_json_float, json_float
+from precision_doctor.layerwise import fused
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,9 @@ class _Accumulator:
             return
         if r.dtype != c.dtype or r.dtype.kind != "f":
             r, c = r.astype(np.float64), c.astype(np.float64)
+        if r.dtype == np.float32 and self._add_fused(r, c, fmt_max, fmt_min_sub, fmt_min_normal,
+                                                     scratch):
+            return
         scratch = scratch or Scratch()
         size = min(r.size, BLOCK)
         ar, d = scratch.get("abs", size, r.dtype), scratch.get("diff", size, r.dtype)
@@ -141,6 +145,40 @@ class _Accumulator:
                     ar, d, small = ar[:n], d[:n], small[:n]
                 self._add_block(rb, cb, fmt_max, fmt_min_sub, fmt_min_normal, scratch, ar, d,
                                 small)
+
+    def _add_fused(self, r: np.ndarray, c: np.ndarray, fmt_max: float, fmt_min_sub: float,
+                   fmt_min_normal: float, scratch: Scratch | None) -> bool:
+        """``add`` of a float32 pair with ``layerwise.fused``'s compiled pass (False, having
+        folded nothing, without it); its blocks with NaN/Inf or huge values take the numpy
+        path."""
+        got = fused.fold(r, c, fmt_max, fmt_min_normal, fmt_min_sub / 2)
+        if got is None:
+            return False
+        maxima, sums, counts, bad = got
+        numel, over, small, below, zero, lost = (int(x) for x in counts)
+        if numel:
+            self.numel += numel
+            self.ref_max = max(self.ref_max, float(maxima[0]))
+            self.cand_max = max(self.cand_max, float(maxima[1]))
+            self.err_max = max(self.err_max, float(maxima[2]))
+            self.err_sum += float(sums[0])
+            self.err2 += float(sums[1])
+            self.ref2 += float(sums[2])
+            self.overflow += over
+            self.flush += below - zero
+            self.subnormal += small - below
+            self.lost += lost
+        if bad.size:
+            scratch = scratch or Scratch()
+            for start in bad.tolist():
+                rb, cb = r[start:start + fused.BLOCK], c[start:start + fused.BLOCK]
+                n = rb.size
+                with np.errstate(over="ignore"):  # as in ``add``
+                    self._add_block(rb, cb, fmt_max, fmt_min_sub, fmt_min_normal, scratch,
+                                    scratch.get("abs", n, r.dtype),
+                                    scratch.get("diff", n, r.dtype),
+                                    scratch.get("small", n, np.bool_))
+        return True
 
     def _add_block(self, r: np.ndarray, c: np.ndarray, fmt_max: float, fmt_min_sub: float,
                    fmt_min_normal: float, scratch: Scratch, ar: np.ndarray, d: np.ndarray,

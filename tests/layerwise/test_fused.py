@@ -1,0 +1,88 @@
+"""The compiled statistics pass (``layerwise.fused``) gives the numpy path's records: counts
+and maxima exactly, sums to float32 rounding, whatever NaN, Inf, huge, subnormal or zero
+values the tensors hold."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from precision_doctor.formats import FORMATS, Precision
+from precision_doctor.graph.outputs import TensorSite
+from precision_doctor.layerwise import fused
+from precision_doctor.layerwise.stats import LayerRecord, _Accumulator
+
+pytestmark = pytest.mark.skipif(fused.kernel() is None, reason="numba is not installed")
+
+SITE = TensorSite("t", "n", "Op", 0, None)
+# values that each take a different branch of the statistics
+SPECIAL = [0.0, -0.0, np.nan, np.inf, -np.inf, 3.4e38, -3.4e38, 1e20, 7e4, -7e4, 65504.0,
+           6.2e-5, -3e-6, 5e-8, 2e-8, -1e-9, 1e-45, 1.0, -2.5]
+
+
+def _numpy_record(pairs, fmt, monkeypatch) -> LayerRecord:
+    monkeypatch.setattr(fused, "fold", lambda *a: None)
+    acc = _Accumulator(SITE)
+    for r, c in pairs:
+        acc.add(r, c, fmt.max, fmt.min_subnormal, fmt.min_normal)
+    return acc.record(fmt.max)
+
+
+def _assert_same(got: LayerRecord, want: LayerRecord) -> None:
+    for field in ("mean_abs_err", "rel_l2"):
+        a, b = getattr(got, field), getattr(want, field)
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-30) or (np.isnan(a) and np.isnan(b))
+    assert replace(got, mean_abs_err=0.0, rel_l2=0.0) == replace(want, mean_abs_err=0.0,
+                                                                rel_l2=0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), size=st.integers(1, 3 * fused.BLOCK + 7),
+       special_share=st.sampled_from([0.0, 0.001, 0.3]),
+       target=st.sampled_from([Precision.FP16, Precision.BF16]))
+def test_compiled_statistics_equal_the_numpy_path(seed, size, special_share, target):
+    rng = np.random.default_rng(seed)
+    fmt = FORMATS[target]
+    r = (rng.standard_normal(size) * 10.0 ** rng.integers(-9, 6)).astype(np.float32)
+    c = (r * (1 + rng.standard_normal(size) * 1e-3)).astype(np.float32)
+    for x in (r, c):
+        hit = rng.random(size) < special_share
+        x[hit] = rng.choice(np.array(SPECIAL, np.float32), int(hit.sum()))
+    c[rng.random(size) < 0.05] = 0.0
+    pairs = [(r, c), (c.copy(), r.copy())]
+    with pytest.MonkeyPatch.context() as mp:
+        want = _numpy_record(pairs, fmt, mp)
+    acc = _Accumulator(SITE)
+    for a, b in pairs:
+        acc.add(a, b, fmt.max, fmt.min_subnormal, fmt.min_normal)
+    _assert_same(acc.record(fmt.max), want)
+
+
+def test_blocks_with_nonfinite_values_take_the_numpy_path(monkeypatch):
+    """A NaN in one block and -3.4e38 (whose square overflows a float32 sum) in another: those
+    two blocks are handed back, the rest is folded by the kernel, and the record is the numpy
+    path's."""
+    fmt = FORMATS[Precision.FP16]
+    r = np.linspace(-3, 3, 5 * fused.BLOCK, dtype=np.float32)
+    c = r * np.float32(1.001)
+    c[fused.BLOCK + 5] = np.nan
+    r[3 * fused.BLOCK + 1] = c[3 * fused.BLOCK + 1] = -3.4e38
+    got = fused.fold(r, c, fmt.max, fmt.min_normal, fmt.min_subnormal / 2)
+    assert got is not None
+    assert got[3].tolist() == [fused.BLOCK, 3 * fused.BLOCK]
+    assert got[2][0] == 3 * fused.BLOCK
+    acc = _Accumulator(SITE)
+    with np.errstate(over="raise"):
+        acc.add(r, c, fmt.max, fmt.min_subnormal, fmt.min_normal)
+    rec = acc.record(fmt.max)
+    assert rec.cand_nan == 1 and rec.overflow == 1 and rec.numel == r.size
+    _assert_same(rec, _numpy_record([(r, c)], fmt, monkeypatch))
+
+
+def test_the_environment_variable_selects_the_numpy_path(monkeypatch):
+    monkeypatch.setenv(fused.ENV, "numpy")
+    assert fused.kernel() is None
+    one = np.ones(3, np.float32)
+    assert fused.fold(one, one, 65504.0, 2.0 ** -14, 2.0 ** -25) is None
