@@ -180,6 +180,7 @@ def run_case(name: str, model_path: Path, samples: list, work: Path, polygraphy:
         outputs.unlink()
     ratios = [_ratio(row["timings_s"])]
     rss = [row["diagnose"]["peak_rss_mb"]]
+    runs_this = [{**row["diagnose"], "timings_s": row["timings_s"]}]
     runs_before: list[dict] = []
     for i in range(repeat):  # the ratio again, on a machine others may be loading
         if before is not None:  # the other tree right after this one's run, same inputs
@@ -194,16 +195,29 @@ def run_case(name: str, model_path: Path, samples: list, work: Path, polygraphy:
                           again, (0, 1))
             ratios.append(_ratio(json.loads(again.read_text())["timings_s"]))
             rss.append(run["peak_rss_mb"])
+            runs_this.append({**run, "timings_s": json.loads(again.read_text())["timings_s"]})
     row["layerwise_over_plain_runs"] = ratios[0]
     if repeat > 1:
         row["layerwise_over_plain_runs_repeats"] = ratios
         row["layerwise_over_plain_runs_median"] = float(np.median(ratios))
         row["diagnose_peak_rss_mb_repeats"] = rss
+    if repeat > 1:
+        row["runs"] = runs_this
+        row["diagnose_wall_s_median"] = float(np.median([r["wall_s"] for r in runs_this]))
     if runs_before:
         row["before"] = {"src": str(before), "runs": runs_before,
                          "layerwise_over_plain_runs_median": float(np.median(
                              [_ratio(r["timings_s"]) for r in runs_before])),
-                         "peak_rss_mb_max": max(r["peak_rss_mb"] for r in runs_before)}
+                         "peak_rss_mb_max": max(r["peak_rss_mb"] for r in runs_before),
+                         "diagnose_wall_s_median": float(np.median(
+                             [r["wall_s"] for r in runs_before]))}
+        # this tree's layerwise over the other tree's plain runs of the same repeat: a
+        # denominator that this tree's work beside the plain runs (e.g. loading the
+        # statistics kernel while they run) cannot inflate
+        row["layerwise_over_before_plain_runs_median"] = float(np.median(
+            [round(a["timings_s"]["layerwise"] / (b["timings_s"]["reference"]
+                                                  + b["timings_s"]["candidate"]), 2)
+             for a, b in zip(runs_this, runs_before)]))
     if polygraphy:
         row["polygraphy_rss_over_ours"] = round(
             row["polygraphy"]["peak_rss_mb"] / row["diagnose"]["peak_rss_mb"], 1)
@@ -307,7 +321,9 @@ def _print(rows: list[dict], summary: dict) -> None:
                   f"{b['layerwise_over_plain_runs_median']}, peak RSS {b['peak_rss_mb_max']} MB;"
                   f" this tree: median {r.get('layerwise_over_plain_runs_median')}, peak RSS "
                   f"{max(r.get('diagnose_peak_rss_mb_repeats', [r['diagnose']['peak_rss_mb']]))}"
-                  " MB")
+                  f" MB, over the other tree's plain runs "
+                  f"{r.get('layerwise_over_before_plain_runs_median')}; diagnose wall median "
+                  f"{b['diagnose_wall_s_median']} -> {r.get('diagnose_wall_s_median')} s")
 
 
 if __name__ == "__main__":

@@ -40,8 +40,8 @@ def _assert_same(got: LayerRecord, want: LayerRecord) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), size=st.integers(1, 3 * fused.BLOCK + 7),
-       special_share=st.sampled_from([0.0, 0.001, 0.3]),
-       target=st.sampled_from([Precision.FP16, Precision.BF16]))
+       special_share=st.sampled_from([0.0, 0.001, 0.01, 0.3, 0.9]),
+       target=st.sampled_from([Precision.FP16, Precision.BF16, Precision.TF32]))
 def test_compiled_statistics_equal_the_numpy_path(seed, size, special_share, target):
     rng = np.random.default_rng(seed)
     fmt = FORMATS[target]
@@ -86,3 +86,20 @@ def test_the_environment_variable_selects_the_numpy_path(monkeypatch):
     assert fused.kernel() is None
     one = np.ones(3, np.float32)
     assert fused.fold(one, one, 65504.0, 2.0 ** -14, 2.0 ** -25) is None
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_zeros_are_neither_flushed_nor_subnormal_when_half_a_subnormal_is_zero(compiled,
+                                                                               monkeypatch):
+    """TF32's smallest subnormal is float32's: half of it rounds to 0 in float32, and the
+    exact zeros of a ReLU must not count as subnormal (or as -1 flushed)."""
+    if not compiled:
+        monkeypatch.setattr(fused, "fold", lambda *a: None)
+    fmt = FORMATS[Precision.TF32]
+    r = np.zeros(3000, np.float32)
+    r[::3] = 1.0
+    r[1] = 1e-40  # a float32 subnormal
+    acc = _Accumulator(SITE)
+    acc.add(r, r.copy(), fmt.max, fmt.min_subnormal, fmt.min_normal)
+    rec = acc.record(fmt.max)
+    assert (rec.flush_to_zero, rec.subnormal, rec.lost_to_zero) == (0, 1, 0)

@@ -15,8 +15,8 @@ from precision_doctor.layerwise.fused import BLOCK
 
 # reassociation (vectorized sums) and FMA, never "no NaN/Inf": NaN and Inf must reach the sums
 _SUMS_MATH = {"reassoc", "contract", "nsz", "arcp"}
-_jit = numba.njit(nogil=True, cache=True, boundscheck=False)
-_jit_sums = numba.njit(nogil=True, cache=True, boundscheck=False, fastmath=_SUMS_MATH)
+_jit = numba.njit(nogil=True, boundscheck=False)
+_jit_sums = numba.njit(nogil=True, boundscheck=False, fastmath=_SUMS_MATH)
 
 
 @_jit_sums
@@ -63,7 +63,7 @@ def _counts(r, c, top, normal, half):
     return over, small, below, zero, lost
 
 
-@_jit
+@numba.njit(nogil=True, boundscheck=False, cache=True)
 def fold(r, c, top, normal, half, maxima, sums, counts, bad):
     """See ``layerwise.fused.fold``; returns the number of blocks written to ``bad``."""
     n = r.size

@@ -97,7 +97,9 @@ def stats_model(fmt: FloatFormat) -> onnx.ModelProto:
     below_half = op("Less", [ar, half_sub], "below_half")
     small = op("Less", [ar, normal], "small")
     flush = op("And", [nonzero, below_half], "flush")
-    subnormal = op("And", [op("Not", [below_half], "at_least_half"), small], "subnormal")
+    # non-zero too: half a subnormal is 0 in float32 for TF32/FP32
+    subnormal = op("And", [op("And", [op("Not", [below_half], "at_least_half"), small],
+                              "small_not_flushed"), nonzero], "subnormal")
     lost = op("And", [op("And", [ok, op("And", [small, nonzero], "small_nz")], "ok_small"),
                       op("Equal", ["cs", zero], "c_zero")], "lost")
     d = op("Where", [ok, op("Sub", ["cs", "rs"], "diff"), zero], "d")

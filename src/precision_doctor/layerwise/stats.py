@@ -156,28 +156,18 @@ class _Accumulator:
             return False
         maxima, sums, counts, bad = got
         numel, over, small, below, zero, lost = (int(x) for x in counts)
-        if numel:
-            self.numel += numel
-            self.ref_max = max(self.ref_max, float(maxima[0]))
-            self.cand_max = max(self.cand_max, float(maxima[1]))
-            self.err_max = max(self.err_max, float(maxima[2]))
-            self.err_sum += float(sums[0])
-            self.err2 += float(sums[1])
-            self.ref2 += float(sums[2])
-            self.overflow += over
-            self.flush += below - zero
-            self.subnormal += small - below
-            self.lost += lost
-        if bad.size:
-            scratch = scratch or Scratch()
-            for start in bad.tolist():
-                rb, cb = r[start:start + fused.BLOCK], c[start:start + fused.BLOCK]
-                n = rb.size
-                with np.errstate(over="ignore"):  # as in ``add``
-                    self._add_block(rb, cb, fmt_max, fmt_min_sub, fmt_min_normal, scratch,
-                                    scratch.get("abs", n, r.dtype),
-                                    scratch.get("diff", n, r.dtype),
-                                    scratch.get("small", n, np.bool_))
+        below = max(below, zero)  # half a subnormal rounds to 0 in float32 for TF32/FP32
+        self.fold(numel, dict(zip(("ref_max", "cand_max", "err_max"), maxima.tolist()),
+                              err_sum=sums[0], err2=sums[1], ref2=sums[2], nan=0, inf=0,
+                              ref_bad=0, overflow=over, flush=below - zero,
+                              subnormal=small - below, lost=lost))
+        scratch = scratch or Scratch()
+        for start in bad.tolist():
+            rb, cb = r[start:start + fused.BLOCK], c[start:start + fused.BLOCK]
+            with np.errstate(over="ignore"):  # as in ``add``
+                self._add_block(rb, cb, fmt_max, fmt_min_sub, fmt_min_normal, scratch,
+                                *(scratch.get(k, rb.size, t) for k, t in
+                                  (("abs", r.dtype), ("diff", r.dtype), ("small", np.bool_))))
         return True
 
     def _add_block(self, r: np.ndarray, c: np.ndarray, fmt_max: float, fmt_min_sub: float,
@@ -206,10 +196,7 @@ class _Accumulator:
         # than a BLAS dot with ones; float32 accumulation within one block, float64 across
         err_sum = float(np.einsum("i->", d))
         if not math.isfinite(err2 + ref2 + err_sum):  # |x| >~ 1e19: float32 sums overflow
-            r64 = r.astype(np.float64)
-            d64 = c.astype(np.float64) - r64
-            err2, ref2 = float(np.dot(d64, d64)), float(np.dot(r64, r64))
-            err_sum = float(np.abs(d64).sum())
+            err_sum, err2, ref2 = _sums64(r, c)
         self.err2 += err2
         self.ref2 += ref2
         self.err_sum += err_sum
@@ -229,14 +216,15 @@ class _Accumulator:
             rs, cs = ar[idx], c[idx]
             nonzero = rs > 0
             self.flush += int(np.count_nonzero(nonzero & (rs < half_sub)))
-            self.subnormal += int(np.count_nonzero(rs >= half_sub))
+            self.subnormal += int(np.count_nonzero(nonzero & (rs >= half_sub)))
             self.lost += int(np.count_nonzero(nonzero & (cs == 0)))
             return
         mask = scratch.get("mask", ar.size, np.bool_)
         n_zero = int(np.count_nonzero(np.equal(ar, 0, out=mask)))
         if n_zero == n_small:  # every small element is an exact zero: nothing flushed or lost
             return
-        n_half = int(np.count_nonzero(np.less(ar, half_sub, out=mask)))
+        # zeros included; half_sub rounds to 0 in float32 for TF32/FP32 (nothing to flush)
+        n_half = max(n_zero, int(np.count_nonzero(np.less(ar, half_sub, out=mask))))
         self.flush += n_half - n_zero
         self.subnormal += n_small - n_half
         c_zero = np.equal(c, 0, out=mask)
@@ -262,9 +250,13 @@ class _Accumulator:
         ad = np.abs(d)
         self.cand_max = max(self.cand_max, float(np.abs(c).max()))
         self.err_max = max(self.err_max, float(ad.max()))
-        self.err_sum += float(ad.sum())
-        self.err2 += float(np.dot(d, d))
-        self.ref2 += float(np.dot(r, r))
+        with np.errstate(over="ignore"):
+            err_sum, err2, ref2 = float(ad.sum()), float(np.dot(d, d)), float(np.dot(r, r))
+        if not math.isfinite(err_sum + err2 + ref2):  # float32 sums of huge finite values
+            err_sum, err2, ref2 = _sums64(r, c)
+        self.err_sum += err_sum
+        self.err2 += err2
+        self.ref2 += ref2
         small = np.abs(r) < fmt_min_normal
         if small.any():
             self.lost += int(np.count_nonzero(small & (r != 0) & (c == 0)))
@@ -279,7 +271,8 @@ class _Accumulator:
         if float(ar.min()) < fmt_min_normal:  # fast path: nothing small, nothing to count
             nonzero = ar > 0
             self.flush += int(np.count_nonzero(nonzero & (ar < fmt_min_sub / 2)))
-            self.subnormal += int(np.count_nonzero((ar >= fmt_min_sub / 2) & (ar < fmt_min_normal)))
+            self.subnormal += int(np.count_nonzero(nonzero & (ar >= fmt_min_sub / 2)
+                                                   & (ar < fmt_min_normal)))
 
     def fold(self, numel: int, sums: Mapping[str, float]) -> None:
         """Fold in one sample's statistics computed elsewhere (``layerwise.resident``): its
@@ -309,6 +302,13 @@ class _Accumulator:
                            self.err_sum / self.numel if self.numel else 0.0, rel, self.nan,
                            self.inf, self.ref_bad, self.overflow, self.flush, self.subnormal,
                            self.lost, headroom)
+
+
+def _sums64(r: np.ndarray, c: np.ndarray) -> tuple[float, float, float]:
+    """sum |c - r|, sum (c - r)^2, sum r^2 of finite pairs, in float64."""
+    r64 = r.astype(np.float64)
+    d64 = c.astype(np.float64) - r64
+    return float(np.abs(d64).sum()), float(np.dot(d64, d64)), float(np.dot(r64, r64))
 
 
 class StatsPool:
