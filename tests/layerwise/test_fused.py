@@ -22,8 +22,7 @@ SPECIAL = [0.0, -0.0, np.nan, np.inf, -np.inf, 3.4e38, -3.4e38, 1e20, 7e4, -7e4,
            6.2e-5, -3e-6, 5e-8, 2e-8, -1e-9, 1e-45, 1.0, -2.5]
 
 
-def _numpy_record(pairs, fmt, monkeypatch) -> LayerRecord:
-    monkeypatch.setattr(fused, "fold", lambda *a: None)
+def _numpy_record(pairs, fmt) -> LayerRecord:
     acc = _Accumulator(SITE)
     for r, c in pairs:
         acc.add(r, c, fmt.max, fmt.min_subnormal, fmt.min_normal)
@@ -52,15 +51,14 @@ def test_compiled_statistics_equal_the_numpy_path(seed, size, special_share, tar
         x[hit] = rng.choice(np.array(SPECIAL, np.float32), int(hit.sum()))
     c[rng.random(size) < 0.05] = 0.0
     pairs = [(r, c), (c.copy(), r.copy())]
-    with pytest.MonkeyPatch.context() as mp:
-        want = _numpy_record(pairs, fmt, mp)
+    want = _numpy_record(pairs, fmt)
     acc = _Accumulator(SITE)
     for a, b in pairs:
-        acc.add(a, b, fmt.max, fmt.min_subnormal, fmt.min_normal)
+        acc.add(a, b, fmt.max, fmt.min_subnormal, fmt.min_normal, compiled=True)
     _assert_same(acc.record(fmt.max), want)
 
 
-def test_blocks_with_nonfinite_values_take_the_numpy_path(monkeypatch):
+def test_blocks_with_nonfinite_values_take_the_numpy_path():
     """A NaN in one block and -3.4e38 (whose square overflows a float32 sum) in another: those
     two blocks are handed back, the rest is folded by the kernel, and the record is the numpy
     path's."""
@@ -75,31 +73,55 @@ def test_blocks_with_nonfinite_values_take_the_numpy_path(monkeypatch):
     assert got[2][0] == 3 * fused.BLOCK
     acc = _Accumulator(SITE)
     with np.errstate(over="raise"):
-        acc.add(r, c, fmt.max, fmt.min_subnormal, fmt.min_normal)
+        acc.add(r, c, fmt.max, fmt.min_subnormal, fmt.min_normal, compiled=True)
     rec = acc.record(fmt.max)
     assert rec.cand_nan == 1 and rec.overflow == 1 and rec.numel == r.size
-    _assert_same(rec, _numpy_record([(r, c)], fmt, monkeypatch))
+    _assert_same(rec, _numpy_record([(r, c)], fmt))
 
 
-def test_the_environment_variable_selects_the_numpy_path(monkeypatch):
+def test_the_kernel_loads_only_where_it_repays_its_load(monkeypatch):
+    monkeypatch.setattr(fused, "_loaded", {})
+    assert not fused.worth_loading(fused.MIN_PAIRS - 1)
+    assert fused.worth_loading(fused.MIN_PAIRS)
     monkeypatch.setenv(fused.ENV, "numpy")
+    assert not fused.worth_loading(fused.MIN_PAIRS)
     assert fused.kernel() is None
     one = np.ones(3, np.float32)
     assert fused.fold(one, one, 65504.0, 2.0 ** -14, 2.0 ** -25) is None
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-def test_zeros_are_neither_flushed_nor_subnormal_when_half_a_subnormal_is_zero(compiled,
-                                                                               monkeypatch):
+def test_zeros_are_neither_flushed_nor_subnormal_when_half_a_subnormal_is_zero(compiled):
     """TF32's smallest subnormal is float32's: half of it rounds to 0 in float32, and the
     exact zeros of a ReLU must not count as subnormal (or as -1 flushed)."""
-    if not compiled:
-        monkeypatch.setattr(fused, "fold", lambda *a: None)
     fmt = FORMATS[Precision.TF32]
     r = np.zeros(3000, np.float32)
     r[::3] = 1.0
     r[1] = 1e-40  # a float32 subnormal
     acc = _Accumulator(SITE)
-    acc.add(r, r.copy(), fmt.max, fmt.min_subnormal, fmt.min_normal)
+    acc.add(r, r.copy(), fmt.max, fmt.min_subnormal, fmt.min_normal, compiled=compiled)
     rec = acc.record(fmt.max)
     assert (rec.flush_to_zero, rec.subnormal, rec.lost_to_zero) == (0, 1, 0)
+
+
+def test_a_comparison_with_the_kernel_gives_the_numpy_records(monkeypatch):
+    """``compare_layerwise`` folds with the kernel where ``worth_loading`` says so: the same
+    records as with the numpy path, sums to float32 rounding."""
+    from test_layerwise_segments import residual_model, residual_samples
+
+    from precision_doctor.layerwise.candidates import emulated, reference_factory
+    from precision_doctor.layerwise.compare import compare_layerwise
+    from precision_doctor.precision.plan import PrecisionPlan
+
+    cand = emulated(PrecisionPlan(Precision.FP16))
+    results = {}
+    for min_pairs in (0, 1 << 62):
+        monkeypatch.setattr(fused, "MIN_PAIRS", min_pairs)
+        monkeypatch.setattr(fused, "_loaded", {} if min_pairs else dict(fused._loaded))
+        results[min_pairs] = compare_layerwise(residual_model(), residual_samples(),
+                                               reference_factory, cand.factory, Precision.FP16,
+                                               1e-3, 1 << 30)
+    compiled, numpy_only = results[0], results[1 << 62]
+    assert len(compiled.records) == len(numpy_only.records) > 3
+    for got, want in zip(compiled.records, numpy_only.records):
+        _assert_same(got, want)

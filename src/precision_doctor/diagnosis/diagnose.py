@@ -35,9 +35,8 @@ from precision_doctor.diagnosis.stages import (
 )
 from precision_doctor.formats import Precision
 from precision_doctor.inputs.recording import Recording
-from precision_doctor.layerwise import fused
 from precision_doctor.layerwise.candidates import Candidate
-from precision_doctor.layerwise.compare import LAYERWISE_BUDGET
+from precision_doctor.layerwise.compare import LAYERWISE_BUDGET, preload_statistics
 from precision_doctor.layerwise.recording import recorded_candidate
 from precision_doctor.precision.plan import PrecisionPlan
 
@@ -112,8 +111,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
     request = DiagnoseRequest(model, samples, target, candidate, tolerances, layerwise, noise,
                               measure_impact, budget_bytes, model_path, progress, rewritten,
                               decisions, stress)
-    if layerwise:  # the statistics kernel loads while the plain runs run
-        fused.preload()
+    if layerwise:  # the statistics kernel, if the comparison will use it, loads meanwhile
+        preload_statistics(model, [s.feeds for s in samples])
     reference = run_reference(request)
     cand = run_candidate(request, reference)
     if runs is not None:

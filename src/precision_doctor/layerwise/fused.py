@@ -21,11 +21,12 @@ stay in the L1 cache, each vectorized by LLVM (AVX2 on the sandbox's EPYC):
 Sums are float32 within a block and float64 across blocks, as in the numpy path (which uses
 blocks of 2^17); the two agree to ~1e-6 relative, counts and maxima exactly.
 
-numba is loaded on first use (about 0.5 s: import and the cached machine code; the first use
-after installation compiles for about 2 s and caches next to this file).
-``preload()`` starts that in a background thread, so that it overlaps the model runs that
-precede a layerwise comparison. Without numba (or with ``PRECISION_DOCTOR_STATS=numpy``) the
-numpy path is used.
+Loading numba costs about 0.85 s of CPU and 115 MB of memory per process (its import and
+the cached machine code; the first use after installation compiles for about 2.5 s and caches
+next to ``kernels.py``), so a comparison uses the kernel only when it folds enough element
+pairs to repay that (``worth_loading``). ``preload()`` starts the load in a background
+thread, so that it overlaps the model runs that precede a layerwise comparison. Without numba
+(or with ``PRECISION_DOCTOR_STATS=numpy``) the numpy path is used.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ import numpy as np
 BLOCK = 4096
 # Environment variable that selects the numpy statistics ("numpy") instead of the kernel.
 ENV = "PRECISION_DOCTOR_STATS"
+# Element pairs from which the kernel repays its load: numpy folds a pair in 3.2 (PP-OCRv4
+# det) to 4.3 ns (rec), the kernel in 1.2-1.25 ns (CPU seconds of the statistics over the
+# pairs folded, benchmarks/probes/layerwise_profile.py, 2026-11-28); 0.85 s of load / ~2 ns
+# saved per pair. det's 3 images at 640x640 fold 5.2e8 pairs, rec's 32 crops 1.9e9.
+MIN_PAIRS = 400_000_000
 
 _lock = threading.Lock()
 _loaded: dict[str, Any] = {}
@@ -53,6 +59,13 @@ def _compile() -> Callable[..., int] | None:
     except ImportError:
         return None
     return kernels.fold
+
+
+def worth_loading(pairs: int) -> bool:
+    """Whether folding ``pairs`` (reference, candidate) element pairs repays loading the
+    kernel (``MIN_PAIRS``; always True once it is loaded)."""
+    return _loaded.get("fold") is not None or (
+        pairs >= MIN_PAIRS and os.environ.get(ENV, "").lower() != "numpy")
 
 
 def kernel() -> Callable[..., int] | None:

@@ -160,14 +160,15 @@ class ResidentStats(StatsPool):
     device (the current ``runners.device``), others on the host.
 
     Args:
-        sites / fmt / threads: As for ``StatsPool`` (the threads fold host-side tensors).
+        sites / fmt / threads / compiled: As for ``StatsPool`` (the threads fold host-side
+            tensors).
 
     Use as a context manager or call ``close``: it holds an ONNX Runtime session.
     """
 
     def __init__(self, sites: Sequence[TensorSite], fmt: FloatFormat,
-                 threads: int | None = None) -> None:
-        super().__init__(sites, fmt, threads)
+                 threads: int | None = None, compiled: bool = False) -> None:
+        super().__init__(sites, fmt, threads, compiled)
         model = stats_model(fmt)
         self.chunk = chunk_elements(model)
         self._session = OrtRunner(model, name="layerwise-stats").__enter__()

@@ -113,7 +113,8 @@ class _Accumulator:
         self.ref_max = self.cand_max = self.err_max = self.err_sum = self.err2 = self.ref2 = 0.0
 
     def add(self, ref: np.ndarray, cand: np.ndarray, fmt_max: float, fmt_min_sub: float,
-            fmt_min_normal: float, scratch: Scratch | None = None) -> None:
+            fmt_min_normal: float, scratch: Scratch | None = None,
+            compiled: bool = False) -> None:
         """Fold one sample of the tensor in (shapes must match; otherwise it is skipped).
 
         The tensor is folded in blocks of ``BLOCK`` elements, so that the statistics' passes
@@ -123,6 +124,7 @@ class _Accumulator:
         tensor, not per block: a block makes about twenty numpy calls, whose fixed cost (45-60
         us on the 2-core sandbox, 2026-11-28) is a sixth of a full block's time and all of a
         small tensor's (PP-OCRv4 rec: 403 tensors, about 4 blocks each on average).
+        ``compiled``: fold a float32 pair with ``layerwise.fused``'s kernel instead.
         """
         r = np.asarray(ref).ravel()
         c = np.asarray(cand).ravel()
@@ -130,8 +132,8 @@ class _Accumulator:
             return
         if r.dtype != c.dtype or r.dtype.kind != "f":
             r, c = r.astype(np.float64), c.astype(np.float64)
-        if r.dtype == np.float32 and self._add_fused(r, c, fmt_max, fmt_min_sub, fmt_min_normal,
-                                                     scratch):
+        if compiled and r.dtype == np.float32 and self._add_fused(
+                r, c, fmt_max, fmt_min_sub, fmt_min_normal, scratch):
             return
         scratch = scratch or Scratch()
         size = min(r.size, BLOCK)
@@ -148,11 +150,9 @@ class _Accumulator:
 
     def _add_fused(self, r: np.ndarray, c: np.ndarray, fmt_max: float, fmt_min_sub: float,
                    fmt_min_normal: float, scratch: Scratch | None) -> bool:
-        """``add`` of a float32 pair with ``layerwise.fused``'s compiled pass (False, having
-        folded nothing, without it); its blocks with NaN/Inf or huge values take the numpy
-        path."""
-        got = fused.fold(r, c, fmt_max, fmt_min_normal, fmt_min_sub / 2)
-        if got is None:
+        """``add`` with ``layerwise.fused``'s kernel (False, nothing folded, without it);
+        blocks with NaN/Inf or huge values take the numpy path."""
+        if (got := fused.fold(r, c, fmt_max, fmt_min_normal, fmt_min_sub / 2)) is None:
             return False
         maxima, sums, counts, bad = got
         numel, over, small, below, zero, lost = (int(x) for x in counts)
@@ -319,6 +319,7 @@ class StatsPool:
         fmt: The target format (range checks).
         threads: Worker threads (default: up to 2, the CPU count). Each call to ``add``
             waits for its tensors, so every accumulator receives the samples in order.
+        compiled: Fold float32 pairs with ``layerwise.fused``'s kernel (``fused.worth_loading``).
 
     The workers of one ``add`` take its tensors from one queue: one job per worker, not one
     per tensor, since handing a job over costs more than folding a small tensor (2 workers:
@@ -327,9 +328,10 @@ class StatsPool:
     """
 
     def __init__(self, sites: Sequence[TensorSite], fmt: FloatFormat,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, compiled: bool = False) -> None:
         self.accs = {s.name: _Accumulator(s) for s in sites}
         self.fmt = fmt
+        self.compiled = compiled
         self._local = threading.local()
         workers = threads if threads is not None else min(2, os.cpu_count() or 1)
         self._workers = workers
@@ -378,7 +380,8 @@ class StatsPool:
         if scratch is None:
             scratch = self._local.scratch = Scratch()
         f = self.fmt
-        self.accs[name].add(ref, cand, f.max, f.min_subnormal, f.min_normal, scratch)
+        self.accs[name].add(ref, cand, f.max, f.min_subnormal, f.min_normal, scratch,
+                            self.compiled)
 
     def records(self, sites: Sequence[TensorSite], skip: set[str]) -> tuple[LayerRecord, ...]:
         """Records of ``sites`` (minus ``skip``), in the given order."""
