@@ -120,5 +120,5 @@ def _fold_into(kern: Callable[..., int], r: np.ndarray, c: np.ndarray, fmt_max: 
     counts = np.zeros(6, np.int64)
     bad = np.empty(-(-r.size // BLOCK), np.int64)
     n_bad = kern(r, c, np.float32(fmt_max), np.float32(fmt_min_normal),
-                 np.float32(half_subnormal), maxima, sums, counts, bad)
+                 np.float32(half_subnormal), BLOCK, maxima, sums, counts, bad)
     return maxima.view(np.float32), sums, counts, bad[:n_bad]

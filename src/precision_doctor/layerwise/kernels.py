@@ -11,8 +11,6 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from precision_doctor.layerwise.fused import BLOCK
-
 # reassociation (vectorized sums) and FMA, never "no NaN/Inf": NaN and Inf must reach the sums
 _SUMS_MATH = {"reassoc", "contract", "nsz", "arcp"}
 _jit = numba.njit(nogil=True, boundscheck=False)
@@ -64,14 +62,15 @@ def _counts(r, c, top, normal, half):
 
 
 @numba.njit(nogil=True, boundscheck=False, cache=True)
-def fold(r, c, top, normal, half, maxima, sums, counts, bad):
-    """See ``layerwise.fused.fold``; returns the number of blocks written to ``bad``."""
+def fold(r, c, top, normal, half, block, maxima, sums, counts, bad):
+    """See ``layerwise.fused.fold`` (``block``: elements per block, ``fused.BLOCK``); returns
+    the number of blocks written to ``bad``."""
     n = r.size
-    d = np.empty(min(n, BLOCK), np.float32)
+    d = np.empty(min(n, block), np.float32)
     d_bits, r_bits, c_bits = d.view(np.uint32), r.view(np.uint32), c.view(np.uint32)
     n_bad = 0
-    for start in range(0, n, BLOCK):
-        stop = min(n, start + BLOCK)
+    for start in range(0, n, block):
+        stop = min(n, start + block)
         m = stop - start
         rb, cb = r[start:stop], c[start:stop]
         s, s2, r2 = _sums(rb, cb, d[:m])
