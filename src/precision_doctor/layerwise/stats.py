@@ -3,8 +3,8 @@
 ``_Accumulator`` folds one (reference, candidate) pair of a tensor at a time into running
 sums, so only the tensors of one segment (or chunk) of one sample are ever in memory;
 ``LayerRecord`` is the frozen result. ``StatsPool`` updates the accumulators of many tensors
-in parallel threads (numpy releases the GIL in its reductions); each accumulator still sees
-the samples in order, so results do not depend on the number of threads.
+in parallel threads (numpy and ``layerwise.fused`` release the GIL); each accumulator still
+sees the samples in order, so results do not depend on the number of threads.
 """
 
 from __future__ import annotations
@@ -79,10 +79,9 @@ _FLOAT_FIELDS = {"ref_max_abs", "cand_max_abs", "max_abs_err", "mean_abs_err", "
                  "headroom_bits"}
 
 
-# Elements folded per pass (512 KiB of float32): every temporary of a block stays in the
-# 1 MiB L2 cache of the 2-core EPYC sandbox; 1.6x faster statistics than whole-tensor passes
-# on 6.5 MB det activations (2.7 -> 1.66 ms per tensor, measured 2026-11-24; 64-256 Ki
-# elements all within 10%).
+# Elements folded per pass (512 KiB of float32, within the 1 MiB L2 cache of the 2-core EPYC
+# sandbox): 1.6x faster than whole-tensor passes on 6.5 MB det activations (2.7 -> 1.66 ms
+# per tensor, 2026-11-24; 64-256 Ki elements all within 10%).
 BLOCK = 1 << 17
 
 
@@ -155,12 +154,15 @@ class _Accumulator:
         if (got := fused.fold(r, c, fmt_max, fmt_min_normal, fmt_min_sub / 2)) is None:
             return False
         maxima, sums, counts, bad = got
-        numel, over, small, below, zero, lost = (int(x) for x in counts)
-        below = max(below, zero)  # half a subnormal rounds to 0 in float32 for TF32/FP32
-        self.fold(numel, dict(zip(("ref_max", "cand_max", "err_max"), maxima.tolist()),
-                              err_sum=sums[0], err2=sums[1], ref2=sums[2], nan=0, inf=0,
-                              ref_bad=0, overflow=over, flush=below - zero,
-                              subnormal=small - below, lost=lost))
+        numel, over, small, below, zero, lost = counts.tolist()
+        if numel:  # attributes set directly: rec folds 12,896 tensors, most of them small
+            below = max(below, zero)  # half a subnormal rounds to 0 in float32 for TF32/FP32
+            (r_top, c_top, e_top), (s, s2, r2) = maxima.tolist(), sums.tolist()
+            self.ref_max, self.cand_max = max(self.ref_max, r_top), max(self.cand_max, c_top)
+            self.err_max, self.numel = max(self.err_max, e_top), self.numel + numel
+            self.err_sum, self.err2, self.ref2 = self.err_sum + s, self.err2 + s2, self.ref2 + r2
+            self.overflow, self.lost = self.overflow + over, self.lost + lost
+            self.flush, self.subnormal = self.flush + below - zero, self.subnormal + small - below
         scratch = scratch or Scratch()
         for start in bad.tolist():
             rb, cb = r[start:start + fused.BLOCK], c[start:start + fused.BLOCK]
@@ -197,9 +199,8 @@ class _Accumulator:
         err_sum = float(np.einsum("i->", d))
         if not math.isfinite(err2 + ref2 + err_sum):  # |x| >~ 1e19: float32 sums overflow
             err_sum, err2, ref2 = _sums64(r, c)
-        self.err2 += err2
-        self.ref2 += ref2
-        self.err_sum += err_sum
+        self.err2, self.ref2, self.err_sum = (self.err2 + err2, self.ref2 + ref2,
+                                              self.err_sum + err_sum)
         self.cand_max = max(self.cand_max, max(c_hi, -c_lo))
         self.err_max = max(self.err_max, float(d.max()))
 
@@ -254,9 +255,8 @@ class _Accumulator:
             err_sum, err2, ref2 = float(ad.sum()), float(np.dot(d, d)), float(np.dot(r, r))
         if not math.isfinite(err_sum + err2 + ref2):  # float32 sums of huge finite values
             err_sum, err2, ref2 = _sums64(r, c)
-        self.err_sum += err_sum
-        self.err2 += err2
-        self.ref2 += ref2
+        self.err2, self.ref2, self.err_sum = (self.err2 + err2, self.ref2 + ref2,
+                                              self.err_sum + err_sum)
         small = np.abs(r) < fmt_min_normal
         if small.any():
             self.lost += int(np.count_nonzero(small & (r != 0) & (c == 0)))
