@@ -127,3 +127,18 @@ def test_a_comparison_with_the_kernel_gives_the_numpy_records(monkeypatch):
     assert len(compiled.records) == len(numpy_only.records) > 3
     for got, want in zip(compiled.records, numpy_only.records):
         _assert_same(got, want)
+
+
+def test_a_kernel_that_fails_to_compile_leaves_the_numpy_path(monkeypatch):
+    def broken():
+        raise RuntimeError("LLVM ERROR: no target")
+
+    monkeypatch.setattr(fused, "_loaded", {})
+    monkeypatch.setattr(fused, "_compile", broken)
+    with pytest.warns(RuntimeWarning, match="LLVM ERROR"):
+        assert fused.kernel() is None
+    one = np.ones(5, np.float32)
+    assert fused.fold(one, one, 65504.0, 2.0 ** -14, 2.0 ** -25) is None
+    acc = _Accumulator(SITE)
+    acc.add(one, one * 2, 65504.0, 2.0 ** -24, 2.0 ** -14, compiled=True)
+    assert acc.record(65504.0).max_abs_err == 1.0

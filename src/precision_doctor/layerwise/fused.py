@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -69,16 +70,24 @@ def worth_loading(pairs: int) -> bool:
 
 
 def kernel() -> Callable[..., int] | None:
-    """The compiled kernel, loading numba on first call; None without numba or when
-    ``PRECISION_DOCTOR_STATS=numpy``. Thread-safe."""
+    """The compiled kernel, loading numba on first call; None without numba, when
+    ``PRECISION_DOCTOR_STATS=numpy``, or when numba fails to import or compile it (a
+    ``RuntimeWarning`` says why; the statistics then use numpy). Thread-safe."""
     if os.environ.get(ENV, "").lower() == "numpy":
         return None
     with _lock:
         if "fold" not in _loaded:
-            _loaded["fold"] = _compile()
-            if _loaded["fold"] is not None:  # load (or compile) the machine code now
-                one = np.zeros(1, np.float32)
-                _fold_into(_loaded["fold"], one, one, 1.0, 1.0, 1.0)
+            try:
+                fold = _compile()
+                if fold is not None:  # load (or compile) the machine code now
+                    one = np.zeros(1, np.float32)
+                    _fold_into(fold, one, one, 1.0, 1.0, 1.0)
+            except Exception as exc:  # numba's own errors (typing, LLVM, an old NumPy)
+                warnings.warn(f"the compiled layerwise statistics are unavailable ({exc!r}); "
+                              f"using numpy. Set {ENV}=numpy to skip numba.", RuntimeWarning,
+                              stacklevel=2)
+                fold = None
+            _loaded["fold"] = fold
         return _loaded["fold"]
 
 
