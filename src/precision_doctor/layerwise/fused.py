@@ -43,11 +43,13 @@ import numpy as np
 BLOCK = 4096
 # Environment variable that selects the numpy statistics ("numpy") instead of the kernel.
 ENV = "PRECISION_DOCTOR_STATS"
-# Element pairs from which the kernel repays its load: numpy folds a pair in 3.2 (PP-OCRv4
-# det) to 4.3 ns (rec), the kernel in 1.2-1.25 ns (CPU seconds of the statistics over the
-# pairs folded, benchmarks/probes/layerwise_profile.py, 2026-11-28); 0.85 s of load / ~2 ns
-# saved per pair. det's 3 images at 640x640 fold 5.2e8 pairs, rec's 32 crops 1.9e9.
-MIN_PAIRS = 400_000_000
+# Element pairs from which the kernel is used. numpy folds a pair in 3.2 (PP-OCRv4 det) to
+# 4.3 ns (rec), the kernel in 1.2-1.25 ns (CPU seconds of the statistics over the pairs folded,
+# benchmarks/probes/layerwise_profile.py, 2026-11-28), so 0.85 s of load breaks even at about
+# 4.2e8 pairs. At det's 5.2e8 (3 images at 640x640) it was a wash in diagnose's wall time
+# (13.62 s median against 13.27 s with numpy, layerwise_2026-11-28_cpu2_fused.json) for 115 MB
+# more; at rec's 1.9e9 (32 crops) it saves 4 s (36.2 against 40.9 s). Twice the break-even.
+MIN_PAIRS = 1_000_000_000
 
 _lock = threading.Lock()
 _loaded: dict[str, Any] = {}
