@@ -142,3 +142,25 @@ def test_a_kernel_that_fails_to_compile_leaves_the_numpy_path(monkeypatch):
     acc = _Accumulator(SITE)
     acc.add(one, one * 2, 65504.0, 2.0 ** -24, 2.0 ** -14, compiled=True)
     assert acc.record(65504.0).max_abs_err == 1.0
+
+
+def test_a_recorded_fp16_engine_is_compared_with_the_kernel_as_with_numpy(monkeypatch, tmp_path):
+    """Recorded FP16 tensors are compared as float32 (exact), so the kernel folds them too."""
+    from test_recorded import emulated_tensors, write_run_results
+    from tiny_models import conv_bn, random_samples
+
+    from precision_doctor.diagnosis.diagnose import diagnose
+
+    model, samples = conv_bn(), random_samples((1, 3, 8, 8))
+    path = write_run_results(tmp_path / "out.json",
+                             [("trt-runner-N0", emulated_tensors(model, samples))])
+    records = {}
+    for min_pairs in (0, 1 << 62):
+        monkeypatch.setattr(fused, "MIN_PAIRS", min_pairs)
+        monkeypatch.setattr(fused, "_loaded", {} if min_pairs else dict(fused._loaded))
+        report = diagnose(model, samples, Precision.FP16, None, candidate_results=str(path),
+                          noise=False)
+        records[min_pairs] = report.layerwise.records
+    assert len(records[0]) == 3
+    for got, want in zip(records[0], records[1 << 62]):
+        _assert_same(got, want)

@@ -111,8 +111,8 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
     request = DiagnoseRequest(model, samples, target, candidate, tolerances, layerwise, noise,
                               measure_impact, budget_bytes, model_path, progress, rewritten,
                               decisions, stress)
-    if layerwise and candidate_results is None:  # recorded results fold with numpy
-        preload_statistics(model, [s.feeds for s in samples])  # loads during the plain runs
+    if layerwise:  # the statistics kernel, if the comparison will use it, loads meanwhile
+        preload_statistics(model, [s.feeds for s in samples])
     reference = run_reference(request)
     cand = run_candidate(request, reference)
     if runs is not None:

@@ -31,7 +31,13 @@ from precision_doctor.graph.outputs import (
     producer_inputs,
 )
 from precision_doctor.jsonable import json_float
-from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult, _Accumulator
+from precision_doctor.layerwise import fused
+from precision_doctor.layerwise.compare import (
+    LayerRecord,
+    LayerwiseResult,
+    _Accumulator,
+    compared_pairs,
+)
 from precision_doctor.layerwise.gain import nonfinite_birth
 from precision_doctor.runners.base import Runner
 
@@ -101,7 +107,9 @@ def compare_recorded(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.n
     emu_acc = {s.name: _Accumulator(s) for s in sites}
     chunks = chunk_sites(sites, budget_bytes // 2)
     total, done = len(chunks) * max(len(samples), 1), 0
-    limits = (fmt.max, fmt.min_subnormal, fmt.min_normal)
+    # two comparisons of every pair (recorded and emulated)
+    limits = (fmt.max, fmt.min_subnormal, fmt.min_normal, None,
+              fused.worth_loading(2 * compared_pairs(sites, len(samples))))
     for chunk in chunks:
         names = [s.name for s in chunk]
         marked_model = mark_outputs(model, names)

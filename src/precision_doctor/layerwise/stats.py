@@ -122,15 +122,15 @@ class _Accumulator:
         they are taken once per tensor, and the floating-point error state set once per
         tensor, not per block: a block makes about twenty numpy calls, whose fixed cost (45-60
         us on the 2-core sandbox, 2026-11-28) is a sixth of a full block's time and all of a
-        small tensor's (PP-OCRv4 rec: 403 tensors, about 4 blocks each on average).
-        ``compiled``: fold a float32 pair with ``layerwise.fused``'s kernel instead.
-        """
+        small tensor's (PP-OCRv4 rec: 403 tensors, about 4 blocks each). ``compiled``: fold a
+        float32 pair (an FP16 one as float32, exactly) with ``layerwise.fused``'s kernel."""
         r = np.asarray(ref).ravel()
         c = np.asarray(cand).ravel()
         if r.shape != c.shape or r.size == 0:
             return
-        if r.dtype != c.dtype or r.dtype.kind != "f":
-            r, c = r.astype(np.float64), c.astype(np.float64)
+        if r.dtype != c.dtype or r.dtype.kind != "f":  # e.g. an FP16 recording: float32 holds it
+            t = np.result_type(r, c) if r.dtype.kind == c.dtype.kind == "f" else np.float64
+            r, c = r.astype(t), c.astype(t)
         if compiled and r.dtype == np.float32 and self._add_fused(
                 r, c, fmt_max, fmt_min_sub, fmt_min_normal, scratch):
             return
