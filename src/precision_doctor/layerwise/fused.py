@@ -22,7 +22,7 @@ Sums are float32 within a block and float64 across blocks, as in the numpy path 
 blocks of 2^17); the two agree to ~1e-6 relative, counts and maxima exactly.
 
 Loading numba costs about 0.85 s of CPU and 115 MB of memory per process (its import and
-the cached machine code; the first use after installation compiles for about 2.5 s and caches
+the cached machine code; the first use after installation compiles for about 2 s and caches
 next to ``kernels.py``), so a comparison uses the kernel only when it folds enough element
 pairs to repay that (``worth_loading``). ``preload()`` starts the load in a background
 thread, so that it overlaps the model runs that precede a layerwise comparison. Without numba

@@ -3,7 +3,10 @@ imports numba, about 0.3 s).
 
 Each loop is written so that LLVM vectorizes it: no branches, one element type per loop
 (numba widens mixed integer arithmetic to int64, which halves the vector width), integer max
-reductions on bit patterns (float ones with NaN semantics stay scalar).
+reductions on bit patterns (float ones with NaN semantics stay scalar). The loops are inlined
+into ``fold`` (numba IR), which is compiled once with their floating-point flags: a first
+compile of 1.6-1.9 s instead of 2.4-2.7 s for four separately compiled functions, and 0.60 vs
+0.69 ns per pair on a 128 Ki-element tensor (2-core sandbox, 2026-11-28, measured ad hoc).
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import numpy as np
 
 # reassociation (vectorized sums) and FMA, never "no NaN/Inf": NaN and Inf must reach the sums
 _SUMS_MATH = {"reassoc", "contract", "nsz", "arcp"}
-_jit = numba.njit(nogil=True, boundscheck=False)
-_jit_sums = numba.njit(nogil=True, boundscheck=False, fastmath=_SUMS_MATH)
+_jit = numba.njit(nogil=True, boundscheck=False, inline="always")
+_jit_sums = numba.njit(nogil=True, boundscheck=False, fastmath=_SUMS_MATH, inline="always")
 
 
 @_jit_sums
@@ -61,7 +64,7 @@ def _counts(r, c, top, normal, half):
     return over, small, below, zero, lost
 
 
-@numba.njit(nogil=True, boundscheck=False, cache=True)
+@numba.njit(nogil=True, boundscheck=False, cache=True, fastmath=_SUMS_MATH)
 def fold(r, c, top, normal, half, block, maxima, sums, counts, bad):
     """See ``layerwise.fused.fold`` (``block``: elements per block, ``fused.BLOCK``); returns
     the number of blocks written to ``bad``."""
