@@ -144,23 +144,24 @@ def test_a_kernel_that_fails_to_compile_leaves_the_numpy_path(monkeypatch):
     assert acc.record(65504.0).max_abs_err == 1.0
 
 
-def test_a_recorded_fp16_engine_is_compared_with_the_kernel_as_with_numpy(monkeypatch, tmp_path):
+def test_a_recorded_fp16_engine_is_compared_with_the_kernel_as_with_numpy(monkeypatch):
     """Recorded FP16 tensors are compared as float32 (exact), so the kernel folds them too."""
-    from test_recorded import emulated_tensors, write_run_results
+    from test_recorded import emulated_tensors
     from tiny_models import conv_bn, random_samples
 
-    from precision_doctor.diagnosis.diagnose import diagnose
+    from precision_doctor.layerwise.candidates import reference_factory
+    from precision_doctor.layerwise.recorded import compare_recorded
 
     model, samples = conv_bn(), random_samples((1, 3, 8, 8))
-    path = write_run_results(tmp_path / "out.json",
-                             [("trt-runner-N0", emulated_tensors(model, samples))])
+    iterations = emulated_tensors(model, samples)
+    assert next(iter(iterations[0].values())).dtype == np.float16
     records = {}
     for min_pairs in (0, 1 << 62):
         monkeypatch.setattr(fused, "MIN_PAIRS", min_pairs)
         monkeypatch.setattr(fused, "_loaded", {} if min_pairs else dict(fused._loaded))
-        report = diagnose(model, samples, Precision.FP16, None, candidate_results=str(path),
-                          noise=False)
-        records[min_pairs] = report.layerwise.records
+        records[min_pairs] = compare_recorded(model, [s.feeds for s in samples], iterations,
+                                              reference_factory, None, Precision.FP16,
+                                              1e-3).recorded.records
     assert len(records[0]) == 3
     for got, want in zip(records[0], records[1 << 62]):
         _assert_same(got, want)

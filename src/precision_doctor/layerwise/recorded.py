@@ -73,7 +73,8 @@ def compare_recorded(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.n
     Args:
         model: The FP32 model the reference runs (tensor names as in the recording).
         samples: Feed dicts, sample i matching ``iterations[i]``.
-        iterations: Recorded tensors per sample (any float dtype; compared in float64).
+        iterations: Recorded tensors per sample (any float dtype; compared in float32 when
+            it holds both, e.g. an FP16 recording, else in float64).
         make_reference / make_emulator: Runner for a model with marked outputs.
         target: Format whose range is checked (FP16 max 65504).
         threshold: rel_l2 above which a tensor counts as diverged.
