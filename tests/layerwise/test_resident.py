@@ -1,6 +1,7 @@
 """Layerwise statistics reduced where the tensors are (``layerwise.resident``): the ONNX
 statistics graph and the I/O-bound segment runs give the numpy path's records."""
 
+import inspect
 import math
 
 import numpy as np
@@ -49,7 +50,8 @@ def test_statistics_graph_matches_the_numpy_accumulator(target, nonfinite):
     host.add(r, c, fmt.max, fmt.min_subnormal, fmt.min_normal)
     device = _Accumulator(None)
     whole = {"r": r, "c": c, "lo": np.array([0]), "hi": np.array([r.size])}
-    device.fold(r.size, dict(zip(FIELDS, session.run(None, whole)[0].tolist())))
+    assert FIELDS == tuple(inspect.signature(_Accumulator.fold).parameters)[2:]
+    device.fold(r.size, *session.run(None, whole)[0].tolist())
     if target is Precision.FP16:  # every count is exercised
         assert host.overflow > 0 and host.flush > 0 and host.subnormal > 0 and host.lost > 0
     for field in COUNTS:

@@ -14,9 +14,9 @@ stay in the L1 cache, each vectorized by LLVM (AVX2 on the sandbox's EPYC):
 * ``_maxima``: max |r|, |c|, |d| as the largest uint32 bit pattern with the sign bit cleared
   (non-negative finite floats order as their bit patterns; integer max reductions vectorize,
   float ones with NaN semantics do not).
-* ``_counts``: overflow (|r| > format max), small (|r| < min normal), below half the smallest
-  subnormal, exact zeros, and lost (small, non-zero, candidate exactly 0), as float32 sums of
-  0/1 (exact: a block has 4096 elements < 2^24).
+* ``_counts``: overflow (|r| > format max), small (|r| < min normal), flushed (non-zero, below
+  half the smallest subnormal), exact zeros, and lost (small, non-zero, candidate exactly 0),
+  as float32 sums of 0/1 (exact: a block has 4096 elements < 2^24).
 
 Sums are float32 within a block and float64 across blocks, as in the numpy path (which uses
 blocks of 2^17); the two agree to ~1e-6 relative, counts and maxima exactly.
@@ -67,15 +67,19 @@ def _compile() -> Callable[..., int] | None:
 def worth_loading(pairs: int) -> bool:
     """Whether folding ``pairs`` (reference, candidate) element pairs repays loading the
     kernel (``MIN_PAIRS``; always True once it is loaded)."""
-    return _loaded.get("fold") is not None or (
-        pairs >= MIN_PAIRS and os.environ.get(ENV, "").lower() != "numpy")
+    return _loaded.get("fold") is not None or (pairs >= MIN_PAIRS and not _disabled())
+
+
+def _disabled() -> bool:
+    """``PRECISION_DOCTOR_STATS=numpy``."""
+    return os.environ.get(ENV, "").lower() == "numpy"
 
 
 def kernel() -> Callable[..., int] | None:
     """The compiled kernel, loading numba on first call; None without numba, when
     ``PRECISION_DOCTOR_STATS=numpy``, or when numba fails to import or compile it (a
     ``RuntimeWarning`` says why; the statistics then use numpy). Thread-safe."""
-    if os.environ.get(ENV, "").lower() == "numpy":
+    if _disabled():
         return None
     with _lock:
         if "fold" not in _loaded:
@@ -96,7 +100,7 @@ def kernel() -> Callable[..., int] | None:
 def preload() -> None:
     """Load the kernel in a daemon thread (no-op once loaded): numba's import and machine
     code then overlap whatever the caller runs next (ONNX Runtime releases the GIL)."""
-    if "fold" not in _loaded and os.environ.get(ENV, "").lower() != "numpy":
+    if "fold" not in _loaded and not _disabled():
         threading.Thread(target=kernel, name="pd-stats-kernel", daemon=True).start()
 
 
@@ -112,7 +116,7 @@ def fold(r: np.ndarray, c: np.ndarray, fmt_max: float, fmt_min_normal: float,
 
     Returns:
         ``(maxima, sums, counts, bad)``: float32[3] max |r|, |c|, |d|; float64[3] sums of
-        |d|, d^2, r^2; int64[6] elements, overflow, small, below half, zeros, lost, all over
+        |d|, d^2, r^2; int64[6] elements, overflow, small, flushed, zeros, lost, all over
         the finite blocks only; int64 start offsets of the blocks (``BLOCK`` elements, the last
         one shorter) that were skipped because a sum was not finite (NaN/Inf in a tensor, or
         float32 sums that overflow): the caller folds those with the numpy path.

@@ -14,13 +14,13 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-# reassociation (vectorized sums) and FMA, never "no NaN/Inf": NaN and Inf must reach the sums
-_SUMS_MATH = {"reassoc", "contract", "nsz", "arcp"}
-_jit = numba.njit(nogil=True, boundscheck=False, inline="always")
-_jit_sums = numba.njit(nogil=True, boundscheck=False, fastmath=_SUMS_MATH, inline="always")
+# fold's floating-point flags, which its inlined loops take: reassociation (vectorized sums)
+# and FMA, never "no NaN/Inf": NaN and Inf must reach the sums
+_MATH = {"reassoc", "contract", "nsz", "arcp"}
+_inline = numba.njit(nogil=True, boundscheck=False, inline="always")
 
 
-@_jit_sums
+@_inline
 def _sums(r, c, d):
     """d = c - r (written to ``d``); float32 sums of |d|, d^2 and r^2."""
     s, s2, r2 = np.float32(0.0), np.float32(0.0), np.float32(0.0)
@@ -34,7 +34,7 @@ def _sums(r, c, d):
     return s, s2, r2
 
 
-@_jit
+@_inline
 def _maxima(rb, cb, db):
     """Largest magnitude of three finite float32 blocks, as uint32 bit patterns."""
     mask = np.uint32(0x7FFFFFFF)
@@ -47,24 +47,25 @@ def _maxima(rb, cb, db):
     return m1, m2, m3
 
 
-@_jit_sums
+@_inline
 def _counts(r, c, top, normal, half):
-    """#(|r| > top), #(|r| < normal), #(|r| < half), #(r == 0), #(small, r != 0, c == 0),
+    """#(|r| > top), #(|r| < normal), #(0 < |r| < half), #(r == 0), #(small, r != 0, c == 0),
     as float32 sums of 0/1 (exact below 2^24 elements)."""
     f32 = np.float32
-    over, small, below, zero, lost = f32(0), f32(0), f32(0), f32(0), f32(0)
+    over, small, flush, zero, lost = f32(0), f32(0), f32(0), f32(0), f32(0)
     for i in range(r.size):
         a = abs(r[i])
         s = a < normal
+        nonzero = a > 0
         over += f32(a > top)
         small += f32(s)
-        below += f32(a < half)
+        flush += f32(nonzero & (a < half))
         zero += f32(a == 0)
-        lost += f32(s & (a > 0) & (c[i] == 0))
-    return over, small, below, zero, lost
+        lost += f32(s & nonzero & (c[i] == 0))
+    return over, small, flush, zero, lost
 
 
-@numba.njit(nogil=True, boundscheck=False, cache=True, fastmath=_SUMS_MATH)
+@numba.njit(nogil=True, boundscheck=False, cache=True, fastmath=_MATH)
 def fold(r, c, top, normal, half, block, maxima, sums, counts, bad):
     """See ``layerwise.fused.fold`` (``block``: elements per block, ``fused.BLOCK``); returns
     the number of blocks written to ``bad``."""
@@ -88,11 +89,11 @@ def fold(r, c, top, normal, half, block, maxima, sums, counts, bad):
         maxima[0] = max(maxima[0], m1)
         maxima[1] = max(maxima[1], m2)
         maxima[2] = max(maxima[2], m3)
-        over, small, below, zero, lost = _counts(rb, cb, top, normal, half)
+        over, small, flush, zero, lost = _counts(rb, cb, top, normal, half)
         counts[0] += m
         counts[1] += np.int64(over)
         counts[2] += np.int64(small)
-        counts[3] += np.int64(below)
+        counts[3] += np.int64(flush)
         counts[4] += np.int64(zero)
         counts[5] += np.int64(lost)
     return n_bad

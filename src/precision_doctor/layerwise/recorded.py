@@ -108,9 +108,10 @@ def compare_recorded(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.n
     emu_acc = {s.name: _Accumulator(s) for s in sites}
     chunks = chunk_sites(sites, budget_bytes // 2)
     total, done = len(chunks) * max(len(samples), 1), 0
-    # two comparisons of every pair (recorded and emulated)
-    limits = (fmt.max, fmt.min_subnormal, fmt.min_normal, None,
-              fused.worth_loading(2 * compared_pairs(sites, len(samples))))
+    # ``_Accumulator.add``'s format limits, scratch and kernel choice (two comparisons of
+    # every pair: recorded and emulated)
+    fold_args = (fmt.max, fmt.min_subnormal, fmt.min_normal, None,
+                 fused.worth_loading(2 * compared_pairs(sites, len(samples))))
     for chunk in chunks:
         names = [s.name for s in chunk]
         marked_model = mark_outputs(model, names)
@@ -130,9 +131,9 @@ def compare_recorded(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.n
                             missing[n] = (f"shape differs (recorded {list(it[n].shape)}, "
                                           f"reference {list(ref_out[n].shape)})")
                             continue
-                        rec_acc[n].add(ref_out[n], got, *limits)
+                        rec_acc[n].add(ref_out[n], got, *fold_args)
                         if n in emu_out:
-                            emu_acc[n].add(ref_out[n], emu_out[n], *limits)
+                            emu_acc[n].add(ref_out[n], emu_out[n], *fold_args)
                     done += 1
                     if progress:
                         progress(done, total)

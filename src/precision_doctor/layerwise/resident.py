@@ -195,7 +195,7 @@ class ResidentStats(StatsPool):
                 values = to_host(self._session.run_resident(
                     {"r": r, "c": c, "lo": np.array([lo], np.int64),
                      "hi": np.array([hi], np.int64)})["s"])
-                self.accs[n].fold(hi - lo, dict(zip(FIELDS, values.tolist())))
+                self.accs[n].fold(hi - lo, *values.tolist())  # in FIELDS order
         if host_ref:
             super().add(list(host_ref), host_ref, host_cand)
 

@@ -154,15 +154,11 @@ class _Accumulator:
         if (got := fused.fold(r, c, fmt_max, fmt_min_normal, fmt_min_sub / 2)) is None:
             return False
         maxima, sums, counts, bad = got
-        numel, over, small, below, zero, lost = counts.tolist()
-        if numel:  # attributes set directly: rec folds 12,896 tensors, most of them small
-            below = max(below, zero)  # half a subnormal rounds to 0 in float32 for TF32/FP32
+        numel, over, small, flush, zero, lost = counts.tolist()
+        if numel:  # positional, not a dict: rec folds 12,896 tensors, most of them small
             (r_top, c_top, e_top), (s, s2, r2) = maxima.tolist(), sums.tolist()
-            self.ref_max, self.cand_max = max(self.ref_max, r_top), max(self.cand_max, c_top)
-            self.err_max, self.numel = max(self.err_max, e_top), self.numel + numel
-            self.err_sum, self.err2, self.ref2 = self.err_sum + s, self.err2 + s2, self.ref2 + r2
-            self.overflow, self.lost = self.overflow + over, self.lost + lost
-            self.flush, self.subnormal = self.flush + below - zero, self.subnormal + small - below
+            self.fold(numel, r_top, c_top, e_top, s, s2, r2, 0, 0, 0, over, flush,
+                      small - zero - flush, lost)
         scratch = scratch or Scratch()
         for start in bad.tolist():
             rb, cb = r[start:start + fused.BLOCK], c[start:start + fused.BLOCK]
@@ -274,24 +270,20 @@ class _Accumulator:
             self.subnormal += int(np.count_nonzero(nonzero & (ar >= fmt_min_sub / 2)
                                                    & (ar < fmt_min_normal)))
 
-    def fold(self, numel: int, sums: Mapping[str, float]) -> None:
-        """Fold in one sample's statistics computed elsewhere (``layerwise.resident``): its
-        element count and ``ref_max, cand_max, err_max`` (maxima), ``err_sum, err2, ref2``
-        (sums) and ``nan, inf, ref_bad, overflow, flush, subnormal, lost`` (counts)."""
+    def fold(self, numel: int, ref_max: float, cand_max: float, err_max: float, err_sum: float,
+             err2: float, ref2: float, nan: float, inf: float, ref_bad: float, overflow: float,
+             flush: float, subnormal: float, lost: float) -> None:
+        """Fold in one sample's statistics computed elsewhere (``layerwise.fused``'s kernel,
+        ``layerwise.resident``'s graph, whose ``FIELDS`` follow this order): its element count,
+        maxima, sums and counts (counts may come as floats)."""
         self.numel += numel
-        self.ref_max = max(self.ref_max, sums["ref_max"])
-        self.cand_max = max(self.cand_max, sums["cand_max"])
-        self.err_max = max(self.err_max, sums["err_max"])
-        self.err_sum += sums["err_sum"]
-        self.err2 += sums["err2"]
-        self.ref2 += sums["ref2"]
-        self.nan += int(sums["nan"])
-        self.inf += int(sums["inf"])
-        self.ref_bad += int(sums["ref_bad"])
-        self.overflow += int(sums["overflow"])
-        self.flush += int(sums["flush"])
-        self.subnormal += int(sums["subnormal"])
-        self.lost += int(sums["lost"])
+        self.ref_max, self.cand_max = max(self.ref_max, ref_max), max(self.cand_max, cand_max)
+        self.err_max = max(self.err_max, err_max)
+        self.err_sum, self.err2 = self.err_sum + err_sum, self.err2 + err2
+        self.ref2, self.nan, self.inf = self.ref2 + ref2, self.nan + int(nan), self.inf + int(inf)
+        self.ref_bad, self.overflow = self.ref_bad + int(ref_bad), self.overflow + int(overflow)
+        self.flush, self.subnormal = self.flush + int(flush), self.subnormal + int(subnormal)
+        self.lost += int(lost)
 
     def record(self, fmt_max: float) -> LayerRecord:
         s = self.site
