@@ -1,7 +1,8 @@
 """The layerwise statistics of one float32 (reference, candidate) pair in one compiled pass.
 
 ``layerwise.stats`` folds a tensor with about twenty numpy calls per block, each a pass over
-the block: 1.9-2.7 ns per element pair on the 2-core sandbox, as much CPU as the model runs
+the block: 2.1-2.2 ns per element pair on the 2-core sandbox against 0.6-0.7 ns here
+(``benchmarks/probes/stats_kernel.py``, 2026-11-28), as much CPU as the model runs
 themselves (PP-OCRv4 rec: 8.1 s of statistics against 4.5 s of segment runs,
 ``benchmarks/probes/layerwise_profile.py``, 2026-11-28). Here numba compiles the same
 statistics into three loops (``layerwise.kernels``) over blocks of ``BLOCK`` elements that
@@ -21,8 +22,8 @@ stay in the L1 cache, each vectorized by LLVM (AVX2 on the sandbox's EPYC):
 Sums are float32 within a block and float64 across blocks, as in the numpy path (which uses
 blocks of 2^17); the two agree to ~1e-6 relative, counts and maxima exactly.
 
-Loading numba costs about 0.85 s of CPU and 115 MB of memory per process (its import and
-the cached machine code; the first use after installation compiles for about 2 s and caches
+Loading numba costs about 0.75 s of CPU and 115 MB of memory per process (its import and
+the cached machine code; the first use after installation compiles for about 2.4 s and caches
 next to ``kernels.py``), so a comparison uses the kernel only when it folds enough element
 pairs to repay that (``worth_loading``). ``preload()`` starts the load in a background
 thread, so that it overlaps the model runs that precede a layerwise comparison. Without numba
@@ -43,12 +44,13 @@ import numpy as np
 BLOCK = 4096
 # Environment variable that selects the numpy statistics ("numpy") instead of the kernel.
 ENV = "PRECISION_DOCTOR_STATS"
-# Element pairs from which the kernel is used. numpy folds a pair in 3.2 (PP-OCRv4 det) to
-# 4.3 ns (rec), the kernel in 1.2-1.25 ns (CPU seconds of the statistics over the pairs folded,
-# benchmarks/probes/layerwise_profile.py, 2026-11-28), so 0.85 s of load breaks even at about
-# 4.2e8 pairs. At det's 5.2e8 (3 images at 640x640) it was a wash in diagnose's wall time
-# (13.62 s median against 13.27 s with numpy, layerwise_2026-11-28_cpu2_fused.json) for 115 MB
-# more; at rec's 1.9e9 (32 crops) it saves 4 s (36.2 against 40.9 s). Twice the break-even.
+# Element pairs from which the kernel is used. In a comparison numpy folds a pair in 3.2
+# (PP-OCRv4 det) to 4.3 ns (rec), the kernel in 1.2-1.25 ns (CPU seconds of the statistics over
+# the pairs folded, benchmarks/probes/layerwise_profile.py, 2026-11-28), so 0.75 s of load
+# (probes/stats_kernel.py) breaks even at about 4e8 pairs. At det's 5.2e8 (3 images at 640x640)
+# it was a wash in diagnose's wall time (13.62 s median against 13.27 s with numpy,
+# layerwise_2026-11-28_cpu2_fused.json) for 115 MB more; at rec's 1.9e9 (32 crops) it saved 4 s
+# (36.2 against 40.9 s) there. Twice the break-even.
 MIN_PAIRS = 1_000_000_000
 
 _lock = threading.Lock()
