@@ -85,8 +85,8 @@ from precision_doctor.precision.writer import write_mixed_precision  # noqa: E40
 from precision_doctor.repair.stages import keep_for_engine  # noqa: E402
 from precision_doctor.runners.emulator import WrittenEmulatorRunner  # noqa: E402
 from precision_doctor.runners.kernels.engines import ENGINES, Engine  # noqa: E402
-from precision_doctor.runners.ort import OrtRunner  # noqa: E402
 from precision_doctor.runners.kernels.registry import missing_kernels  # noqa: E402
+from precision_doctor.runners.ort import OrtRunner  # noqa: E402
 from precision_doctor.runners.ort_options import ort_providers  # noqa: E402
 
 PACK = REPO / ".gpu" / "bf16"

@@ -116,11 +116,11 @@ def launch(tool: str, spec: dict, out: Path, python: str) -> dict:
 def measure(path: Path, spec: dict, sample_list, reference: dict, contexts) -> dict:
     import numpy as np
     import onnx
+    from search import fp32_compute_nodes
 
     from precision_doctor.compare.tasks.accuracy import task_accuracy
     from precision_doctor.compare.tasks.registry import get_metric
     from precision_doctor.runners.ort import OrtRunner
-    from search import fp32_compute_nodes
 
     model = onnx.load(str(path))
     outs: dict[str, list] = {n: [] for n in reference}

@@ -48,7 +48,8 @@ PART_BYTES = 50 * 1024 * 1024  # `split -b 50M`
 SPLIT_OVER = 60 * 1024 * 1024
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
-# 16 real English sentences of varied length (4 to 71 tokens with [CLS]/[SEP]), written for this benchmark.
+# 16 real English sentences of varied length (4 to 71 tokens with [CLS]/[SEP]), written for this
+# benchmark.
 SENTENCES = (
     "Hello.",
     "The cat sat on the mat.",

@@ -33,13 +33,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import default_assets, load_cases  # noqa: E402
 
-from precision_doctor.layerwise.candidates import emulated, onnxruntime, run_samples  # noqa: E402,E501
-from precision_doctor.diagnosis.diagnose import diagnose  # noqa: E402
-from precision_doctor.layerwise.compare import compare_layerwise  # noqa: E402
 from precision_doctor.compare.metrics import relative_l2  # noqa: E402
 from precision_doctor.compare.tolerance import default_tolerance  # noqa: E402
+from precision_doctor.diagnosis.diagnose import diagnose  # noqa: E402
 from precision_doctor.errors import PrecisionDoctorError  # noqa: E402
 from precision_doctor.formats import Precision  # noqa: E402
+from precision_doctor.layerwise.candidates import emulated, onnxruntime, run_samples  # noqa: E402,E501
+from precision_doctor.layerwise.compare import compare_layerwise  # noqa: E402
 from precision_doctor.precision.plan import PrecisionPlan  # noqa: E402
 from precision_doctor.precision.rewrites import apply_rewrites  # noqa: E402
 from precision_doctor.precision.writer import write_mixed_precision  # noqa: E402

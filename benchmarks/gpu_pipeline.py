@@ -75,21 +75,20 @@ the answers of ``--jobs N`` with ``--jobs 1``; GPU memory is polled on every vis
 (``gpu_peak_mib_per_device``). Give each call a ``timeout`` below the device time left: the JSON is
 rewritten after every run, so a cut call keeps the runs that finished.
 
-An A/B of two versions (2026-11-26, one H200): ``.gpu/pipe`` packed without its src/tests/benchmarks (the
-checkout carries them: copy them into /tmp/pipe after the last ``part`` call), ``git archive
-HEAD src`` as ``.gpu/before``; then ``--src /tmp/pipe/src`` (this version) and
-``--src /tmp/before/src`` (the version before) on the same machine, each with its own ``--out``.
-Every run records ``gpu_trace`` (``MemoryTrace``: GPU 0's used memory every 20 ms in the
-measured process and the progress stages, so the peak is placed in a stage); ``--devices auto``
-times ``--device auto``.
+An A/B of two versions (2026-11-26, one H200): ``.gpu/pipe`` packed without its src/tests/benchmarks
+(the checkout carries them: copy them into /tmp/pipe after the last ``part`` call), ``git archive
+HEAD src`` as ``.gpu/before``; then ``--src /tmp/pipe/src`` (this version) and ``--src
+/tmp/before/src`` (the version before) on the same machine, each with its own ``--out``. Every run
+records ``gpu_trace`` (``MemoryTrace``: GPU 0's used memory every 20 ms in the measured process and
+the progress stages, so the peak is placed in a stage); ``--devices auto`` times ``--device auto``.
 
-A/B calls on the GPU side only (2026-11-27, an H200 then H100s): each A/B carried ``git archive <before> src`` as
-``.gpu/beforeN`` and ran both versions on the same warm machine, GPU side only, e.g.
-``--src /tmp/old/src --cases det --devices cuda --tasks diagnose,fix --out $OUT/det_old.json``
+A/B calls on the GPU side only (2026-11-27, an H200 then H100s): each A/B carried ``git archive
+<before> src`` as ``.gpu/beforeN`` and ran both versions on the same warm machine, GPU side only,
+e.g. ``--src /tmp/old/src --cases det --devices cuda --tasks diagnose,fix --out $OUT/det_old.json``
 (``$OUT`` file names must be plain: one with ``+`` did not come back).
 
-The GPU pool and Whisper's memory (2026-11-27, 2 H200s, then one H100): after the four ``part`` calls,
-``--src $PWD/src --cases calib256 --devices cuda --tasks fix --jobs 2,1`` with
+The GPU pool and Whisper's memory (2026-11-27, 2 H200s, then one H100): after the four ``part``
+calls, ``--src $PWD/src --cases calib256 --devices cuda --tasks fix --jobs 2,1`` with
 ``PD_POOL_STATS=$OUT/pool_stats.jsonl`` (the GPU pool's counters, ``search.devicepool``), and
 ``--src /tmp/before5/src ... --jobs 2`` for the version before; Whisper's memory with
 ``PD_ORT_LEDGER=mem`` (``ort_memory_top`` in the JSON: NVML's used memory around every session

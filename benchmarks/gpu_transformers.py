@@ -33,11 +33,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from precision_doctor.layerwise.candidates import run_samples  # noqa: E402
 from precision_doctor.compare.metrics import relative_l2  # noqa: E402
 from precision_doctor.formats import Precision  # noqa: E402
 from precision_doctor.graph.load import load_model  # noqa: E402
 from precision_doctor.graph.outputs import float_activations, mark_outputs  # noqa: E402
+from precision_doctor.layerwise.candidates import run_samples  # noqa: E402
 from precision_doctor.precision.plan import PrecisionPlan  # noqa: E402
 from precision_doctor.precision.rewrites import apply_rewrites  # noqa: E402
 from precision_doctor.precision.writer import write_mixed_precision  # noqa: E402

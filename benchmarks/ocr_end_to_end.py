@@ -18,7 +18,7 @@ Acceptance: (b) gives identical boxes and strings on every image and mask IoU >=
 
 Usage (from the repo root; ``../shared`` must exist)::
 
-    python3 benchmarks/ocr_end_to_end.py                 # runs fix, writes $TMPDIR/pd-bench/ocr_e2e/
+    python3 benchmarks/ocr_end_to_end.py     # runs fix, writes $TMPDIR/pd-bench/ocr_e2e/
     python3 benchmarks/ocr_end_to_end.py --metric mask-iou   # the mask-IoU target instead
     python3 benchmarks/ocr_end_to_end.py --fixed det_fp16.onnx   # use an existing fixed model
     python3 benchmarks/ocr_end_to_end.py --extra autocast=autocast.onnx  # one more det model
@@ -100,14 +100,13 @@ def naive_fp16(model_path: Path, out: Path) -> Path:
 
 def run_fix(model_path: Path, images: Path, out: Path, metric: str) -> tuple[Path, dict]:
     """``precision-doctor fix`` through the library, as the README's CLI example runs it."""
-    from precision_doctor.repair.pipeline import fix
-    from precision_doctor.search.objective import Objective
     from precision_doctor.compare.tasks.registry import get_metric
     from precision_doctor.formats import Precision
     from precision_doctor.graph.load import input_metadata, load_model
     from precision_doctor.inputs import load_samples
-
+    from precision_doctor.repair.pipeline import fix
     from precision_doctor.runners.ort import OrtRunner
+    from precision_doctor.search.objective import Objective
 
     model = load_model(model_path)
     samples = load_samples(images, input_metadata(model), "ppocr-det")
@@ -161,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fixed", type=Path, default=None, help="existing fixed det model")
     ap.add_argument("--metric", choices=("db-boxes", "mask-iou"), default="db-boxes",
                     help="fix objective (default: identical client boxes, ORT CPU)")
-    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "pd-bench" / "ocr_e2e")
+    ap.add_argument("--out", type=Path,
+                    default=Path(tempfile.gettempdir()) / "pd-bench" / "ocr_e2e")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     ap.add_argument("--extra", action="append", default=[], metavar="NAME=PATH",
                     help="another det model to compare (e.g. autocast=autocast.onnx)")

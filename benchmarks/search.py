@@ -122,11 +122,11 @@ def _threshold(spec: dict) -> float:
 def worker_ours(spec: dict, out: Path, ort_cpu: bool = False, jobs: int = 1) -> dict:
     import onnx
 
-    from precision_doctor.repair.pipeline import fix
-    from precision_doctor.search.objective import Objective
     from precision_doctor.compare.tasks.registry import get_metric
     from precision_doctor.compare.tolerance import Tolerance
     from precision_doctor.formats import Precision
+    from precision_doctor.repair.pipeline import fix
+    from precision_doctor.search.objective import Objective
 
     model, samples = _samples(spec)
     if spec["metric"]:
@@ -239,9 +239,9 @@ def measure(model_path: Path, spec: dict, samples, reference: dict) -> dict:
     import numpy as np
     import onnx
 
-    from precision_doctor.search.cost import fp32_share, node_costs
     from precision_doctor.compare.metrics import compute_metrics
     from precision_doctor.runners.ort import OrtRunner
+    from precision_doctor.search.cost import fp32_share, node_costs
 
     model = onnx.load(str(model_path))
     names = list(reference)
@@ -305,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated, from {', '.join(TOOLS + EXTRA_TOOLS)}")
     ap.add_argument("--out", type=Path, default=None, help="work folder (default: a temp dir)")
     ap.add_argument("--occ-timeout", type=float, default=1200.0,
-                    help="seconds before onnxconverter-common is stopped (onnxconverter-common issue #251: slow)")
+                    help="seconds before onnxconverter-common is stopped "
+                         "(onnxconverter-common issue #251: slow)")
     ap.add_argument("--timeout", type=float, default=1200.0, help="the other tools' limit")
     ap.add_argument("--modelopt-python", default=sys.executable,
                     help="interpreter with nvidia-modelopt[onnx] installed")

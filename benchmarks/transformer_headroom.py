@@ -19,14 +19,14 @@ Writes ``benchmarks/results/transformers_<date>_<machine>.json`` and prints a Ma
 from __future__ import annotations
 
 import argparse
-import sys
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
-from precision_doctor.diagnosis.headroom.stress import stress_probe
 from precision_doctor.diagnosis.headroom.probe import analyze_transformer
+from precision_doctor.diagnosis.headroom.stress import stress_probe
 from precision_doctor.graph.load import input_metadata, load_model
 from precision_doctor.inputs import load_samples
 from precision_doctor.precision.rewrites import apply_rewrites
@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from common import results_path, write_results  # noqa: E402
+
 # ../shared beside the checkout (a worktree under /work/wt has it two levels up)
 SHARED = next((p for p in (REPO.parent / "shared", REPO.parents[1] / "shared") if p.is_dir()),
               REPO.parent / "shared")

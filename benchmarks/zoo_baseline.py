@@ -2,7 +2,8 @@
 them (the CLI, emulated on the CPU), with the numbers needed to judge them.
 
     python3 benchmarks/zoo.py                     # once: models + real inputs in .models/zoo/
-    python -m benchmarks run zoo_baseline --out benchmarks/results/zoo_baseline_<date>_<machine>.json
+    python -m benchmarks run zoo_baseline \\
+        --out benchmarks/results/zoo_baseline_<date>_<machine>.json
 
 Per model and target: verdict, assessment kind + summary + remedy + evidence, explained share,
 findings (kind, node, op, measured impact, group), output rel L2, decisions (flips, agreement,
@@ -30,6 +31,7 @@ ZOO = REPO / ".models" / "zoo"
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from common import write_results  # noqa: E402
+
 FIX_METRIC = {  # metric spec and pass mark of `fix` per model (the task's decision)
     "magika": ("top1", None),
     "magika_v1": ("top1", None),

@@ -1,6 +1,7 @@
 """How ONNX Runtime CUDA computes a BF16 / FP16 convolution with a bias, layer by layer, on the
-real activations of a written model (it explained a measurement of 2026-11-25: "CUDA's BF16 convolutions are 2-5x less exact
-than FP32 accumulation rounded once" on some layers of PP-OCRv4 cls and PP-LCNet).
+real activations of a written model (it explained a measurement of 2026-11-25: "CUDA's BF16
+convolutions are 2-5x less exact than FP32 accumulation rounded once" on some layers of PP-OCRv4 cls
+and PP-LCNet).
 
 Two models of the kernel, both from the same rounded input, weights and bias:
 
@@ -20,7 +21,8 @@ There (GPU machine, after ``benchmarks/gpu_setup.sh``), on folders packed by
 ``benchmarks/bf16_gpu.py pack --engine ort-cuda``::
 
     export PYTHONPATH=/tmp/site:$PWD/src
-    python3 -P benchmarks/probes/bf16_conv_probe.py .gpu/bf16cuda/cls --samples 2 --out $OUT/probe.json
+    python3 -P benchmarks/probes/bf16_conv_probe.py .gpu/bf16cuda/cls --samples 2 \\
+        --out $OUT/probe.json
 
 ``--provider cpu`` is a dry run here (ONNX Runtime CPU has no BF16 Conv: the BF16 rows fail
 and say so).

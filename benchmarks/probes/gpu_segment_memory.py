@@ -1,11 +1,11 @@
 """What one layerwise segment run holds in GPU memory, beyond the outputs it returns.
 
-A GPU run of 2026-11-26 found layerwise on a GPU taking about 3x the bytes of the outputs its runs return
-(``benchmarks/probes/gpu_memory_probe.py``: two reference runs of 6 PP-OCRv4 rec strips returned 2.3
-GiB and took 7.4 GiB). Here one ONNX Runtime CUDA session at a time runs a batch a few times,
-in variants of how the session is set up; for each: GPU 0's used memory (NVML, polled every 5
-ms) above the level before the session was created, the bytes of the outputs one run returns,
-and the time of a run after the first. Variants:
+A GPU run of 2026-11-26 found layerwise on a GPU taking about 3x the bytes of the outputs its runs
+return (``benchmarks/probes/gpu_memory_probe.py``: two reference runs of 6 PP-OCRv4 rec strips
+returned 2.3 GiB and took 7.4 GiB). Here one ONNX Runtime CUDA session at a time runs a batch a few
+times, in variants of how the session is set up; for each: GPU 0's used memory (NVML, polled every 5
+ms) above the level before the session was created, the bytes of the outputs one run returns, and
+the time of a run after the first. Variants:
 
 * ``plain``: the model as it is (only its own outputs);
 * ``marked``: every floating tensor marked as an output (what a layerwise segment is), outputs
