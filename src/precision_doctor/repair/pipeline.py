@@ -10,6 +10,7 @@ dataclasses to a frozen dataclass:
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
@@ -35,6 +36,7 @@ from precision_doctor.repair.stages import (
 from precision_doctor.repair.verify import Verification, Written, verify, write
 from precision_doctor.runners.base import Runner
 from precision_doctor.runners.kernels.engines import conv_bias_of
+from precision_doctor.runners.sessions.cpu_arena import shared_cpu
 from precision_doctor.search.bisection import SearchResult
 from precision_doctor.search.cost import compute_nodes, fp32_share, node_costs
 from precision_doctor.search.invariant import check_all_fp32
@@ -87,14 +89,18 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
     t_start = time.perf_counter()
     request = FixRequest(model, samples, target, objective, keep, force_low, rewrites,
                          keep_io_types, runner, max_evals, progress, jobs, engine)
-    baseline = measure_baseline(request)
-    rewritten = rewrite(request, baseline)
-    start = plan_start(request, rewritten)
-    if runner is None:  # the emulator's candidates reach every rounding (search.invariant)
-        check_all_fp32(rewritten.model, start.plan, conv_bias=conv_bias_of(engine))
-    searched = search(request, baseline, rewritten, start)
-    written = write(request, rewritten, searched)
-    verified = verify(written, request, baseline, searched)
+    # every CPU session of this process (reference, baseline, search, verification) takes its
+    # memory from one arena and does not spin (runners.sessions.cpu_arena); with --jobs > 1 the
+    # search's forked workers keep their own sessions, so the scope stays out of their way
+    with shared_cpu() if jobs <= 1 else nullcontext():
+        baseline = measure_baseline(request)
+        rewritten = rewrite(request, baseline)
+        start = plan_start(request, rewritten)
+        if runner is None:  # the emulator's candidates reach every rounding (search.invariant)
+            check_all_fp32(rewritten.model, start.plan, conv_bias=conv_bias_of(engine))
+        searched = search(request, baseline, rewritten, start)
+        written = write(request, rewritten, searched)
+        verified = verify(written, request, baseline, searched)
     result = _result(request, baseline, rewritten, searched, written, verified, t_start)
     if accuracy is None:
         return result
