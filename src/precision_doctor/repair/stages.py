@@ -41,7 +41,7 @@ from precision_doctor.layerwise.compare import compare_layerwise
 from precision_doctor.precision.conv_bias import FUSED
 from precision_doctor.precision.plan import NodeDecision, PrecisionPlan, select_nodes
 from precision_doctor.precision.rewrites import RewriteReport, apply_rewrites
-from precision_doctor.precision.writer import write_mixed_precision, written_opset
+from precision_doctor.precision.writer import PlanWriter, written_opset
 from precision_doctor.precision.writer.validate import inferred_dtypes
 from precision_doctor.repair.rewrites_proof import prove_rewrites
 from precision_doctor.runners.base import Runner
@@ -79,8 +79,7 @@ RANKING_SAMPLES = 2  # layerwise ranking uses the worst samples; every evaluatio
 # instead (runners.sessions.cpu_arena: 1.2 GB peak); this per-session arena serves the --jobs
 # workers.
 SEARCH_ARENA = True
-# Evaluate the search's plans incrementally on the CPU (``search.incremental``): each plan from
-# the first segment it changes.
+# Evaluate each plan on the CPU from the first segment it changes (``search.incremental``).
 SEARCH_INCREMENTAL = True
 
 
@@ -341,6 +340,7 @@ class PlanOpener:
     keep_io_types: bool = True
     conv_bias: str = FUSED
     incremental: IncrementalEmulation | None = field(default=None, compare=False)
+    writer: PlanWriter | None = field(default=None, compare=False)  # one model per plan
 
     def __call__(self, plan: PrecisionPlan, threads: int = 0) -> Runner:
         if self.runner is None and self.incremental is not None and not threads:
@@ -348,8 +348,8 @@ class PlanOpener:
         if self.runner is None:  # the arena pays here: each evaluation runs every sample
             return EmulatorRunner(self.model, plan, intra_op_threads=threads,
                                   cpu_mem_arena=SEARCH_ARENA, conv_bias=self.conv_bias)
-        written = write_mixed_precision(self.model, plan, self.keep_io_types,
-                                        validate=False)[0]
+        written = (self.writer or PlanWriter(self.model))(plan, self.keep_io_types,
+                                                          validate=False)[0]
         return self.runner(written, intra_op_threads=threads) if threads \
             else self.runner(written)
 
@@ -380,9 +380,8 @@ def search(request: FixRequest, baseline: Baseline, rewritten: Rewritten,
     def screen(start_outputs: Outputs) -> list[int] | None:
         return at_risk_samples(baseline.reference, start_outputs, baseline.objective)
 
-    # in this process, the evaluations' sessions reuse each other's memory
-    # (runners.sessions.cpu_arena)
-    # and the next evaluation's runner opens while one runs, where two of them fit in memory
+    # in this process, the evaluations' sessions reuse each other's memory (cpu_arena), and the
+    # next evaluation's runner opens while one runs, where two of them fit in memory
     jobs = request.jobs
     prefetch = jobs <= 1 and small_in_memory(rewritten.model)
     conv_bias = conv_bias_of(request.engine)
@@ -390,9 +389,10 @@ def search(request: FixRequest, baseline: Baseline, rewritten: Rewritten,
     with shared_cpu() if jobs <= 1 else nullcontext(), \
             incremental_scope(rewritten.model, request.target, request.samples, conv_bias,
                               SEARCH_ARENA, on) as incremental:
+        writer = PlanWriter(rewritten.model) if request.runner is not None else None
         result = search_fp32_set(PlanOpener(rewritten.model, request.runner,
-                                            request.keep_io_types, conv_bias, incremental),
-                                 request.samples,
+                                            request.keep_io_types, conv_bias, incremental,
+                                            writer), request.samples,
                                  baseline.reference, baseline.objective, start.plan, ranking,
                                  request.max_evals, request.progress, jobs, screen, prefetch)
     ranking_s = ranked[-1].seconds if ranked else 0.0

@@ -6,10 +6,12 @@ op ``schema`` tables) -> ``apply`` (Casts at precision boundaries, converted con
 """
 
 from precision_doctor.precision.writer.core import (
+    PlanWriter,
     convert_opset,
     write_mixed_precision,
     written_opset,
 )
 from precision_doctor.precision.writer.report import KeptNode, WriterReport
 
-__all__ = ["KeptNode", "WriterReport", "convert_opset", "write_mixed_precision", "written_opset"]
+__all__ = ["KeptNode", "PlanWriter", "WriterReport", "convert_opset", "write_mixed_precision",
+           "written_opset"]

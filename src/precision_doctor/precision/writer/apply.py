@@ -160,6 +160,19 @@ class _Writer:
             if low and not keeps_fp32:
                 self.in_place[v] = low[0]
 
+    def _converted(self, v: ir.Value, dtype: ir.DataType) -> tuple[np.ndarray, str]:
+        """``convert_array`` of constant ``v``, or what an earlier write of the same model
+        converted (``checks.ConstantMemo``)."""
+        memo, key = self.d.constants.memo, (v.name or "", int(dtype))
+        if memo is not None and key[0] and key in memo.converted:
+            return memo.converted[key]
+        array = self.d.constants.array(v)
+        assert array is not None
+        made = convert_array(array, dtype, v.name or "")
+        if memo is not None and key[0]:
+            memo.converted[key] = made
+        return made
+
     def _constant_as(self, v: ir.Value, dtype: ir.DataType) -> ir.Value:
         if dtype == FLOAT:
             return v
@@ -186,9 +199,7 @@ class _Writer:
             tensor = stored_copy(const, store_key, dtype, tensor_name or "", converted)[0]
             warning = _CONVERT_WARNINGS.get(stored) or ""
         else:
-            array = self.d.constants.array(v)
-            assert array is not None
-            low, warning = convert_array(array, dtype, v.name or "")
+            low, warning = self._converted(v, dtype)
             tensor = ir_tensor(low, name=tensor_name)
         if warning:
             self.counts.flushed.append(warning)

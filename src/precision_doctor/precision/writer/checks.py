@@ -12,7 +12,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
@@ -28,6 +29,22 @@ MOVE_OPS = DATA_MOVEMENT_OPS - {"Constant", "Cast", "CastLike", "ConstantOfShape
 MAX_KNOWN_OPSET = 28  # only used to tell the user which opset would accept a type
 
 
+@dataclass
+class ConstantMemo:
+    """What the writes of one unchanged model's plans can share about its constants, by tensor
+    name (``writer.core.PlanWriter``; a search with a real engine writes a model per plan).
+
+    Attributes:
+        overflow: (name, precision) -> ``(max finite |x|, count above the format max)``, or
+            None when every finite value fits.
+        converted: (name, ONNX element type) -> the FP16/BF16 array ``apply.convert_array``
+            made and its flush warning.
+    """
+
+    overflow: dict[tuple[str, Precision], tuple[float, int] | None] = field(default_factory=dict)
+    converted: dict[tuple[str, int], tuple[np.ndarray, str]] = field(default_factory=dict)
+
+
 class ConstantView:
     """Read-only view of the main graph's constant tensors, with cached statistics.
 
@@ -36,12 +53,27 @@ class ConstantView:
 
     Args:
         is_float: Whether a value is a float32 tensor (from the model or shape inference).
+        memo: Facts shared with other writes of the same unchanged model, or None.
     """
 
-    def __init__(self, is_float: Callable[[ir.Value | None], bool]) -> None:
+    def __init__(self, is_float: Callable[[ir.Value | None], bool],
+                 memo: ConstantMemo | None = None) -> None:
         self.is_float = is_float
+        self.memo = memo
         self._arrays: dict[ir.Value, np.ndarray | None] = {}
         self._leaves: dict[ir.Value, tuple[ir.Value, ...] | None] = {}
+
+    def overflow(self, v: ir.Value, precision: Precision) -> tuple[float, int] | None:
+        """``(max finite |x|, count above the format max)`` of constant ``v`` when some finite
+        value does not fit ``precision``; None when all fit or ``v`` is not readable."""
+        key = (v.name or "", precision)
+        if self.memo is not None and key[0] and key in self.memo.overflow:
+            return self.memo.overflow[key]
+        array = self.array(v)
+        found = None if array is None else _overflow(array, precision)
+        if self.memo is not None and key[0]:
+            self.memo.overflow[key] = found
+        return found
 
     @staticmethod
     def is_constant(v: ir.Value | None) -> bool:
@@ -113,24 +145,33 @@ def misfit_node(node: ir.Node, value: ir.Value | None, precision: Precision,
     """
     if value is None:
         return None
-    if node.op_type == "ConstantOfShape" and value in node.outputs:
-        attr = node.attributes.get("value")
-        sources: list[tuple[str, np.ndarray | None]] = \
-            [(value.name or "value", np.asarray(attr_tensor(attr).numpy()))] if attr else []
-    else:
-        sources = [(leaf.name or "", consts.array(leaf)) for leaf in consts.leaves(value) or ()]
     fmt = FORMATS[precision]
-    for name, array in sources:
-        over = None if array is None else _overflow(array, precision)
-        if over is None or array is None:
+    for name, over, size in _checked(node, value, precision, consts):
+        if over is None:
             continue
         peak, count = over
         return KeptNode(
             node.name or "", node.op_type, precision.value, "parameter-out-of-range",
             f"parameter '{name}' has |x| up to {peak:.4g} > {fmt.name} max {fmt.max:g} "
-            f"({count} of {array.size} values); in {fmt.name} they would become inf, so "
+            f"({count} of {size} values); in {fmt.name} they would become inf, so "
             f"{node.op_type} '{node.name}' stays FP32", name, peak, fmt.max, count)
     return None
+
+
+def _checked(node: ir.Node, value: ir.Value, precision: Precision, consts: ConstantView
+             ) -> Iterator[tuple[str, tuple[float, int] | None, int]]:
+    """(name, ``_overflow`` result, element count) of each constant behind ``value``, lazily
+    (the count only where something overflows)."""
+    if node.op_type == "ConstantOfShape" and value in node.outputs:
+        attr = node.attributes.get("value")
+        if attr:
+            fill = np.asarray(attr_tensor(attr).numpy())
+            yield value.name or "value", _overflow(fill, precision), fill.size
+        return
+    for leaf in consts.leaves(value) or ():
+        over = consts.overflow(leaf, precision)
+        array = None if over is None else consts.array(leaf)
+        yield leaf.name or "", over, 0 if array is None else array.size
 
 
 def first_allowing(node: ir.Node, dtype: ir.DataType, start: int, stop: int) -> int | None:

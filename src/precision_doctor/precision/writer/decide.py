@@ -29,6 +29,7 @@ from precision_doctor.formats import Precision
 from precision_doctor.precision.plan import DATA_MOVEMENT_OPS, PrecisionPlan
 from precision_doctor.precision.writer.checks import (
     LOW,
+    ConstantMemo,
     ConstantView,
     first_allowing,
     keep_reason,
@@ -98,7 +99,8 @@ class _Decider:
     """Mutable state of one decision pass over an ``ir.Model`` (never modified here)."""
 
     def __init__(self, model: ir.Model, plan: PrecisionPlan, keep_io_types: bool,
-                 dtypes: Mapping[str, ir.DataType], upgrade_to: int) -> None:
+                 dtypes: Mapping[str, ir.DataType], upgrade_to: int,
+                 memo: ConstantMemo | None = None) -> None:
         self.graph = model.graph
         self.plan = plan
         self.keep_io = keep_io_types
@@ -108,7 +110,7 @@ class _Decider:
         self.needed = self.opset
         self.upgrades: dict[str, int] = {}
         self.dtypes = dtypes
-        self.consts = ConstantView(self.is_f32)
+        self.consts = ConstantView(self.is_f32, memo)
         self.storage: dict[ir.Value, ir.DataType | None] = {}
         self.typings: dict[ir.Node, NodeTyping] = {}
         self.pending: list[tuple[ir.Node, TypeGroup | None]] = []
@@ -374,7 +376,8 @@ class _Decider:
 
 
 def decide(model: ir.Model, plan: PrecisionPlan, keep_io_types: bool,
-           dtypes: Mapping[str, ir.DataType], upgrade_to: int) -> Decisions:
+           dtypes: Mapping[str, ir.DataType], upgrade_to: int,
+           memo: ConstantMemo | None = None) -> Decisions:
     """Decide storage formats for ``model`` under ``plan`` (the model is not modified).
 
     Args:
@@ -385,8 +388,10 @@ def decide(model: ir.Model, plan: PrecisionPlan, keep_io_types: bool,
             does not annotate).
         upgrade_to: Ops that accept FP16/BF16 only at a higher opset count as accepting it up
             to this opset; ``Decisions.needed_opset`` says which opset the result needs.
+        memo: Facts about the constants shared with other writes of the same unchanged model
+            (``checks.ConstantMemo``), or None.
 
     Returns:
         The decisions.
     """
-    return _Decider(model, plan, keep_io_types, dtypes, upgrade_to).run()
+    return _Decider(model, plan, keep_io_types, dtypes, upgrade_to, memo).run()
