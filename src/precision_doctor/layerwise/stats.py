@@ -15,7 +15,7 @@ import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -134,13 +134,20 @@ class _Accumulator:
         if compiled and r.dtype == np.float32 and self._add_fused(
                 r, c, fmt_max, fmt_min_sub, fmt_min_normal, scratch):
             return
-        scratch = scratch or Scratch()
-        size = min(r.size, BLOCK)
+        self._add_blocks(r, c, range(0, r.size, BLOCK), BLOCK, fmt_max, fmt_min_sub,
+                         fmt_min_normal, scratch or Scratch())
+
+    def _add_blocks(self, r: np.ndarray, c: np.ndarray, starts: Iterable[int], block: int,
+                    fmt_max: float, fmt_min_sub: float, fmt_min_normal: float,
+                    scratch: Scratch) -> None:
+        """``_add_block`` on the blocks of ``block`` elements at ``starts`` (ascending), with
+        the temporaries taken once."""
+        size = min(r.size, block)
         ar, d = scratch.get("abs", size, r.dtype), scratch.get("diff", size, r.dtype)
         small = scratch.get("small", size, np.bool_)
         with np.errstate(over="ignore"):  # float32 sums of huge values: redone in float64
-            for start in range(0, r.size, BLOCK):
-                rb, cb = r[start:start + BLOCK], c[start:start + BLOCK]
+            for start in starts:
+                rb, cb = r[start:start + block], c[start:start + block]
                 n = rb.size
                 if n != size:  # the last, shorter block
                     ar, d, small = ar[:n], d[:n], small[:n]
@@ -159,13 +166,9 @@ class _Accumulator:
             (r_top, c_top, e_top), (s, s2, r2) = maxima.tolist(), sums.tolist()
             self.fold(numel, r_top, c_top, e_top, s, s2, r2, 0, 0, 0, over, flush,
                       small - zero - flush, lost)
-        scratch = scratch or Scratch()
-        for start in bad.tolist():
-            rb, cb = r[start:start + fused.BLOCK], c[start:start + fused.BLOCK]
-            with np.errstate(over="ignore"):  # as in ``add``
-                self._add_block(rb, cb, fmt_max, fmt_min_sub, fmt_min_normal, scratch,
-                                *(scratch.get(k, rb.size, t) for k, t in
-                                  (("abs", r.dtype), ("diff", r.dtype), ("small", np.bool_))))
+        if bad.size:
+            self._add_blocks(r, c, bad.tolist(), fused.BLOCK, fmt_max, fmt_min_sub,
+                             fmt_min_normal, scratch or Scratch())
         return True
 
     def _add_block(self, r: np.ndarray, c: np.ndarray, fmt_max: float, fmt_min_sub: float,
