@@ -9,7 +9,7 @@ evaluations, seconds and the size of the set it kept.
 
 Usage (repo root; the zoo prepared, or ``pip download`` possible)::
 
-    python -m benchmarks run probes/attribution_budget [--caps 64,160]
+    python -m benchmarks run probes/attribution_budget [--caps 64,160] [--save]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "benchmarks")]
 
 import numpy as np  # noqa: E402
 import zoo  # noqa: E402
+from common import results_path, write_results  # noqa: E402
 
 from precision_doctor.diagnosis.causes import attribution  # noqa: E402
 from precision_doctor.diagnosis.diagnose import diagnose  # noqa: E402
@@ -51,6 +52,8 @@ def run(model, samples, cap: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--caps", default="64,160")
+    ap.add_argument("--save", action="store_true",
+                    help="also write benchmarks/results/NAME_<date>_<machine>.json")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="pd-attr-") as tmp:
         folder = zoo.prepare("magika", Path(tmp), cache=REPO / ".models" / "zoo" / "_cache")
@@ -74,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         out = {"as_prepared": [run(model, samples, c) for c in caps],
                "one_line_changed": [run(model, variant, c) for c in caps]}
     print(json.dumps(out, indent=1))
+    if args.save:
+        command = " ".join(["python -m benchmarks run probes/attribution_budget",
+                            *(sys.argv[1:] if argv is None else argv)])
+        print("wrote", write_results(results_path("attribution_budget"),
+                                     {"command": command, "results": out}))
     return 0
 
 

@@ -18,7 +18,7 @@ runner, scoring), from ``OrtRunner.run`` timed during the search.
 
 Usage (repo root, ``../shared`` present)::
 
-    python -m benchmarks run probes/search_monotonicity [--case det]
+    python -m benchmarks run probes/search_monotonicity [--case det] [--save]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "benchmarks")]
 
 import numpy as np  # noqa: E402
+from common import results_path, write_results  # noqa: E402
 from search_cost import case_of  # noqa: E402
 
 import precision_doctor as pd  # noqa: E402
@@ -104,6 +105,8 @@ def inferences(trials: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", default="det")
+    ap.add_argument("--save", action="store_true",
+                    help="also write benchmarks/results/NAME_<date>_<machine>.json")
     args = ap.parse_args(argv)
     trials, runs, seconds = record(case_of(args.case))
     largest = max((n for n, _ in runs), default=0)
@@ -119,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
            "trials": [{k: v for k, v in t.items() if k != "nodes"}
                       | {"fp32_nodes": len(t["nodes"])} for t in trials]}
     print(json.dumps({k: v for k, v in out.items() if k != "trials"}, indent=1))
+    if args.save:
+        command = " ".join(["python -m benchmarks run probes/search_monotonicity",
+                            *(sys.argv[1:] if argv is None else argv)])
+        print("wrote", write_results(results_path("search_monotonicity"),
+                                     {"command": command, "results": out}))
     return 0
 
 

@@ -12,7 +12,7 @@ as ``fix``'s search does with a real engine (``--runner``: one written model per
 
 Usage (repo root, ``../shared`` present)::
 
-    python -m benchmarks run probes/writer_reuse [--plans 20] [--fix] [--repeat 2]
+    python -m benchmarks run probes/writer_reuse [--plans 20] [--fix] [--repeat 2] [--save]
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "src"))
+sys.path[:0] = [str(REPO / "src"), str(REPO / "benchmarks")]
 
 import numpy as np  # noqa: E402
+from common import results_path, write_results  # noqa: E402
 
 from precision_doctor.formats import Precision  # noqa: E402
 from precision_doctor.graph.load import input_metadata, load_model  # noqa: E402
@@ -99,11 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plans", type=int, default=20)
     ap.add_argument("--fix", action="store_true")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--save", action="store_true",
+                    help="also write benchmarks/results/NAME_<date>_<machine>.json")
     args = ap.parse_args(argv)
     out: dict = {"writes": [writes(name, args.plans) for name in ("det", "rec")]}
     if args.fix:
         out["fix_det"] = [fix_det(share) for _ in range(args.repeat) for share in (False, True)]
     print(json.dumps(out, indent=1))
+    if args.save:
+        command = " ".join(["python -m benchmarks run probes/writer_reuse",
+                            *(sys.argv[1:] if argv is None else argv)])
+        print("wrote", write_results(results_path("writer_reuse"),
+                                     {"command": command, "results": out}))
     return 0
 
 

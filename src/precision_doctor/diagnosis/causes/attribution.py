@@ -16,10 +16,10 @@ candidates)`` nodes is not a *small* set: the error is then spread over the mode
 result says so (``status`` ``spread``), unless the budget ran out before the search could
 narrow the set down (``status`` ``budget``). The wall-time budget is what bounds the cost;
 ``MAX_EVALS`` only stops a runaway: on Magika in BF16 the 6-node cure of a cancelling variance
-took 75 evaluations in 4.2 s, and 82 in 4.1 s once one line of one of its 24 samples (a shell
+took 75 evaluations in 4.5 s, and 82 in 4.8 s once one line of one of its 24 samples (a shell
 script) changed; the former cap of 64 ended the first at a 7-node set and the second at 9 nodes,
 "budget", and the diagnosis called the model unexplained
-(``benchmarks/probes/attribution_budget.py``, 2026-11-28).
+(``benchmarks/probes/attribution_budget.py``, ``attribution_budget_2026-11-28_cpu2.json``).
 """
 
 from __future__ import annotations

@@ -193,11 +193,12 @@ class PlanWriter:
     """``write_mixed_precision`` for many plans of one model, sharing what does not depend on
     the plan: the model's inferred element types, and facts about its constants (whether they
     fit FP16/BF16, their converted copies; ``checks.ConstantMemo``). ``fix``'s search with a
-    real engine writes a model per evaluation: a write of an FP16 plan took 127 ms instead of
-    145 on PP-OCRv4 det and 147 instead of 281 on rec, whose weights take longer to check and
+    real engine writes a model per evaluation: a write of an FP16 plan took 126 ms instead of
+    199 on PP-OCRv4 det and 144 instead of 291 on rec, whose weights take longer to check and
     convert; ``fix`` of det with the search on ONNX Runtime CPU, 59 evaluations: search
-    15.7-19.9 s instead of 21.7-24.1 (``benchmarks/probes/writer_reuse.py``, 2026-11-28, 2
-    cores). The written models are byte for byte those of ``write_mixed_precision``.
+    18.8-19.8 s instead of 23.5-24.2 (``benchmarks/probes/writer_reuse.py``,
+    ``writer_reuse_2026-11-28_cpu2.json``, 2 cores). The written models are byte for byte those
+    of ``write_mixed_precision``.
 
     Args:
         model: The FP32 model. It must not change while the writer is used (what is shared is
