@@ -165,3 +165,13 @@ def write_results(path: Path, payload: Mapping[str, object]) -> Path:
               "machine": machine(), "versions": versions(), **payload}
     path.write_text(json.dumps(record, indent=1, default=_plain) + "\n")
     return path
+
+
+def save_probe(name: str, argv: Sequence[str] | None, results: object) -> Path:
+    """A probe's ``--save``: ``results`` with the command that made them (``argv``, or the
+    process's arguments) to ``results_path("name")``; prints and returns the path."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    command = " ".join([f"python -m benchmarks run probes/{name}", *args])
+    path = write_results(results_path(name), {"command": command, "results": results})
+    print("wrote", path)
+    return path

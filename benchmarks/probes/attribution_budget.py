@@ -26,7 +26,7 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "benchmarks")]
 
 import numpy as np  # noqa: E402
 import zoo  # noqa: E402
-from common import results_path, write_results  # noqa: E402
+from common import save_probe  # noqa: E402
 
 from precision_doctor.diagnosis.causes import attribution  # noqa: E402
 from precision_doctor.diagnosis.diagnose import diagnose  # noqa: E402
@@ -78,10 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                "one_line_changed": [run(model, variant, c) for c in caps]}
     print(json.dumps(out, indent=1))
     if args.save:
-        command = " ".join(["python -m benchmarks run probes/attribution_budget",
-                            *(sys.argv[1:] if argv is None else argv)])
-        print("wrote", write_results(results_path("attribution_budget"),
-                                     {"command": command, "results": out}))
+        save_probe("attribution_budget", argv, out)
     return 0
 
 

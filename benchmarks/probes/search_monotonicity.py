@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "benchmarks")]
 
 import numpy as np  # noqa: E402
-from common import results_path, write_results  # noqa: E402
+from common import save_probe  # noqa: E402
 from search_cost import case_of  # noqa: E402
 
 import precision_doctor as pd  # noqa: E402
@@ -123,10 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                       | {"fp32_nodes": len(t["nodes"])} for t in trials]}
     print(json.dumps({k: v for k, v in out.items() if k != "trials"}, indent=1))
     if args.save:
-        command = " ".join(["python -m benchmarks run probes/search_monotonicity",
-                            *(sys.argv[1:] if argv is None else argv)])
-        print("wrote", write_results(results_path("search_monotonicity"),
-                                     {"command": command, "results": out}))
+        save_probe("search_monotonicity", argv, out)
     return 0
 
 

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "benchmarks")]
 
 import numpy as np  # noqa: E402
-from common import results_path, write_results  # noqa: E402
+from common import save_probe  # noqa: E402
 
 from precision_doctor.formats import Precision  # noqa: E402
 from precision_doctor.graph.load import input_metadata, load_model  # noqa: E402
@@ -108,10 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         out["fix_det"] = [fix_det(share) for _ in range(args.repeat) for share in (False, True)]
     print(json.dumps(out, indent=1))
     if args.save:
-        command = " ".join(["python -m benchmarks run probes/writer_reuse",
-                            *(sys.argv[1:] if argv is None else argv)])
-        print("wrote", write_results(results_path("writer_reuse"),
-                                     {"command": command, "results": out}))
+        save_probe("writer_reuse", argv, out)
     return 0
 
 
