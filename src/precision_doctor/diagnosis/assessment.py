@@ -10,7 +10,8 @@ removes the error in an emulated evaluation; a pattern only names it.
     A concrete cause that FP32 for a few named nodes (or a numerically safe rewrite) cures: a
     range event (a parameter out of range, an activation that overflowed, a NaN/Inf birth, a
     harmful flush-to-zero), a mechanism of the taxonomy (``diagnosis.causes.mechanisms``:
-    cancellation, small divisor, exponent amplification, saturation, long reduction, TF32), an
+    periodic argument, cancellation, small divisor, exponent amplification, saturation, long
+    reduction, TF32), an
     unnamed mechanism found by attribution (``diagnosis.causes.attribution``), or a *catastrophic
     amplifier*. Rule: keeping the nodes of the main-group findings of those kinds in FP32,
     jointly, removes at least ``DEFECT_MIN_SHARE`` (50%) of the worst output's error. When
@@ -74,8 +75,9 @@ HARD_KINDS = ("parameter-out-of-range", "activation-overflow", "nan-source")
 DEFECT_KINDS = (*HARD_KINDS, "underflow")
 # The taxonomy of ``diagnosis.causes.mechanisms``: a defect when its measured cure is in the
 # main group.
-MECHANISM_KINDS = ("cancellation", "small-divisor", "exponent-amplification", "saturation",
-                   "long-reduction", "tf32", "unnamed-mechanism")
+MECHANISM_KINDS = ("periodic-argument", "cancellation", "small-divisor",
+                   "exponent-amplification", "saturation", "long-reduction", "tf32",
+                   "unnamed-mechanism")
 # Ops that move or reshape data without arithmetic (no rounding): not counted in the depth.
 NO_ROUNDING_OPS = frozenset({
     "Constant", "Identity", "Shape", "Size", "Reshape", "Transpose", "Squeeze", "Unsqueeze",

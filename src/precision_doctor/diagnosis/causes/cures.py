@@ -20,6 +20,7 @@ from typing import Collection, Mapping, Sequence
 
 import onnx
 
+from precision_doctor.diagnosis.causes.mechanisms import MAX_CONE, PERIODIC_OPS, periodic_rule
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.outputs import consumers
 from precision_doctor.layerwise.compare import LayerwiseResult
@@ -82,6 +83,48 @@ def overflow_regions(model: onnx.ModelProto, tensors: Collection[str]
     return regions
 
 
+def periodic_cures(layerwise: LayerwiseResult, inputs_of: Mapping[str, Sequence[str]]
+                   ) -> list[tuple[LayerRecord, tuple[LayerRecord, ...], tuple[str, ...]]]:
+    """The cure of each periodic argument that loses its phase in the target format
+    (``mechanisms.periodic_rule``: Sin/Cos/Tan of |x| >= 128 in FP16): the argument computed
+    and kept in FP32 through the periodic ops. A node kept in FP32 alone reads its argument
+    back in the low format, already rounded, so the cure is the argument's producers (walked
+    back from the argument through every recorded producer, nearest first, at most
+    ``mechanisms.MAX_CONE`` nodes) and every periodic op that reads it.
+
+    Returns:
+        ``(argument record, periodic readers' records, cure nodes)`` per argument tensor, in
+        topological order; the cure nodes in topological order too. Arguments that are graph
+        inputs (no record) are left to attribution.
+    """
+    limit_u = FORMATS[Precision(layerwise.target)].unit_roundoff
+    recs = {r.tensor: r for r in layerwise.records}
+    readers: dict[str, list[LayerRecord]] = {}
+    for r in layerwise.records:
+        if r.op_type in PERIODIC_OPS:
+            for t in inputs_of.get(r.tensor, ())[:1]:  # the argument is the only input
+                readers.setdefault(t, []).append(r)
+    out = []
+    for tensor, periodic in readers.items():
+        arg = recs.get(tensor)
+        if arg is None or periodic_rule(periodic[0].op_type, arg.ref_max_abs, limit_u) is None:
+            continue
+        cone: list[LayerRecord] = []
+        todo, seen = [tensor], {tensor}
+        while todo and len(cone) < MAX_CONE:  # breadth first: the nearest producers first
+            rec = recs.get(todo.pop(0))
+            if rec is None:
+                continue
+            cone.append(rec)
+            for t in inputs_of.get(rec.tensor, ()):
+                if t not in seen:
+                    seen.add(t)
+                    todo.append(t)
+        nodes = sorted({r.index: r.node for r in (*cone, *periodic)}.items())
+        out.append((arg, tuple(periodic), tuple(dict.fromkeys(n for _, n in nodes))))
+    return sorted(out, key=lambda x: x[0].index)
+
+
 def absorbed_wrongly(records: Sequence[LayerRecord], inputs_of: Mapping[str, Sequence[str]],
                      threshold: float, after: int = -1) -> LayerRecord | None:
     """The first tensor (topological order, index > ``after``) that turns an upstream NaN/Inf
@@ -115,4 +158,5 @@ def expand_with_regions(ranking: Sequence[str], regions: Mapping[str, tuple[str,
     return out
 
 
-__all__ = ["absorbed_wrongly", "expand_with_regions", "layerwise_regions", "overflow_regions"]
+__all__ = ["absorbed_wrongly", "expand_with_regions", "layerwise_regions", "overflow_regions",
+           "periodic_cures"]

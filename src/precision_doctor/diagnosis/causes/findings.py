@@ -12,6 +12,9 @@ Kinds:
                             overflow (a warning: a 4x larger input would overflow)
     underflow               non-zero values flush to zero (epsilons, small activations)
     nan-source              where NaN/Inf is first produced from finite inputs
+    periodic-argument       Sin/Cos/Tan of an argument whose spacing in the format exceeds
+                            2^-4 rad (``mechanisms.periodic_rule``); its cure is the argument
+                            kept in FP32 through the periodic ops (``cures.periodic_cures``)
     accumulated-rounding    no single event: rounding error grows and is amplified by a node
     reference-mismatch      two FP32 evaluations disagree beyond the noise floor
 
@@ -29,7 +32,10 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
+from precision_doctor.diagnosis.causes.cures import periodic_cures
 from precision_doctor.diagnosis.causes.hazards import Hazard
+from precision_doctor.diagnosis.causes.mechanisms import periodic_rule, spacing
+from precision_doctor.diagnosis.causes.mechanisms import remedy as mechanism_remedy
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult
@@ -43,7 +49,7 @@ MINOR_IMPACT = 0.01  # measured impact below 1% of the output error: the "minor"
 # node alone.
 REGION_KINDS = ("activation-overflow", "nan-source")
 KIND_PRIORITY = ("parameter-out-of-range", "nan-source", "activation-overflow", "underflow",
-                 "reference-mismatch", "accumulated-rounding", "headroom")
+                 "reference-mismatch", "periodic-argument", "accumulated-rounding", "headroom")
 
 REMEDIES = {
     "parameter-out-of-range": "keep {node} in FP32, or bring the parameter into range",
@@ -144,6 +150,7 @@ class _Builder:
     outputs_fail: bool = True
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
     regions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    cures: dict[str, tuple[str, ...]] = field(default_factory=dict)  # periodic op -> its cure
     findings: list[Finding] = field(default_factory=list)
     seen: dict[tuple[str, ...], int] = field(default_factory=dict)  # nodes -> findings index
 
@@ -153,7 +160,7 @@ class _Builder:
             node, op_type, tensor = rec_or_node.node, rec_or_node.op_type, rec_or_node.tensor
         else:
             node = rec_or_node
-        nodes = self.groups.get(node) or (
+        nodes = self.groups.get(node) or self.cures.get(node) or (
             self.regions.get(node) if kind in REGION_KINDS else None) or (node,)
         if nodes in self.seen:  # one finding per node: keep the strongest cause
             i = self.seen[nodes]
@@ -171,12 +178,13 @@ class _Builder:
         if len(nodes) > 1 and node in self.groups:
             summary += f" (inside a decomposed LayerNorm of {len(nodes)} nodes, {nodes[0]} .. " \
                        f"{nodes[-1]})"
-        elif len(nodes) > 1:
+        elif len(nodes) > 1 and node not in self.cures:
             summary += (f"; its overflow region is {len(nodes)} nodes ({nodes[0]} .. "
                         f"{nodes[-1]}): those computing and reading the values above the "
                         "format max")
-        remedy = _remedy(kind, node, op_type, node in self.groups)
-        if len(nodes) > 1 and node not in self.groups:
+        remedy = (mechanism_remedy(kind, nodes) if kind == "periodic-argument"
+                  else _remedy(kind, node, op_type, node in self.groups))
+        if len(nodes) > 1 and node not in self.groups and node not in self.cures:
             remedy = (f"keep the {len(nodes)} nodes of its overflow region in FP32 ({nodes[0]} "
                       f".. {nodes[-1]}; one node alone is read back in the low format and "
                       "overflows again), or rescale its inputs")
@@ -234,6 +242,17 @@ def build_findings(hazards: Sequence[Hazard], layerwise: LayerwiseResult | None,
                 b.add("activation-overflow", r, f"{r.op_type} {r.node} output {r.tensor} reaches "
                       f"{_fmt(r.ref_max_abs)} > {fmt.name.upper()} max {fmt.max:g} "
                       f"({r.overflow} elements)", _rec_evidence(r), "error")
+        for arg, periodic, nodes in periodic_cures(layerwise, inputs_of or {}):
+            b.cures.update({r.node: nodes for r in periodic})
+            top = max(periodic, key=lambda r: r.rel_l2 if math.isfinite(r.rel_l2) else 0.0)
+            names = " and ".join(f"{r.op_type} {r.node}" for r in periodic)
+            b.add("periodic-argument", top, f"{names}: "
+                  f"{periodic_rule(top.op_type, arg.ref_max_abs, fmt.unit_roundoff)} (rel L2 "
+                  f"{_fmt(top.rel_l2)}; its argument {arg.tensor} comes from {arg.op_type} "
+                  f"{arg.node})", {**_rec_evidence(top), "argument_max_abs": arg.ref_max_abs,
+                                   "spacing": spacing(arg.ref_max_abs, fmt.unit_roundoff),
+                                   "argument": arg.tensor, "mechanism": "periodic-argument"},
+                  "error" if top.rel_l2 > layerwise.threshold else "warning")
         for r in layerwise.records:
             if 0 <= r.headroom_bits < LOW_HEADROOM_BITS and r.ref_max_abs > 0 and not r.overflow:
                 b.add("headroom", r, f"{r.op_type} {r.node} output {r.tensor} peaks at "

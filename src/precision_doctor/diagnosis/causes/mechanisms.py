@@ -11,6 +11,19 @@ Algorithms", 2nd ed., SIAM 2002 (cited by section).
 
 Taxonomy, checked in this order (range events, found by ``diagnosis.causes.findings``, come first):
 
+``periodic-argument``
+    Sin/Cos/Tan whose argument is so large that the target format's spacing there exceeds
+    ``PHASE_SPACING`` = 2^-4 rad: rounding the argument (by up to half a spacing) shifts the
+    phase by up to 2^-4 rad = 0.0625 rad (3.6 degrees) or more, which moves sin/cos by up to
+    6% of their amplitude, six times the default FP16 tolerance of 1e-2. The spacing at |x| is
+    2u * 2^floor(log2 |x|) (u: unit roundoff), so the phase is lost from |x| >= 128 in FP16
+    (spacing 2^-3 there; 2^-4 at 64..128) and from |x| >= 16 in BF16 (spacing 2^(4-7)). A
+    sinusoidal timestep embedding ``sin(t * 10000^(-i/d))`` with t up to 1000 reaches 1000 rad,
+    where FP16's spacing is 0.5 rad. Checked first and whatever the gain: the loss is the
+    argument's rounding, not an amplification. Cure: the argument computed and kept in FP32
+    through the Sin/Cos (its producers and the periodic ops in FP32), or the safe rewrite
+    ``reduce-periodic-argument`` (range reduction modulo 2*pi in FP32 before the cast), which
+    ``precision-doctor fix`` applies.
 ``tf32``
     MatMul/Gemm/Conv whose multiplicands the engine rounds to TF32 (10 mantissa bits; target
     ``tf32`` or an engine with TF32 on): the products carry u = 2^-11 relative error each,
@@ -66,9 +79,12 @@ SATURATING_OPS = frozenset({"Sigmoid", "Tanh", "Softmax", "HardSigmoid", "Erf"})
 REDUCTION_OPS = frozenset({"ReduceSum", "ReduceMean", "ReduceL1", "ReduceL2", "ReduceSumSquare",
                            "ReduceLogSumExp", "MatMul", "Gemm", "Conv", "ConvTranspose"})
 TF32_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
-ORDER = ("saturation", "tf32", "cancellation", "small-divisor", "exponent-amplification",
-         "long-reduction")
+ORDER = ("periodic-argument", "saturation", "tf32", "cancellation", "small-divisor",
+         "exponent-amplification", "long-reduction")
 DOT_OPS = frozenset({"MatMul", "Gemm"})
+PERIODIC_OPS = frozenset({"Sin", "Cos", "Tan"})
+PHASE_SPACING = 2.0 ** -4  # rad: a larger spacing of the argument loses the phase (docstring)
+MAX_CONE = 16  # producers of a periodic argument its cure keeps in FP32 (nearest first)
 
 REMEDIES = {
     "cancellation":
@@ -90,6 +106,10 @@ REMEDIES = {
     "tf32":
         "disable TF32 for {nodes} (trtexec --noTF32, ONNX Runtime CUDA use_tf32=0) or keep "
         "them in FP32",
+    "periodic-argument":
+        "compute the argument in FP32 and keep it FP32 through the periodic op: keep {nodes} "
+        "in FP32, or reduce the argument modulo 2*pi in FP32 before the cast (the safe rewrite "
+        "reduce-periodic-argument, which `precision-doctor fix` applies)",
     "unnamed-mechanism":
         "keep {nodes} in FP32; `precision-doctor fix` searches the smallest such set",
 }
@@ -215,6 +235,32 @@ def divisor_error(op_type: str, ref: Sequence[np.ndarray | None],
     return out
 
 
+def spacing(x: float, unit_roundoff: float) -> float:
+    """The format's spacing (ULP) at ``|x|``: ``2u * 2^floor(log2 |x|)`` for a normal number
+    (``u``: unit roundoff, 2^-11 for FP16); 0.0 for x = 0 or a non-finite x."""
+    a = abs(float(x))
+    if a == 0 or not math.isfinite(a):
+        return 0.0
+    return 2.0 * unit_roundoff * 2.0 ** math.floor(math.log2(a))
+
+
+def phase_limit(unit_roundoff: float) -> float:
+    """The smallest |argument| whose spacing exceeds ``PHASE_SPACING``: 128 for FP16 (u =
+    2^-11), 16 for BF16 (u = 2^-8)."""
+    return 2.0 ** (math.floor(math.log2(PHASE_SPACING / (2.0 * unit_roundoff))) + 1)
+
+
+def periodic_rule(op_type: str, x_max: float, unit_roundoff: float) -> str | None:
+    """The ``periodic-argument`` sentence when ``op_type`` is periodic and its largest
+    |argument| ``x_max`` loses the phase in the format (module docstring), else None."""
+    step = spacing(x_max, unit_roundoff)
+    if op_type not in PERIODIC_OPS or step <= PHASE_SPACING:
+        return None
+    return (f"the argument reaches {fmt3(x_max)} rad, where the format's spacing is "
+            f"{fmt3(step)} rad (> 2^-4 rad from |x| >= {phase_limit(unit_roundoff):g}): "
+            "rounding the argument loses the phase")
+
+
 def name_mechanism(facts: NodeFacts) -> Named | None:
     """The first taxonomy rule (module docstring, ``ORDER``) that accounts for ``facts.gain``.
 
@@ -224,6 +270,14 @@ def name_mechanism(facts: NodeFacts) -> Named | None:
     u, g = facts.unit_roundoff, facts.gain
     op = facts.op_type
     ref = list(facts.ref_inputs)
+    arg = ref[0] if ref and ref[0] is not None else None
+    finite = arg[np.isfinite(arg)] if arg is not None else None
+    if finite is not None and finite.size and op in PERIODIC_OPS:
+        x_max = float(np.max(np.abs(finite)))
+        rule = periodic_rule(op, x_max, u)
+        if rule is not None:
+            return Named("periodic-argument", facts.node, op, rule,
+                         {"argument_max_abs": x_max, "spacing": spacing(x_max, u), "gain": g})
     sat = saturated_share(op, facts.ref_output, u)
     if sat is not None and sat >= SATURATED_SHARE and facts.downstream_gain >= AMPLIFYING:
         return Named("saturation", facts.node, op,
@@ -275,5 +329,6 @@ def remedy(kind: str, nodes: Sequence[str]) -> str:
     return REMEDIES.get(kind, REMEDIES["unnamed-mechanism"]).format(nodes=shown or "them")
 
 
-__all__ = ["AMPLIFYING", "NodeFacts", "Named", "cancellation_condition", "divisor_error",
-           "exponent_condition", "name_mechanism", "remedy", "saturated_share"]
+__all__ = ["AMPLIFYING", "PERIODIC_OPS", "NodeFacts", "Named", "cancellation_condition",
+           "divisor_error", "exponent_condition", "name_mechanism", "periodic_rule",
+           "phase_limit", "remedy", "saturated_share", "spacing"]
