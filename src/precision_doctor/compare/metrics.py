@@ -10,12 +10,17 @@ different shapes, e.g. detection maps of differently sized images). Definitions:
 * argmax agreement = share of positions where argmax over the last axis agrees; computed only
   for outputs of rank >= 2 whose last axis has 2..100000 entries and that are not image-like
   (rank 4 maps are skipped: argmax over a spatial axis means nothing).
+
+Outputs whose shape depends on the data (a TTS voice's audio, whose length is set by rounded
+durations; NonZero/TopK counts) can come out in another shape than the reference's. Such a
+sample is not comparable element by element: it is counted in ``shape_changed``, left out of
+the statistics above, and the output's relative L2 error is inf (it is not reproduced).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -37,6 +42,8 @@ class OutputMetrics:
         nan / inf: NaN / Inf counts in the candidate.
         ref_nonfinite: NaN/Inf count in the reference.
         argmax_agreement: Share of argmax decisions that agree, or None when not meaningful.
+        shape_changed: Samples whose candidate shape differs from the reference's (left out
+            of every statistic but ``rel_l2``, which is then inf).
     """
 
     numel: int
@@ -52,6 +59,13 @@ class OutputMetrics:
     inf: int
     ref_nonfinite: int
     argmax_agreement: float | None = None
+    shape_changed: int = 0
+
+    @property
+    def finite_statistics(self) -> bool:
+        """Whether the error statistics describe the whole output: no NaN/Inf in the
+        candidate and no sample of another shape (else only the counts mean something)."""
+        return not (self.nan or self.inf or self.shape_changed)
 
     def to_dict(self) -> dict:
         return {k: json_float(v) for k, v in asdict(self).items()}
@@ -72,17 +86,19 @@ def compute_metrics(reference: Sequence[np.ndarray], candidate: Sequence[np.ndar
 
     Args:
         reference: One array per sample (any float/int dtype).
-        candidate: Same shapes as ``reference``.
+        candidate: One array per sample; a sample whose shape differs from the reference's
+            is counted in ``shape_changed`` and left out of the statistics.
 
     Returns:
         ``OutputMetrics``.
-
-    Raises:
-        ValueError: Shapes differ for a sample.
     """
-    for i, (r, c) in enumerate(zip(reference, candidate)):
-        if r.shape != c.shape:
-            raise ValueError(f"sample {i}: reference shape {r.shape} != candidate {c.shape}")
+    changed = [i for i, (r, c) in enumerate(zip(reference, candidate))
+               if np.shape(r) != np.shape(c)]
+    if changed:
+        keep = [i for i in range(len(reference)) if i not in set(changed)]
+        same = compute_metrics([reference[i] for i in keep], [candidate[i] for i in keep])
+        return replace(same, rel_l2=math.inf, snr_db=-math.inf,
+                       shape_changed=len(changed))
     # one sample at a time (float64 copies of one sample, not of all of them), so that large
     # outputs cost one pass (256 real rec outputs of 1x40x6625: 1.4-2.2 s instead of 3.3-4.2 s
     # on 2 cores, benchmarks/probes/metrics_speed.py, 2026-11-26)
@@ -115,7 +131,7 @@ def compute_metrics(reference: Sequence[np.ndarray], candidate: Sequence[np.ndar
               if cand2 > 0 and ref2 > 0 else float(cand2 == ref2))
     snr = math.inf if err2 == 0 else (10 * math.log10(ref2 / err2) if ref2 > 0 else -math.inf)
     agreement = None
-    if reference and _argmax_applicable(reference[0].shape):
+    if len(reference) and _argmax_applicable(reference[0].shape):
         agree = total = 0
         for ra, ca in zip(reference, candidate):
             a, b = np.argmax(ra, axis=-1), np.argmax(ca, axis=-1)
@@ -145,15 +161,16 @@ def l2_ratio(err2: float, ref2: float, nonfinite: int = 0) -> float:
 
 
 def relative_l2(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray]) -> float:
-    """Relative L2 error ||c - r|| / ||r|| over all samples (inf if the candidate is not finite)."""
+    """Relative L2 error ||c - r|| / ||r|| over all samples (inf if the candidate is not finite
+    or a sample's shape differs)."""
     return relative_l2_of(l2_terms(r, c) for r, c in zip(reference, candidate))
 
 
 def l2_terms(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, float] | None:
     """One sample's terms of ``relative_l2``: (||c - r||^2, ||r||^2) in float64; None where the
-    candidate is not finite."""
+    candidate is not finite or has another shape than the reference (not reproduced)."""
     r64, c64 = np.asarray(reference, np.float64), np.asarray(candidate, np.float64)
-    if not np.isfinite(c64).all():
+    if r64.shape != c64.shape or not np.isfinite(c64).all():
         return None
     d = c64 - r64
     return float(np.vdot(d, d)), float(np.vdot(r64, r64))

@@ -96,10 +96,14 @@ def default_tolerance(target: Precision) -> Tolerance:
 
 def elementwise_pass_share(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray],
                            tol: Tolerance) -> float:
-    """Share of elements meeting |c - r| <= atol + rtol*|r| (NaN/Inf in c never passes)."""
+    """Share of elements meeting |c - r| <= atol + rtol*|r| (NaN/Inf in c never passes; a
+    sample whose candidate shape differs counts as all of its reference elements failing)."""
     passed = total = 0
     for r, c in zip(reference, candidate):
         r64, c64 = np.asarray(r, np.float64), np.asarray(c, np.float64)
+        if r64.shape != c64.shape:
+            total += r64.size
+            continue
         bound = (tol.atol or 0.0) + (tol.rtol or 0.0) * np.abs(r64)
         ok = np.abs(c64 - r64) <= bound
         passed += int(ok.sum())
@@ -119,6 +123,9 @@ def check(metrics: OutputMetrics, tol: Tolerance, pass_share: float | None = Non
     Returns:
         (passed, reason) where reason names the violated bound with the numbers.
     """
+    if metrics.shape_changed:
+        return False, (f"shape differs from the reference on {metrics.shape_changed} "
+                       f"sample{'s' if metrics.shape_changed > 1 else ''}")
     return check_values(metrics.rel_l2, metrics.nan, metrics.inf, tol, pass_share)
 
 

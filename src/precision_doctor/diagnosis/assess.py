@@ -21,6 +21,7 @@ from precision_doctor.diagnosis.assessment import (
     worst_rel_l2,
 )
 from precision_doctor.diagnosis.decisions.records import DecisionSummary
+from precision_doctor.diagnosis.lengths.assess import with_lengths
 from precision_doctor.formats import FORMATS
 from precision_doctor.numbers import fmt3
 
@@ -47,7 +48,7 @@ def assess(x: AssessmentInputs) -> Assessment:
         ev.update(max_local_gain=x.max_gain[1], max_gain_node=x.max_gain[0],
                   catastrophic_gain=catastrophic_gain(x.target))
     rw_note, rw_remedy = rewritten_note(x, ev)
-    result = _classify(x, ev, worst, expected, rw_note, rw_remedy)
+    result = with_lengths(_classify(x, ev, worst, expected, rw_note, rw_remedy), x.lengths)
     return on_random_data(result) if x.synthetic else result
 
 

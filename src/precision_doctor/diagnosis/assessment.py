@@ -63,6 +63,7 @@ import onnx
 
 from precision_doctor.diagnosis.causes.findings import Finding
 from precision_doctor.diagnosis.decisions.records import DecisionFlip, DecisionSummary
+from precision_doctor.diagnosis.lengths.records import LengthReport
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.numbers import fmt3
@@ -201,6 +202,7 @@ class AssessmentInputs:
         rewritten: The rewritten model's run (``DiagnosisReport.rewritten``) or None.
         synthetic: Some input is random data (``random:``).
         attribution: ``diagnosis.causes.attribution.Attribution.to_dict()`` when it ran, else None.
+        lengths: The length report when an output changed shape (``diagnosis.lengths``).
     """
 
     passed: bool
@@ -217,6 +219,7 @@ class AssessmentInputs:
     rewritten: dict | None = None
     synthetic: bool = False
     attribution: dict | None = None
+    lengths: LengthReport | None = None
 
 
 def share_removed(baseline: float, after: float) -> float:

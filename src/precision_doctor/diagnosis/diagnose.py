@@ -3,7 +3,8 @@
 A thin chain of the named stages of ``diagnosis.stages`` (each a function from frozen
 dataclasses to a frozen dataclass): reference run -> candidate run -> FP32 noise floor, output
 metrics and verdict -> decisions (flips of argmax / CTC / thresholded maps, detection boxes) ->
-layerwise comparison -> causes (the all-FP32 invariant, static hazards, findings ranked by
+layerwise comparison (and, when an output changed shape, the integer decisions that changed
+it: ``diagnosis.lengths``) -> causes (the all-FP32 invariant, static hazards, findings ranked by
 measured cure, attribution, joint causes, the largest error jump) -> the emulation of the model
 after the engine's safe rewrites and the assessment (``diagnosis.assessment``) -> the report
 -> what each engine makes of an out-of-range constant.
@@ -11,6 +12,7 @@ after the engine's safe rewrites and the assessment (``diagnosis.assessment``) -
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -33,7 +35,9 @@ from precision_doctor.diagnosis.stages import (
     run_candidate,
     run_reference,
 )
+from precision_doctor.diagnosis.stages.lengths import read_lengths
 from precision_doctor.formats import Precision
+from precision_doctor.graph.random_ops import seed_random_ops, seeded_note
 from precision_doctor.inputs.recording import Recording
 from precision_doctor.layerwise.candidates import Candidate
 from precision_doctor.layerwise.compare import LAYERWISE_BUDGET, preload_statistics
@@ -108,6 +112,7 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
                                        candidate_log)
     if candidate is None:
         raise ValueError("diagnose needs a candidate or candidate_results")
+    model, seeded = seed_random_ops(model)  # the same draws in the reference and candidate
     request = DiagnoseRequest(model, samples, target, candidate, tolerances, layerwise, noise,
                               measure_impact, budget_bytes, model_path, progress, rewritten,
                               decisions, stress)
@@ -119,11 +124,14 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
         runs.update(reference=dict(reference.outputs), candidate=dict(cand.outputs))
     compared = compare(request, reference, cand)
     read = read_decisions(request, reference, cand, compared)
+    lengths = read_lengths(request, reference, cand)
     localized = localize(request, read)
     causes = find_causes(request, reference, cand, compared, read, localized)
-    assessed = assess_stage(request, reference, compared, read, causes)
+    assessed = assess_stage(request, reference, compared, read, causes, lengths)
     report = build_report(request, reference, cand, compared, read, localized, causes,
-                          assessed)
+                          assessed, lengths)
+    if seeded:
+        report = replace(report, warnings=(*report.warnings, seeded_note(seeded)))
     return engine_stage(request, reference, report, constants_plan, engine)
 
 

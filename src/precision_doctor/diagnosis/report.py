@@ -94,6 +94,7 @@ from precision_doctor.diagnosis.causes.findings import Finding
 from precision_doctor.diagnosis.causes.groups import FindingGroup
 from precision_doctor.diagnosis.causes.hazards import Hazard
 from precision_doctor.diagnosis.decisions.records import DecisionFlip, DecisionSummary
+from precision_doctor.diagnosis.lengths.records import LengthReport
 from precision_doctor.diagnosis.noise import NoiseFloor
 from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.layerwise.compare import LayerwiseResult
@@ -182,6 +183,9 @@ class DiagnosisReport:
             (``diagnosis.headroom.records.TransformerReport.to_dict``), or None.
         finding_groups: Findings repeated per block (and the joint cause) as groups
             (``diagnosis.causes.groups``); the members stay in ``findings``.
+        lengths: Outputs that came out in another shape than the reference's, the integer
+            decisions that changed them and their measured cure (``diagnosis.lengths``);
+            None when every output kept its shape.
     """
 
     verdict: str
@@ -210,6 +214,7 @@ class DiagnosisReport:
     attribution: dict | None = None  # diagnosis.causes.attribution.Attribution.to_dict()
     joint_cause: dict | None = None  # diagnosis.causes.joint.JointCause.to_dict()
     finding_groups: tuple[FindingGroup, ...] = ()
+    lengths: LengthReport | None = None
 
     @property
     def passed(self) -> bool:
@@ -242,6 +247,7 @@ class DiagnosisReport:
             **({"joint_cause": self.joint_cause} if self.joint_cause is not None else {}),
             **({"finding_groups": [g.to_dict() for g in self.finding_groups]}
                if self.finding_groups else {}),
+            **({"lengths": self.lengths.to_dict()} if self.lengths is not None else {}),
         }
 
     @classmethod
@@ -273,4 +279,5 @@ class DiagnosisReport:
             recording=d.get("recording"), transformer=d.get("transformer"),
             attribution=d.get("attribution"), joint_cause=d.get("joint_cause"),
             finding_groups=tuple(FindingGroup.from_dict(g)
-                                 for g in d.get("finding_groups", ())))
+                                 for g in d.get("finding_groups", ())),
+            lengths=LengthReport.from_dict(d["lengths"]) if d.get("lengths") else None)

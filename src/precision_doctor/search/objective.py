@@ -10,6 +10,11 @@ the squared error summed so far already exceeds bound^2 x the reference's total 
 (rel_l2 over all samples can only grow from there), when more elements than the tolerance's
 statistic allows already miss atol + rtol*|r|, or at the first NaN/Inf. A stopped evaluation
 fails exactly when the complete one would.
+
+A tolerance objective also asks for the reference's shapes: an output (floating or integer)
+whose shape differs from the reference's on any sample fails the evaluation, with an infinite
+score (a TTS voice whose rounded durations changed the audio's length is not reproduced). A
+task metric judges outputs of other shapes itself (a detector's box count may change).
 """
 
 from __future__ import annotations
@@ -194,6 +199,10 @@ class Objective:
                 self.sample_value(i, {k: v[i] for k, v in reference.items()},
                                   {k: v[i] for k, v in candidate.items()}) for i in range(n)])
         norms = self.reference_norms(reference) if norms is None else norms
+        changed = shape_changes(reference, candidate)
+        if changed:
+            return Score(False, math.inf, {**{k: math.inf for k in changed},
+                                           "shape_changed": changed})
         worst, passed = 0.0, True
         detail: dict[str, Any] = {}
         n = len(next(iter(reference.values()), []))
@@ -239,6 +248,18 @@ class Objective:
         return ScoreStream(self, reference, norms)
 
 
+def shape_changes(reference: Outputs, candidate: Outputs) -> dict[str, list[int]]:
+    """Output name -> the samples whose candidate shape differs from the reference's (only
+    outputs with such samples; integer outputs included)."""
+    changed = {}
+    for name, refs in reference.items():
+        cands = candidate.get(name, ())
+        bad = [i for i, (r, c) in enumerate(zip(refs, cands)) if np.shape(r) != np.shape(c)]
+        if bad:
+            changed[name] = bad
+    return changed
+
+
 def _ref_norm2(arrays: Sequence[np.ndarray]) -> float:
     total = 0.0
     for a in arrays:
@@ -250,7 +271,9 @@ def _ref_norm2(arrays: Sequence[np.ndarray]) -> float:
 
 def sample_error(r: np.ndarray, c: np.ndarray) -> tuple[float, int, int]:
     """(squared L2 error over the elements finite in both, NaN count, Inf count of ``c``)
-    of one sample, in float64."""
+    of one sample, in float64; an infinite error where the shapes differ."""
+    if np.shape(r) != np.shape(c):
+        return math.inf, 0, 0
     d = np.subtract(np.asarray(c, np.float64), np.asarray(r, np.float64)).ravel()
     e2 = float(np.dot(d, d))
     if math.isfinite(e2):  # every element of both finite (float32 squares cannot overflow)
@@ -314,6 +337,11 @@ class ScoreStream:
                     "stopped_at_sample": index})
             return self.failed is not None
         self.outputs[index] = candidate
+        for name, refs in self.reference.items():
+            if name in candidate and np.shape(refs[index]) != np.shape(candidate[name]):
+                self.failed = Score(False, math.inf, {name: math.inf, "stopped_at_sample": index,
+                                                      "shape_changed": {name: [index]}})
+                return True
         for name in self._err2:
             self._check_output(index, name, ref[name], np.asarray(candidate[name]))
             if self.failed is not None:

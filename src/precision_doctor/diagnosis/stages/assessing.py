@@ -11,6 +11,7 @@ import numpy as np
 
 from precision_doctor.diagnosis.assess import assess
 from precision_doctor.diagnosis.assessment import Assessment, AssessmentInputs
+from precision_doctor.diagnosis.lengths.records import LengthReport
 from precision_doctor.diagnosis.stages.causes import Causes
 from precision_doctor.diagnosis.stages.comparing import Compared, Read, judge
 from precision_doctor.diagnosis.stages.request import DiagnoseRequest
@@ -42,7 +43,7 @@ class Assessed:
 
 
 def assess_stage(request: DiagnoseRequest, reference: Reference, compared: Compared,
-                 read: Read, causes: Causes) -> Assessed:
+                 read: Read, causes: Causes, lengths: LengthReport | None = None) -> Assessed:
     """The rewritten model's emulation (when an engine rewrite changes the model), then the
     assessment of everything measured.
 
@@ -69,7 +70,8 @@ def assess_stage(request: DiagnoseRequest, reference: Reference, compared: Compa
                o.metrics.nan + o.metrics.inf) for o in read.outputs),
         request.target, compared.depth, tuple(explanation.findings), read.summaries,
         read.flips, explanation.explained, explanation.defect_share, explanation.measured,
-        gain, rw, any(is_random_sample(s.name) for s in request.samples), attribution))
+        gain, rw, any(is_random_sample(s.name) for s in request.samples), attribution,
+        lengths))
     return Assessed(assessment, rw, tuple(warnings), seconds)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import onnx
 
+from precision_doctor.diagnosis.lengths.records import LengthReport
 from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.diagnosis.stages.assessing import Assessed
 from precision_doctor.diagnosis.stages.causes import Causes
@@ -20,7 +21,7 @@ from precision_doctor.layerwise.candidates import Candidate, reference_name
 
 def build_report(request: DiagnoseRequest, reference: Reference, candidate: CandidateRun,
                  compared: Compared, read: Read, localized: Localized, causes: Causes,
-                 assessed: Assessed) -> DiagnosisReport:
+                 assessed: Assessed, lengths: LengthReport | None = None) -> DiagnosisReport:
     """The ``DiagnosisReport`` of the stages; ``timings_s`` in stage order (reference,
     candidate, noise_floor, layerwise, transformer, the explanation's, rewritten)."""
     timings = {"reference": reference.seconds, "candidate": candidate.seconds,
@@ -29,6 +30,8 @@ def build_report(request: DiagnoseRequest, reference: Reference, candidate: Cand
         timings["layerwise"] = localized.seconds
     timings.update(causes.seconds)
     timings["rewritten"] = assessed.seconds
+    if lengths is not None:
+        timings["lengths"] = lengths.seconds
     explanation, jump, model = causes.explanation, causes.jump, request.model
     return DiagnosisReport(
         verdict=compared.verdict, model=model_info(model, request.model_path),
@@ -46,7 +49,7 @@ def build_report(request: DiagnoseRequest, reference: Reference, candidate: Cand
         recording=localized.recording, transformer=causes.transformer,
         attribution=explanation.attribution.to_dict() if explanation.attribution else None,
         joint_cause=explanation.joint.to_dict() if explanation.joint else None,
-        finding_groups=explanation.groups)
+        finding_groups=explanation.groups, lengths=lengths)
 
 
 def model_info(model: onnx.ModelProto, path: str | None) -> dict:

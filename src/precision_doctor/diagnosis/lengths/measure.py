@@ -1,0 +1,290 @@
+"""Measure what changed an output's shape: the integer decisions, near-tie or destroyed, and
+the cure.
+
+Both the FP32 reference and the candidate run once more with every decision site's integer
+and its float source marked as outputs (``graph.outputs.mark_outputs``). A site *changed* when
+its integers differ on some sample. Each changed site is read (thresholds shared with the
+output decisions of ``diagnosis.decisions.reading``):
+
+``near-tie``
+    Every changed integer moved by one step, and the FP32 source value of each was within
+    ``NEAR_TIE`` (3x) the source's typical candidate error of its rounding boundary: the
+    format's ordinary error carried a value across a boundary it sat on (one duration rounded
+    up by one frame). Distances are in units in the last place (ULP) of the target format at
+    the boundary: 2^(floor(log2 |b|) - p) for a normal b and p explicit fraction bits (IEEE-754).
+``destroyed``
+    The candidate's source has NaN/Inf, more than half of the integers changed, or their total
+    moved by more than ``DESTROYED_RATIO`` (1.5x either way): the predictor itself is broken.
+``damage``
+    Otherwise.
+
+The *roots* are the changed sites whose input cone holds no other changed site: downstream sites
+change because the roots did. The cure is measured on an emulated candidate: the roots' input
+cones in FP32 (one evaluation; ``diagnosis.causes.trials``), and it cures when every output has
+the reference's shape on every sample again.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from precision_doctor.diagnosis.lengths.records import DecisionChange, LengthReport, ShapeChange
+from precision_doctor.diagnosis.lengths.sites import DecisionSite, decision_sites, input_cone
+from precision_doctor.formats import FORMATS, Precision
+from precision_doctor.graph.outputs import mark_outputs
+from precision_doctor.layerwise.candidates import Candidate, reference_factory, run_samples
+
+Outputs = Mapping[str, Sequence[np.ndarray]]
+NEAR_TIE = 3.0  # as diagnosis.decisions.reading: a margin within 3x the typical error
+DESTROYED_RATIO = 1.5
+DESTROYED_CHANGED = 0.5
+
+
+def shape_changes(reference: Outputs, candidate: Outputs, sample_names: Sequence[str]
+                  ) -> list[ShapeChange]:
+    """Every (output, sample) whose candidate shape differs from the reference's, output order
+    then sample order."""
+    out = []
+    for name, refs in reference.items():
+        for i, (r, c) in enumerate(zip(refs, candidate.get(name, ()))):
+            if np.shape(r) != np.shape(c):
+                out.append(ShapeChange(name, sample_names[i], tuple(np.shape(r)),
+                                       tuple(np.shape(c))))
+    return out
+
+
+def ulp(value: np.ndarray, target: Precision) -> np.ndarray:
+    """Spacing of ``target`` at |value| (float64 array): 2^(floor(log2|v|) - mantissa bits),
+    the smallest subnormal below the normal range."""
+    fmt = FORMATS[target]
+    v = np.maximum(np.abs(np.asarray(value, np.float64)), fmt.min_normal)
+    return np.exp2(np.floor(np.log2(v)) - fmt.mantissa_bits)
+
+
+def boundary(x: np.ndarray, rounding: str) -> np.ndarray:
+    """The rounding boundary nearest each FP32 value: integers for Ceil/Floor and a Cast's
+    truncation, half-integers for Round (round half to even switches there)."""
+    x = np.asarray(x, np.float64)
+    if rounding == "Round":
+        return np.floor(x) + 0.5
+    return np.round(x)
+
+
+def measure_site(site: DecisionSite, ref: Outputs, cand: Outputs, target: Precision
+                 ) -> DecisionChange | None:
+    """How one site fared (module docstring); None when its integers never changed."""
+    refs, cands = ref[site.tensor], cand[site.tensor]
+    n = len(refs)
+    samples_changed = positions = changed = up = down = 0
+    steps: list[float] = []
+    dist: list[float] = []
+    errs: list[np.ndarray] = []
+    total_r = total_c = 0.0
+    nonfinite = 0
+    scalar = bool(site.rounding)
+    for i in range(n):
+        r, c = np.asarray(refs[i]), np.asarray(cands[i])
+        total_r += float(np.sum(r, dtype=np.float64))
+        total_c += float(np.sum(c, dtype=np.float64))
+        src_c = np.asarray(cand[site.source][i], np.float64)
+        nonfinite += int(np.count_nonzero(~np.isfinite(src_c)))
+        if r.shape != c.shape:
+            samples_changed += 1
+            continue
+        diff = c.astype(np.float64) - r.astype(np.float64)
+        moved = diff != 0
+        positions += r.size
+        if not moved.any():
+            continue
+        samples_changed += 1
+        changed += int(moved.sum())
+        up += int((diff > 0).sum())
+        down += int((diff < 0).sum())
+        steps.append(float(np.abs(diff[moved]).max()))
+        src_r = np.asarray(ref[site.source][i], np.float64)
+        if scalar and src_r.shape == r.shape and src_c.shape == r.shape:
+            b = boundary(src_r, site.rounding)
+            spacing = ulp(b, target)
+            dist.extend((np.abs(src_r - b) / spacing)[moved].tolist())
+            ok = np.isfinite(src_c)
+            errs.append(((src_c - src_r) / spacing)[ok])
+    if not samples_changed:
+        return None
+    typical = (float(np.sqrt(np.mean(np.square(np.concatenate(errs)))))
+               if errs and sum(e.size for e in errs) else None)
+    worst_dist = max(dist) if dist else None
+    ratio = total_c / total_r if total_r else None
+    max_step = max(steps) if steps else None
+    reading = _reading(site, positions, changed, max_step, worst_dist, typical, ratio,
+                       nonfinite, samples_changed, n)
+    change = DecisionChange(site.node, site.op, site.tensor, site.source, site.rounding,
+                            site.sets_shape, n, samples_changed, positions, changed, up, down,
+                            max_step, ratio, worst_dist, typical, nonfinite, reading, "")
+    return _with_detail(change, target)
+
+
+def _reading(site: DecisionSite, positions: int, changed: int, max_step: float | None,
+             dist: float | None, typical: float | None, ratio: float | None, nonfinite: int,
+             samples_changed: int, n: int) -> str:
+    if nonfinite or (positions and changed > DESTROYED_CHANGED * positions):
+        return "destroyed"
+    if ratio is not None and ratio > 0 and not (
+            1 / DESTROYED_RATIO <= ratio <= DESTROYED_RATIO):
+        return "destroyed"
+    if (site.rounding and changed and max_step == 1 and dist is not None
+            and typical is not None and dist <= NEAR_TIE * max(typical, 0.5)):
+        return "near-tie"
+    return "damage"
+
+
+def _with_detail(d: DecisionChange, target: Precision) -> DecisionChange:
+    what = (f"{d.rounding} -> {d.op}" if d.rounding and d.rounding != "Cast" else d.op)
+    fmt = target.value.upper()
+    noun = "lengths" if d.sets_shape else "values"
+    head = f"{d.node} ({what})"
+    if d.reading == "near-tie":
+        direction = "up" if d.up and not d.down else ("down" if d.down and not d.up
+                                                      else "up or down")
+        text = (f"{d.changed} of {d.positions} {noun} set at {head} rounded {direction} by "
+                f"one step; the FP32 input was at most {d.boundary_ulps:.2g} {fmt} ULP from "
+                f"the rounding boundary, within {NEAR_TIE:g}x the typical {fmt} error there "
+                f"({d.typical_ulps:.2g} ULP): a near-tie")
+    elif d.reading == "destroyed":
+        parts = []
+        if d.nonfinite:
+            parts.append(f"its input has {d.nonfinite} NaN/Inf values")
+        if d.positions:
+            parts.append(f"{d.changed} of {d.positions} {noun} changed")
+        if d.total_ratio is not None and math.isfinite(d.total_ratio):
+            parts.append(f"their total is {d.total_ratio:.3g}x the reference's")
+        text = f"the {noun} set at {head} are destroyed: " + ", ".join(
+            parts or [f"its {noun} changed"])
+    else:
+        text = (f"{d.changed} of {d.positions} {noun} set at {head} changed (largest step "
+                f"{d.max_step if d.max_step is not None else 'n/a'}"
+                + (f", input up to {d.boundary_ulps:.3g} {fmt} ULP from the boundary"
+                   if d.boundary_ulps is not None else "") + "): not near-ties")
+    if d.positions == 0:
+        text += f"; their shape changed on {d.samples_changed} of {d.samples} samples"
+    return DecisionChange(**{**d.__dict__, "detail": text})
+
+
+def roots(model: onnx.ModelProto, changed: Sequence[DecisionChange]) -> list[DecisionChange]:
+    """The changed decisions whose input cone holds no other changed decision."""
+    nodes = {d.node for d in changed}
+    out = []
+    for d in changed:
+        upstream = set(input_cone(model, [d.source])) & nodes
+        if not upstream - {d.node}:
+            out.append(d)
+    return out
+
+
+def read_sites(model: onnx.ModelProto, samples: Sequence, candidate: Candidate,
+               target: Precision, sites: Sequence[DecisionSite] | None = None
+               ) -> list[DecisionChange]:
+    """Run the reference and the candidate with the decision sites marked, and measure every
+    site (graph order; only the changed ones).
+
+    Raises:
+        BackendError: A run fails.
+    """
+    sites = decision_sites(model) if sites is None else sites
+    if not sites:
+        return []
+    names = list(dict.fromkeys([s.tensor for s in sites] + [s.source for s in sites]))
+    marked = mark_outputs(model, names)
+    ref = run_samples(reference_factory(marked), samples, names)
+    cand = run_samples(candidate.factory(marked), samples, names)
+    found = (measure_site(s, ref, cand, target) for s in sites)
+    return [d for d in found if d is not None]
+
+
+def analyse_lengths(model: onnx.ModelProto, samples: Sequence, target: Precision,
+                    candidate: Candidate, changes: Sequence[ShapeChange], measure=None,
+                    ) -> LengthReport:
+    """The length report of a candidate whose outputs changed shape.
+
+    Args:
+        model: The FP32 model (nodes named).
+        samples: Objects with ``.feeds`` (and ``.name``).
+        target: The target format (ULPs are its).
+        candidate: The candidate (its factory runs the marked model).
+        changes: ``shape_changes`` of the plain runs (non-empty).
+        measure: ``measure(nodes) -> worst output rel L2`` with ``nodes`` in FP32
+            (``diagnosis.causes.trials.ImpactTrials``), or None: the cure is not measured.
+
+    Returns:
+        The ``LengthReport``.
+
+    Raises:
+        BackendError: A run fails.
+    """
+    t0 = time.perf_counter()
+    changed = read_sites(model, samples, candidate, target)
+    first = roots(model, changed)
+    cone = input_cone(model, [d.source for d in first]) if first else []
+    cure = measure(cone) if measure is not None and cone else None
+    order = {"destroyed": 0, "damage": 1, "near-tie": 2}
+    reading = min((d.reading for d in first), key=order.__getitem__, default="unknown")
+    summary = length_summary(changes, first, changed, len(samples), cone, cure)
+    return LengthReport(tuple(changes), tuple(changed), tuple(d.node for d in first), reading,
+                        summary, tuple(cone), cure, None, time.perf_counter() - t0)
+
+
+def length_summary(changes: Sequence[ShapeChange], first: Sequence[DecisionChange],
+                   changed: Sequence[DecisionChange], samples: int, cone: Sequence[str],
+                   cure: float | None, decisions_run: bool = True) -> str:
+    """The report's sentences: which outputs changed shape, which decision did it, the cure
+    (``decisions_run`` False: recorded results, whose integer decisions could not be run)."""
+    by_output: dict[str, list[ShapeChange]] = {}
+    for c in changes:
+        by_output.setdefault(c.output, []).append(c)
+    parts = []
+    for name, cs in by_output.items():
+        c = cs[0]
+        delta = _length_delta(c)
+        parts.append(f"'{name}' has another shape on {len(cs)} of {samples} samples "
+                     f"({c.sample}: {_shape(c.reference)} -> {_shape(c.candidate)}{delta})")
+    text = "Output " + "; ".join(parts) + "."
+    if first:
+        text += " Set by: " + "; ".join(d.detail for d in first)
+        rest = len(changed) - len(first)
+        text += (f" ({rest} later decision(s) changed with it)." if rest > 0 else ".")
+    elif not decisions_run:
+        text += " Recorded results: the integer decisions were not run."
+    else:
+        text += (" No integer decision of the graph changed: the shape comes from elsewhere "
+                 "(a shape computed from a float, or a custom op).")
+    if cure is not None:
+        verdict = ("gives the reference's shapes on every sample again"
+                   + (f" (worst rel L2 {cure:.3g})" if math.isfinite(cure) else "")
+                   if math.isfinite(cure) else "does not restore the reference's shapes")
+        text += f" Keeping its input cone ({len(cone)} nodes) in FP32 {verdict}."
+    return text
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ")"
+
+
+def _length_delta(c: ShapeChange) -> str:
+    """``, 8 shorter`` / ``, 4.5x longer`` along the one axis that changed."""
+    if len(c.reference) != len(c.candidate):
+        return ""
+    axes = [i for i, (a, b) in enumerate(zip(c.reference, c.candidate)) if a != b]
+    if len(axes) != 1:
+        return ""
+    a, b = c.reference[axes[0]], c.candidate[axes[0]]
+    if a and (b / a >= 1.5 or b / a <= 1 / 1.5):
+        return f", {b / a:.3g}x as long"
+    return f", {abs(b - a)} {'longer' if b > a else 'shorter'}"
+
+
+__all__ = ["DESTROYED_RATIO", "NEAR_TIE", "analyse_lengths", "boundary", "length_summary",
+           "measure_site", "read_sites", "roots", "shape_changes", "ulp"]
