@@ -215,7 +215,7 @@ def plan_start(request: FixRequest, rewritten: Rewritten) -> StartPlan:
         PlanError: ``keep``/``force_low`` name nothing in the rewritten model.
     """
     model = rewritten.model
-    base = PrecisionPlan(request.target)
+    base = PrecisionPlan(request.target, rewritten.report.fp32_decisions())  # rewrites' FP32
     user = select_nodes(model, request.keep, "--keep", REWRITE_HINT)
     if user:
         base = base.keep_fp32(user, "user", "--keep")

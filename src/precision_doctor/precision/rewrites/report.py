@@ -12,6 +12,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from precision_doctor.formats import Precision
+from precision_doctor.precision.plan import NodeDecision
+
 REPORT_SCHEMA_VERSION = 1
 
 Detail = float | int | str | bool
@@ -44,6 +47,9 @@ class RewriteRecord:
         reason: What was done, or why the rule did not apply (from the rule's check).
         details: Evidence as name -> number/string, e.g. ``bn_var_max`` or the FP16 range of
             folded weights (``weight_fp16_subnormal_fraction``).
+        keep_fp32: Nodes the rewrite needs computed in FP32 for its effect (the argument
+            reduction of ``reduce-periodic-argument`` and the argument's producers); ``fix``
+            starts its plan with them in FP32 (reason ``rewrite``).
     """
 
     rule: str
@@ -52,6 +58,7 @@ class RewriteRecord:
     new_nodes: tuple[str, ...] = ()
     reason: str = ""
     details: Mapping[str, Detail] = field(default_factory=dict)
+    keep_fp32: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         """JSON-ready dict (stable key order; inf/nan written as strings)."""
@@ -62,6 +69,7 @@ class RewriteRecord:
             "new_nodes": list(self.new_nodes),
             "reason": self.reason,
             "details": {k: _json_number(v) for k, v in sorted(self.details.items())},
+            "keep_fp32": list(self.keep_fp32),
         }
 
     @classmethod
@@ -79,6 +87,7 @@ class RewriteRecord:
             reason=str(data.get("reason", "")),
             details={str(k): _from_json_number(v)
                      for k, v in dict(data.get("details", {})).items()},
+            keep_fp32=tuple(str(n) for n in data.get("keep_fp32", ())),
         )
 
 
@@ -113,6 +122,13 @@ class RewriteReport:
             entry = out.setdefault(r.rule, {"applied": 0, "skipped": 0})
             entry["applied" if r.applied else "skipped"] += 1
         return out
+
+    def fp32_decisions(self) -> dict[str, NodeDecision]:
+        """Node -> FP32 decision (reason ``rewrite``) for every node an applied rewrite asks to
+        keep in FP32 (``RewriteRecord.keep_fp32``), the detail naming the rule."""
+        return dict(sorted(
+            (name, NodeDecision(Precision.FP32, "rewrite", f"{r.rule}: {r.reason}"))
+            for r in self.applied() for name in r.keep_fp32))
 
     @property
     def changed(self) -> bool:
