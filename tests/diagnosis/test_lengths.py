@@ -141,3 +141,10 @@ def test_unseeded_random_operators_are_seeded_and_said() -> None:
     assert lengths_of(seeded, feeds) == lengths_of(seeded, feeds)
     d = pd.diagnose(model, feeds, target="fp16", quiet=True, device="cpu", noise=False)
     assert any("seed" in w and "dp/noise" in w for w in d.warnings)
+def test_fix_writes_a_model_that_keeps_the_reference_lengths() -> None:
+    model, feeds = duration_model(), phonemes()
+    fixed = pd.fix(model, feeds, target="fp16", quiet=True, device="cpu")
+    assert fixed.verdict == "pass" and fixed.plan.fp32_nodes()
+    assert lengths_of(fixed.model, feeds) == lengths_of(model, feeds)
+
+

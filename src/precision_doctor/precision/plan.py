@@ -98,7 +98,8 @@ class NodeDecision:
     Attributes:
         precision: The node's compute precision.
         reason: Short machine-readable reason: ``default``, ``hazard``, ``search``, ``rewrite``,
-            ``user``.
+            ``user``, ``engine``, ``length`` (a rounded length near its boundary:
+            ``diagnosis.lengths.guard``).
         detail: Human-readable evidence (e.g. "running variance max 9.8e7 > 65504").
     """
 

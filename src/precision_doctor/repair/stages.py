@@ -4,14 +4,14 @@ chains them, and ``repair.verify`` writes and verifies what the search found.
 
     FixRequest -> measure_baseline -> Baseline   (FP32 reference, naive low-precision score)
     FixRequest -> rewrite          -> Rewritten  (numerically safe rewrites)
-    Rewritten  -> plan_start       -> StartPlan  (user keeps, hazards, LayerNorm statistics)
+    Rewritten  -> plan_start       -> StartPlan  (user keeps, hazards, rounded lengths near a
+                                                  boundary, LayerNorm statistics)
     StartPlan  -> rank             -> Ranking    (nodes by measured sensitivity; called by the
                                                   search only when the start plan fails)
     StartPlan  -> search           -> Searched   (the smallest FP32 set meeting the objective)
 
 With a deployment engine (``--engine ort-cuda``), the start plan also keeps FP32 the nodes that
-engine has no kernel for in the target precision (reason ``engine``,
-``runners.kernels.engines``), judged at the opset the writer will emit.
+engine has no kernel for in the target precision (reason ``engine``), at the written opset.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import onnx_ir as ir
 from precision_doctor.diagnosis.causes.cures import expand_with_regions, layerwise_regions
 from precision_doctor.diagnosis.causes.hazards import Hazard, scan_hazards
 from precision_doctor.diagnosis.headroom.probe import fp32_statistics_nodes
+from precision_doctor.diagnosis.lengths.guard import length_guard
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision
 from precision_doctor.graph.external import small_in_memory
@@ -216,13 +217,13 @@ def plan_start(request: FixRequest, rewritten: Rewritten) -> StartPlan:
     """
     model = rewritten.model
     base = PrecisionPlan(request.target, rewritten.report.fp32_decisions())  # rewrites' FP32
-    user = select_nodes(model, request.keep, "--keep", REWRITE_HINT)
-    if user:
-        base = base.keep_fp32(user, "user", "--keep")
+    base = base.keep_fp32(select_nodes(model, request.keep, "--keep", REWRITE_HINT), "user",
+                          "--keep")
     hazards = scan_hazards(model, request.target)
-    for h in hazards:
-        if h.kind == "parameter-out-of-range":
-            base = base.keep_fp32([h.node], "hazard", h.detail)
+    for h in (h for h in hazards if h.kind == "parameter-out-of-range"):
+        base = base.keep_fp32([h.node], "hazard", h.detail)
+    for cone, detail in length_guard(model, request.samples, base):
+        base = base.keep_fp32(cone, "length", detail)
     # layernorm-fp32-stats for a LayerNorm left unfused: FP32 statistics via the plan
     if request.rewrites is None or "layernorm-fp32-stats" in request.rewrites:
         feeds = [s.feeds for s in request.samples]
@@ -232,10 +233,9 @@ def plan_start(request: FixRequest, rewritten: Rewritten) -> StartPlan:
     engine = parse_engine(request.engine)
     if engine is not None:
         base = keep_for_engine(model, base, engine, request.target, request.keep_io_types)
-    low = set(select_nodes(model, request.force_low, "--force-low", REWRITE_HINT))
-    fixed = set(base.overrides)
-    candidates = tuple(n.name for n in compute_nodes(model)
-                       if n.name not in fixed and n.name not in low)
+    out = set(select_nodes(model, request.force_low, "--force-low", REWRITE_HINT)) | set(
+        base.overrides)  # forced low, or decided already
+    candidates = tuple(n.name for n in compute_nodes(model) if n.name not in out)
     return StartPlan(base, tuple(hazards), candidates)
 
 

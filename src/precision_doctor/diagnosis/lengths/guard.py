@@ -1,0 +1,81 @@
+"""The length guard of ``fix``: rounded lengths whose FP32 value sits near a rounding boundary
+keep their input cone in FP32, so the written model keeps the reference's shapes on any engine.
+
+The search meets its objective on the emulator; but a duration predicted 1.4 FP16 ULP from
+its rounding boundary flips on whichever engine rounds that last bit otherwise (ONNX Runtime
+CPU's FP16 kernels did, on the tiny duration model of the tests, where the emulator did not).
+A plan that rounds any of the value's inputs to FP16 leaves it to chance. So a shape-setting
+rounding site (``diagnosis.lengths.sites``: ``Ceil``/``Floor``/``Round`` -> ``Cast``, or a
+truncating ``Cast``, whose integer reaches a shape) is *at risk* when, on some sample, the
+FP32 reference's value is within ``NEAR_TIE`` (3x) the low-precision candidate's error there
+of its rounding boundary, or its integer already changed; its input cone is then kept in FP32,
+where the value is the reference's up to FP32 rounding (2^13 times finer than FP16's).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import onnx
+
+from precision_doctor.diagnosis.lengths.measure import NEAR_TIE, boundary
+from precision_doctor.diagnosis.lengths.sites import DecisionSite, decision_sites, input_cone
+from precision_doctor.graph.outputs import mark_outputs
+from precision_doctor.layerwise.candidates import emulated, reference_factory, run_samples
+from precision_doctor.precision.plan import PrecisionPlan
+
+
+def at_risk(site: DecisionSite, ref: dict, cand: dict) -> int:
+    """How many of the site's values are at risk (module docstring), over all samples."""
+    count = 0
+    for i, r_int in enumerate(ref[site.tensor]):
+        x_r = np.asarray(ref[site.source][i], np.float64)
+        x_c = np.asarray(cand[site.source][i], np.float64)
+        c_int = cand[site.tensor][i]
+        if np.shape(r_int) != np.shape(c_int) or x_r.shape != x_c.shape:
+            count += max(int(np.size(r_int)), 1)
+            continue
+        err = np.abs(np.where(np.isfinite(x_c), x_c - x_r, np.inf))
+        near = np.abs(x_r - boundary(x_r, site.rounding)) <= NEAR_TIE * err
+        count += int(np.count_nonzero(near | (np.asarray(r_int) != np.asarray(c_int))))
+    return count
+
+
+def length_guard(model: onnx.ModelProto, samples: Sequence, plan: PrecisionPlan
+                 ) -> list[tuple[list[str], str]]:
+    """The shape-setting rounding sites at risk under ``plan``'s emulation: each one's input
+    cone (the nodes to keep in FP32) and why, in words.
+
+    Args:
+        model: The model the plan is for (nodes named).
+        samples: Objects with ``.feeds``.
+        plan: The start plan (its default is the target format).
+
+    Returns:
+        ``(cone, detail)`` per site at risk, graph order; empty (and no run) when the model
+        has no shape-setting rounding site.
+
+    Raises:
+        BackendError: A run fails.
+    """
+    sites = [s for s in decision_sites(model) if s.sets_shape and s.rounding]
+    if not sites:
+        return []
+    names = list(dict.fromkeys([s.tensor for s in sites] + [s.source for s in sites]))
+    marked = mark_outputs(model, names)
+    ref = run_samples(reference_factory(marked), samples, names)
+    cand = run_samples(emulated(plan).factory(marked), samples, names)
+    out = []
+    for site in sites:
+        risky = at_risk(site, ref, cand)
+        if risky:
+            out.append((input_cone(model, [site.source]), (
+                f"{risky} value(s) rounded at {site.node} ({site.rounding}) set an output's "
+                f"shape from within {NEAR_TIE:g}x the {plan.default.value.upper()} error of "
+                "their rounding boundary: its input cone in FP32 keeps the reference's "
+                "shapes (diagnosis.lengths.guard)")))
+    return out
+
+
+__all__ = ["at_risk", "length_guard"]
