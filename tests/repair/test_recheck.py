@@ -52,14 +52,15 @@ def underflow() -> onnx.ModelProto:
                   [helper.make_tensor_value_info("y", F, [1, 4, 8])])
 
 
-def _answer_fails(monkeypatch) -> None:
-    """The search's answer becomes its start plan (which fails), its score still passing: a
-    search whose evaluations disagree with the verifying runner."""
+def _answer_fails(monkeypatch, keep: tuple[str, ...] = ()) -> None:
+    """The search's answer becomes its start plan with ``keep`` in FP32 (which fails), its
+    score still passing: a search whose evaluations disagree with the verifying runner."""
     real = stages.search
 
     def search(request, baseline, rewritten, start):
         found = real(request, baseline, rewritten, start)
-        wrong = replace(found.result, plan=start.plan, kept=(), final_outputs=None)
+        wrong = replace(found.result, plan=start.plan.keep_fp32(list(keep), "search"),
+                        kept=keep, final_outputs=None)
         return replace(found, result=wrong)
 
     monkeypatch.setattr(pipeline, "search", search)
@@ -92,6 +93,34 @@ def test_an_answer_failing_verification_is_searched_again_on_the_written_model(m
     assert any("searched again" in w for w in result.warnings), result.warnings
     assert "recheck" in result.seconds
     _verified_independently(result, samples)
+
+
+def quantized_matmul() -> onnx.ModelProto:
+    """Q -> DQ -> MatMul <- DQ(int8 weights) of ``tests/fuzz/test_regressions.py``."""
+    weights = np.tile(np.array([[120], [125], [-119], [-110]], np.int8), (2, 8))
+    return _model([_node("QuantizeLinear", ["x", "s", "zp"], "q"),
+                   _node("DequantizeLinear", ["q", "s", "zp"], "dq"),
+                   _node("DequantizeLinear", ["wq", "ws", "wzp"], "w"),
+                   _node("MatMul", ["dq", "w"], "y")],
+                  {"s": (0.001, np.float32), "zp": (128, np.uint8), "wq": (weights, np.int8),
+                   "ws": (7.874016e-12, np.float32), "wzp": (0, np.int8)},
+                  [helper.make_tensor_value_info("y", F, [1, 4, 8])])
+
+
+def test_each_plan_of_the_second_search_is_judged_by_its_own_verifier(monkeypatch):
+    """The answer (w, y) fails (its FP16 DQ's scale is rounded) and is verified by ONNX Runtime
+    CPU, which has FP16 Q and DQ kernels; a plan with the MatMul in FP16 is verified by the
+    exact emulation of the written model (ONNX Runtime CPU would run that MatMul in FP32).
+    Judged by the first verifier, the second search took such a plan, which then failed its
+    own verification; judged by the runner ``verify`` picks for each, its answer passes as
+    found (dq, w, y in FP32 run the reference's own fused kernel on any CPU)."""
+    samples = random_samples((1, 4, 8), scale=0.001)  # q near its zero point: no saturation
+    _answer_fails(monkeypatch, ("w", "y"))  # Q and DQ in FP16: dq's scale rounded, 4e-4 off
+    result = pipeline.fix(quantized_matmul(), samples, Precision.FP16,
+                          Objective(tolerances={"*": Tolerance(rel_l2=1e-6)}))
+    assert result.passed
+    assert any("searched again" in w for w in result.warnings), result.warnings
+    assert set(result.plan.fp32_nodes()) <= {"q", "dq", "w", "y"}
 
 
 def test_every_candidate_in_fp32_is_returned_where_the_second_search_gives_up(monkeypatch):

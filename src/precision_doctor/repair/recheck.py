@@ -17,11 +17,13 @@ verification, its answer passes verification. ``recheck`` runs when the verifica
 
 1. the same search (``search.bisection``: grow, then ddmin) from the start plan, each plan
    written (``precision.writer.PlanWriter``, the engine's nodes kept as ``write`` keeps them)
-   and run by a runner like the one that verified (``runners.verify.verified_again``), the
-   first plan's nodes ranked first; its answer passed on every sample of that runner;
+   and run by the runner ``verify`` chooses for that written model
+   (``runners.verify.verifying_runner``: the choice depends on the model, ONNX Runtime CPU
+   only where it has a kernel for every FP16 node, else the written model emulated exactly),
+   the first plan's nodes ranked first; its answer passed on every sample of that runner;
 2. that answer written and verified again (``repair.verify``);
 3. where not even every candidate in FP32 passes that way (``TargetNotMetError``), or the
-   answer's verification fails after all (an engine that is not deterministic), the plan with
+   answer's verification fails after all (an engine whose runs differ), the plan with
    every candidate node in FP32 (``search.invariant.all_fp32_plan``), written and verified:
    returned when it passes, else the first verification stands and ``fix`` fails.
 """
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import onnx
 
@@ -51,7 +53,7 @@ from precision_doctor.repair.stages import (
 from precision_doctor.repair.verify import Verification, Written, verify, write
 from precision_doctor.runners.base import Runner
 from precision_doctor.runners.kernels.engines import conv_bias_of, parse_engine
-from precision_doctor.runners.verify import VerifiedBy, verified_again
+from precision_doctor.runners.verify import verifying_runner
 from precision_doctor.search.bisection import SearchResult, search_fp32_set
 from precision_doctor.search.invariant import all_fp32_plan
 
@@ -60,13 +62,14 @@ __all__ = ["Rechecked", "WrittenOpener", "recheck", "recheck_ranking"]
 
 @dataclass(frozen=True)
 class WrittenOpener:
-    """Plan -> a runner (not entered) of the model ``repair.verify.write`` writes for it, like
-    the one that verified (``runners.verify.verified_again``).
+    """Plan -> the runner (not entered) that ``repair.verify.verify`` would verify the model
+    ``repair.verify.write`` writes for it with (``runners.verify.verifying_runner``).
 
     Attributes:
         model: The rewritten FP32 model (the plan's node names).
-        verified_by: What verified the first written model.
         target: The plan's low precision (FP16 or BF16).
+        runner: The search's ``--runner`` factory (``FixRequest.runner``), the only verifier
+            when given; None: the default choice.
         keep_io_types: Writer option.
         engine: The deployment engine (``--engine``; None: none): its nodes without a kernel
             in ``target`` are kept FP32 as ``write`` keeps them.
@@ -74,8 +77,8 @@ class WrittenOpener:
     """
 
     model: onnx.ModelProto
-    verified_by: VerifiedBy
     target: Precision
+    runner: Callable[..., Runner] | None = None
     keep_io_types: bool = True
     engine: str | None = None
     conv_bias: str = FUSED
@@ -87,7 +90,8 @@ class WrittenOpener:
             plan = keep_for_engine(self.model, plan, engine, self.target, self.keep_io_types)
         written = (self.writer or PlanWriter(self.model))(plan, self.keep_io_types,
                                                           validate=False)[0]
-        return verified_again(self.verified_by, written, self.conv_bias)
+        requested = self.runner(written) if self.runner is not None else None
+        return verifying_runner(written, requested, conv_bias=self.conv_bias)
 
 
 @dataclass(frozen=True)
@@ -145,7 +149,7 @@ def recheck(request: FixRequest, baseline: Baseline, rewritten: Rewritten, start
               "written graph differently (its kernels, or fusions the plan's Casts make or "
               "break)")
     ranked = searched.ranking.nodes if searched.ranking is not None else ()
-    opener = WrittenOpener(rewritten.model, verified.verified_by, request.target,
+    opener = WrittenOpener(rewritten.model, request.target, request.runner,
                            request.keep_io_types, request.engine, conv_bias_of(request.engine),
                            PlanWriter(rewritten.model))
     try:
@@ -166,8 +170,8 @@ def recheck(request: FixRequest, baseline: Baseline, rewritten: Rewritten, start
                 f"{failed}; searched again judging each written model by {runner}: "
                 f"{len(again.kept)} nodes in FP32 pass, verified at "
                 f"{new_verified.score.value:.4g}",), time.perf_counter() - t0)
-        why = (f"the second search's plan scored {again.score.value:.4g} on {runner} and "
-               f"{new_verified.score.value:.4g} when verified: {runner} is not deterministic")
+        why = (f"the second search's plan scored {again.score.value:.4g} as it evaluated it "
+               f"and {new_verified.score.value:.4g} when verified by {new_verified.runner}")
     return _every_candidate(request, baseline, rewritten, start, searched, written, verified,
                             f"{failed}; {why}", t0)
 
