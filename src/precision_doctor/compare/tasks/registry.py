@@ -9,7 +9,7 @@ A metric is named by a spec string:
 * a built-in, optionally with options: ``top1``, ``top5``, ``mask-iou:threshold=0.3``,
   ``db-boxes``, ``box-map:boxes=dets,iou=0.5``, ``ctc-string:charset=rec.onnx,ignore_case=true``,
   ``psnr``,
-  ``ssim:data_range=1.0`` (see :func:`list_metrics`);
+  ``ssim:data_range=1.0``, ``lsd`` (see :func:`list_metrics`);
 * a user function ``module:function`` or ``path/to/file.py:function``, optionally followed by
   ``:key=value,...`` options passed to it as keyword arguments.
 
@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from precision_doctor.compare.tasks import audio as task_audio
 from precision_doctor.compare.tasks import classification as task_classification
 from precision_doctor.compare.tasks import coco as task_coco
 from precision_doctor.compare.tasks import db as task_db
@@ -194,6 +195,9 @@ BUILTINS: dict[str, _Builtin] = {
                      _options(task_image.psnr)),
     "ssim": _Builtin(task_image.ssim, 0.99, "mean SSIM (Wang et al. 2004, 11x11 Gaussian 1.5)",
                      _options(task_image.ssim)),
+    "lsd": _Builtin(task_audio.lsd, 1.0, "log-spectral distance in dB after DTW alignment "
+                    "(audio of any length, e.g. a TTS voice); lower is better",
+                    _options(task_audio.lsd), higher_is_better=False),
 }
 
 _OPTIONS_START = re.compile(r":(?=[A-Za-z_]\w*=)")

@@ -33,8 +33,10 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
+from precision_doctor.compare.tasks.audio import is_signal, lsd_dtw
 from precision_doctor.diagnosis.lengths.records import DecisionChange, LengthReport, ShapeChange
 from precision_doctor.diagnosis.lengths.sites import DecisionSite, decision_sites, input_cone
+from precision_doctor.errors import MetricError
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.outputs import mark_outputs
 from precision_doctor.layerwise.candidates import Candidate, reference_factory, run_samples
@@ -150,7 +152,7 @@ def _with_detail(d: DecisionChange, target: Precision) -> DecisionChange:
     if d.reading == "near-tie":
         direction = "up" if d.up and not d.down else ("down" if d.down and not d.up
                                                       else "up or down")
-        text = (f"{d.changed} of {d.positions} {noun} set at {head} rounded {direction} by "
+        text = (f"{d.changed} of {d.positions} {noun} rounded at {head} moved {direction} by "
                 f"one step; the FP32 input was at most {d.boundary_ulps:.2g} {fmt} ULP from "
                 f"the rounding boundary, within {NEAR_TIE:g}x the typical {fmt} error there "
                 f"({d.typical_ulps:.2g} ULP): a near-tie")
@@ -162,10 +164,10 @@ def _with_detail(d: DecisionChange, target: Precision) -> DecisionChange:
             parts.append(f"{d.changed} of {d.positions} {noun} changed")
         if d.total_ratio is not None and math.isfinite(d.total_ratio):
             parts.append(f"their total is {d.total_ratio:.3g}x the reference's")
-        text = f"the {noun} set at {head} are destroyed: " + ", ".join(
+        text = f"the {noun} rounded at {head} are destroyed: " + ", ".join(
             parts or [f"its {noun} changed"])
     else:
-        text = (f"{d.changed} of {d.positions} {noun} set at {head} changed (largest step "
+        text = (f"{d.changed} of {d.positions} {noun} rounded at {head} changed (largest step "
                 f"{d.max_step if d.max_step is not None else 'n/a'}"
                 + (f", input up to {d.boundary_ulps:.3g} {fmt} ULP from the boundary"
                    if d.boundary_ulps is not None else "") + "): not near-ties")
@@ -205,9 +207,27 @@ def read_sites(model: onnx.ModelProto, samples: Sequence, candidate: Candidate,
     return [d for d in found if d is not None]
 
 
+def spectral_distances(changes: Sequence[ShapeChange], reference: Outputs, candidate: Outputs,
+                       sample_names: Sequence[str]) -> dict[str, float]:
+    """Output -> mean log-spectral distance in dB after DTW (``compare.tasks.audio``) over its
+    samples of another shape, for outputs that read as one audio signal."""
+    index = {name: i for i, name in enumerate(sample_names)}
+    by_output: dict[str, list[float]] = {}
+    for c in changes:
+        if not (is_signal(c.reference) and is_signal(c.candidate)):
+            continue
+        i = index[c.sample]
+        try:
+            value = lsd_dtw(reference[c.output][i], candidate[c.output][i])
+        except MetricError:  # NaN/Inf audio: no spectrum to compare
+            value = math.inf
+        by_output.setdefault(c.output, []).append(value)
+    return {k: float(np.mean(v)) for k, v in by_output.items()}
+
+
 def analyse_lengths(model: onnx.ModelProto, samples: Sequence, target: Precision,
                     candidate: Candidate, changes: Sequence[ShapeChange], measure=None,
-                    ) -> LengthReport:
+                    outputs: tuple[Outputs, Outputs] | None = None) -> LengthReport:
     """The length report of a candidate whose outputs changed shape.
 
     Args:
@@ -218,6 +238,8 @@ def analyse_lengths(model: onnx.ModelProto, samples: Sequence, target: Precision
         changes: ``shape_changes`` of the plain runs (non-empty).
         measure: ``measure(nodes) -> worst output rel L2`` with ``nodes`` in FP32
             (``diagnosis.causes.trials.ImpactTrials``), or None: the cure is not measured.
+        outputs: The plain runs' (reference, candidate) outputs, for the spectral distance
+            of audio outputs; None: not computed.
 
     Returns:
         The ``LengthReport``.
@@ -232,9 +254,14 @@ def analyse_lengths(model: onnx.ModelProto, samples: Sequence, target: Precision
     cure = measure(cone) if measure is not None and cone else None
     order = {"destroyed": 0, "damage": 1, "near-tie": 2}
     reading = min((d.reading for d in first), key=order.__getitem__, default="unknown")
+    names = [getattr(s, "name", str(i)) for i, s in enumerate(samples)]
+    spectral = spectral_distances(changes, *outputs, names) if outputs is not None else {}
     summary = length_summary(changes, first, changed, len(samples), cone, cure)
+    if spectral:
+        summary += " Log-spectral distance after DTW on those samples: " + ", ".join(
+            f"{k} {v:.3g} dB" for k, v in spectral.items()) + "."
     return LengthReport(tuple(changes), tuple(changed), tuple(d.node for d in first), reading,
-                        summary, tuple(cone), cure, None, time.perf_counter() - t0)
+                        summary, tuple(cone), cure, spectral or None, time.perf_counter() - t0)
 
 
 def length_summary(changes: Sequence[ShapeChange], first: Sequence[DecisionChange],
@@ -253,7 +280,8 @@ def length_summary(changes: Sequence[ShapeChange], first: Sequence[DecisionChang
                      f"({c.sample}: {_shape(c.reference)} -> {_shape(c.candidate)}{delta})")
     text = "Output " + "; ".join(parts) + "."
     if first:
-        text += " Set by: " + "; ".join(d.detail for d in first)
+        details = "; ".join(d.detail for d in first)
+        text += " " + details[:1].upper() + details[1:]
         rest = len(changed) - len(first)
         text += (f" ({rest} later decision(s) changed with it)." if rest > 0 else ".")
     elif not decisions_run:
@@ -287,4 +315,4 @@ def _length_delta(c: ShapeChange) -> str:
 
 
 __all__ = ["DESTROYED_RATIO", "NEAR_TIE", "analyse_lengths", "boundary", "length_summary",
-           "measure_site", "read_sites", "roots", "shape_changes", "ulp"]
+           "measure_site", "read_sites", "roots", "shape_changes", "spectral_distances", "ulp"]

@@ -34,7 +34,7 @@ def read_lengths(request: DiagnoseRequest, reference: Reference, candidate: Cand
               if cand.plan is not None and request.measure_impact else None)
     try:
         return analyse_lengths(request.model, request.samples, request.target, cand, changes,
-                               trials)
+                               trials, (reference.outputs, candidate.outputs))
     finally:
         if trials is not None:
             trials.close()
