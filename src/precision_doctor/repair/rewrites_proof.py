@@ -1,10 +1,16 @@
-"""The proof that a rewrite which is not exact in FP32 is harmless, before ``fix`` searches.
+"""The proof that a rewrite which is not exact in FP32 is harmless, before ``fix`` searches,
+and the calibration maxima a rewrite needs.
 
 Most rewrites are exact up to float32 rounding by construction (a folded BatchNorm, a fused
-LayerNorm). ``saturate-constants`` is not: it clamps a -FLT_MAX mask to -65504. It is kept only
-when the rewritten model, run in FP32 on every calibration sample, gives the FP32 reference's
-outputs within ``FP32_REWRITE_RTOL``, with NaN/Inf exactly where the reference has them; else
-the rewrites are run again without it and its records say why it was undone.
+LayerNorm). ``saturate-constants`` is not: it clamps a -FLT_MAX mask to -65504;
+``reduce-periodic-argument`` is exact only up to |x| = 4.1e5. They are kept only when the
+rewritten model, run in FP32 on every calibration sample, gives the FP32 reference's outputs
+within ``FP32_REWRITE_RTOL``, with NaN/Inf exactly where the reference has them; else the
+rewrites are run again without them and their records say why they were undone.
+
+``prescale-normalized-residual`` chooses its power of two from the largest |x| of each residual
+stream's tensors: when its records name candidate streams, those tensors are measured here in
+FP32 on the calibration samples (``stream_maxima``) and the rewrites run again with them.
 """
 
 from __future__ import annotations
@@ -16,22 +22,91 @@ import numpy as np
 import onnx
 
 from precision_doctor.formats import Precision
+from precision_doctor.graph.outputs import chunk_sites, float_activations, mark_outputs
 from precision_doctor.layerwise.candidates import reference_factory, run_samples
 from precision_doctor.precision.rewrites import (
     REWRITES,
+    PrescaleNormalizedResidual,
     RewriteRecord,
     RewriteReport,
     apply_rewrites,
 )
+from precision_doctor.precision.rewrites.ranges.residual import stream_tensor_names
 
 Outputs = Mapping[str, Sequence[np.ndarray]]
 # Rewrites that are not exact in FP32: measured here before they are used.
-MEASURED_REWRITES = ("saturate-constants",)
+MEASURED_REWRITES = ("saturate-constants", "reduce-periodic-argument")
 # rel L2 an FP32 output may move by a measured rewrite: 2**-16 = 256 FP32 unit roundoffs
 # (2**-24), 32x below the FP16 unit roundoff (2**-11), so it costs an FP16/BF16 tolerance
 # nothing. The attention of tests/mask_models.py moves 1.8e-7 with every rewrite applied
 # (prescale-attention's reordering; the clamp itself moves it by 0).
 FP32_REWRITE_RTOL = 2.0 ** -16
+# Bytes of stream tensors marked as outputs at once while measuring their maxima.
+MAXIMA_BUDGET = 1 << 30
+
+
+def stream_maxima(model: onnx.ModelProto, samples: Sequence,
+                  budget_bytes: int = MAXIMA_BUDGET) -> dict[str, float]:
+    """Largest finite |x| of every tensor of the model's scalable residual streams, in FP32.
+
+    Args:
+        model: The rewritten FP32 model (``prescale-normalized-residual`` not applied).
+        samples: Calibration samples (``.feeds``).
+        budget_bytes: Estimated bytes of tensors marked as outputs per run (chunks of tensors
+            run one after another, each on every sample).
+
+    Returns:
+        Tensor name -> largest finite |x| over the samples (0 when none is finite); empty when
+        the model has no scalable stream.
+
+    Raises:
+        BackendError: ONNX Runtime fails on the model.
+    """
+    names = set(stream_tensor_names(model))
+    if not names or not samples:
+        return {}
+    shapes = {k: np.asarray(v).shape for k, v in samples[0].feeds.items()}
+    sites = [s for s in float_activations(model, shapes) if s.name in names]
+    maxima: dict[str, float] = {}
+    for chunk in chunk_sites(sites, budget_bytes):
+        wanted = [s.name for s in chunk]
+        with reference_factory(mark_outputs(model, wanted)) as runner:
+            for sample in samples:
+                for name, array in runner.run(sample.feeds, wanted).items():
+                    a = np.abs(np.asarray(array, np.float64))
+                    finite = a[np.isfinite(a)]
+                    peak = float(finite.max()) if finite.size else 0.0
+                    maxima[name] = max(maxima.get(name, 0.0), peak)
+    return maxima
+
+
+def calibrate_rewrites(original: onnx.ModelProto, rewritten: onnx.ModelProto,
+                       report: RewriteReport, samples: Sequence, target: Precision,
+                       rules: Sequence[str] | None
+                       ) -> tuple[onnx.ModelProto, RewriteReport, dict[str, float] | None]:
+    """Rewrite again with the residual streams' maxima when ``report`` has candidate streams.
+
+    Args:
+        original: The model before the rewrites.
+        rewritten: ``apply_rewrites(original, rules, target=target)``'s model.
+        report: Its report.
+        samples: Calibration samples (``.feeds``).
+        target: The reduced format.
+        rules: The rules requested (None = all).
+
+    Returns:
+        ``(model, report, maxima)``: unchanged with None when no stream is a candidate; else
+        the model rewritten with ``max_abs`` = the measured maxima.
+
+    Raises:
+        BackendError: ONNX Runtime fails on the model.
+    """
+    rule = PrescaleNormalizedResidual.rule
+    if not any(r.details.get("candidate") for r in report.skipped(rule)):
+        return rewritten, report, None
+    maxima = stream_maxima(rewritten, samples)
+    model, again = apply_rewrites(original, rules, target=target, max_abs=maxima)
+    return model, again, maxima
 
 
 def fp32_drift(reference: Outputs, outputs: Outputs, rtol: float = FP32_REWRITE_RTOL
@@ -82,11 +157,14 @@ def prove_rewrites(original: onnx.ModelProto, rewritten: onnx.ModelProto,
     Returns:
         ``(rewritten, report)`` unchanged when nothing measured applied or it is harmless; else
         the model rewritten without ``MEASURED_REWRITES`` and a report whose records of them say
-        ``undone: <why>``.
+        ``undone: <why>``. Candidate residual streams are first measured and rewritten
+        (``calibrate_rewrites``).
 
     Raises:
         BackendError: ONNX Runtime fails on either model.
     """
+    rewritten, report, maxima = calibrate_rewrites(original, rewritten, report, samples,
+                                                   target, rules)
     measured = [r for r in report.applied() if r.rule in MEASURED_REWRITES]
     if not measured:
         return rewritten, report
@@ -96,7 +174,7 @@ def prove_rewrites(original: onnx.ModelProto, rewritten: onnx.ModelProto,
     if moved is None:
         return rewritten, report
     kept = [r for r in (rules if rules is not None else REWRITES) if r not in MEASURED_REWRITES]
-    model, again = apply_rewrites(original, kept, target=target)
+    model, again = apply_rewrites(original, kept, target=target, max_abs=maxima)
     undone = tuple(RewriteRecord(r.rule, False, r.nodes, (),
                                  f"undone: {moved} in FP32; it was: {r.reason}", r.details)
                    for r in measured)

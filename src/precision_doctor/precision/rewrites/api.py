@@ -4,15 +4,20 @@ Each rewrite leaves the FP32 model's outputs equal up to float32 rounding, and r
 that hurts in FP16 (see each module's docstring). They run in the order of ``REWRITES``, which
 is also the order that lets them help each other: folded constants expose constant biases,
 ``fold-bias-add`` puts the ConvTranspose bias of PP-OCRv4 det inside the op so that
-``fold-batchnorm`` can fold the BatchNormalization behind it, and ``fuse-layernorm`` runs last
-because it may raise the opset. ``saturate-constants`` depends on the target format and runs
-only when ``apply_rewrites`` is given one (``fix`` does); it is not exact in FP32 (it clamps),
-so ``fix`` measures it (``repair.stages.rewrite``).
+``fold-batchnorm`` can fold the BatchNormalization behind it, and ``fuse-layernorm`` runs after
+them because it may raise the opset. ``saturate-constants``, ``reduce-periodic-argument`` and
+``prescale-normalized-residual`` depend on the target format and run only when
+``apply_rewrites`` is given one (``fix`` does). The periodic reduction runs after constant
+folding (so a folded frequency table is a constant the argument's producers multiply by); the
+residual prescale runs last, on the graph whose tensors ``fix`` measured (``max_abs``), after
+every fold and fusion that changes what reads the stream. ``saturate-constants`` and
+``reduce-periodic-argument`` are not exact in FP32 for every input (a clamp; the reduction of
+|x| > 4.1e5), so ``fix`` measures them (``repair.rewrites_proof``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import onnx
 import onnx_ir as ir
@@ -28,6 +33,10 @@ from precision_doctor.precision.rewrites.constant_folding import FoldConstants
 from precision_doctor.precision.rewrites.graph_edit import RewritePassResult
 from precision_doctor.precision.rewrites.layernorm import MIN_OPSET, FuseLayerNorm
 from precision_doctor.precision.rewrites.layernorm_stats import LayerNormFp32Stats
+from precision_doctor.precision.rewrites.ranges import (
+    PrescaleNormalizedResidual,
+    ReducePeriodicArgument,
+)
 from precision_doctor.precision.rewrites.report import RewriteRecord, RewriteReport
 from precision_doctor.precision.rewrites.saturate import SaturateConstants
 
@@ -40,6 +49,8 @@ REWRITES: dict[str, Callable[[], ir.passes.InPlacePass]] = {
     PrescaleAttention.rule: PrescaleAttention,
     FuseLayerNorm.rule: FuseLayerNorm,
     LayerNormFp32Stats.rule: LayerNormFp32Stats,
+    ReducePeriodicArgument.rule: ReducePeriodicArgument,
+    PrescaleNormalizedResidual.rule: PrescaleNormalizedResidual,
 }
 CONVERT_OPSET = "convert-opset"
 
@@ -139,7 +150,8 @@ def _keep_value_info(model: onnx.ModelProto, names: set[str]) -> None:
 
 
 def apply_rewrites(model: onnx.ModelProto, rules: Sequence[str] | None = None,
-                   target_opset: int | None = None, target: Precision | None = None
+                   target_opset: int | None = None, target: Precision | None = None,
+                   max_abs: Mapping[str, float] | None = None
                    ) -> tuple[onnx.ModelProto, RewriteReport]:
     """Apply numerically safe rewrites to a copy of ``model``.
 
@@ -151,7 +163,11 @@ def apply_rewrites(model: onnx.ModelProto, rules: Sequence[str] | None = None,
             ``convert-opset``). When None, the opset is raised to 17 only if ``fuse-layernorm``
             finds a LayerNorm to fuse; when below 17, LayerNorms are reported but not fused.
         target: The reduced format the model is rewritten for (FP16, BF16): the range
-            ``saturate-constants`` clamps masking constants to. None: that rule does nothing.
+            ``saturate-constants`` clamps masking constants to, the format
+            ``reduce-periodic-argument`` and ``prescale-normalized-residual`` act for. None:
+            those rules do nothing.
+        max_abs: Tensor name -> largest finite |x| on the calibration data in FP32, for
+            ``prescale-normalized-residual`` (None: it records its candidate streams only).
 
     Returns:
         ``(rewritten model, report)``. The rewritten model keeps graph input/output names and
@@ -176,6 +192,11 @@ def apply_rewrites(model: onnx.ModelProto, rules: Sequence[str] | None = None,
             ir_model = _fuse_layernorm(ir_model, target_opset, records)
         elif rule == SaturateConstants.rule:
             records.extend(_run_pass(SaturateConstants(target), ir_model).records)
+        elif rule == ReducePeriodicArgument.rule:
+            records.extend(_run_pass(ReducePeriodicArgument(target), ir_model).records)
+        elif rule == PrescaleNormalizedResidual.rule:
+            records.extend(_run_pass(PrescaleNormalizedResidual(target, max_abs),
+                                     ir_model).records)
         else:
             records.extend(_run_pass(REWRITES[rule](), ir_model).records)
     out = ir.serde.serialize_model(ir_model)

@@ -1,0 +1,214 @@
+"""prescale-normalized-residual: a residual stream read only by normalizations, scaled by 2^-k
+through its producers' constants, gives bit-identical FP32 outputs and fits FP16 with no node
+in FP32; every check names what blocks it."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+import precision_doctor as pd
+from precision_doctor.formats import Precision
+from precision_doctor.inputs.feeds import Sample
+from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.precision.rewrites import apply_rewrites
+from precision_doctor.precision.rewrites.ranges.residual import HEADROOM, shift_for
+from precision_doctor.repair.rewrites_proof import prove_rewrites, stream_maxima
+from precision_doctor.runners.emulator import EmulatorRunner
+
+RULE = "prescale-normalized-residual"
+C = 8
+
+
+class _Graph:
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+
+    def const(self, name: str, array: np.ndarray) -> str:
+        self.inits.append(numpy_helper.from_array(np.asarray(array, np.float32), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], output: str, **attrs) -> str:
+        self.nodes.append(helper.make_node(op, inputs, [output], name=output, **attrs))
+        return output
+
+    def conv(self, x: str, name: str, cin: int, cout: int, std: float) -> str:
+        w = self.const(f"{name}_w", self.rng.normal(0, std / np.sqrt(9 * cin), (cout, cin, 3, 3)))
+        b = self.const(f"{name}_b", self.rng.normal(0, 1, cout))
+        return self.node("Conv", [x, w, b], name, pads=[1, 1, 1, 1])
+
+    def norm(self, x: str, name: str, op: str = "GroupNormalization", channels: int = C) -> str:
+        s = self.const(f"{name}_s", np.ones(channels))
+        b = self.const(f"{name}_b", np.zeros(channels))
+        attrs = {"num_groups": 2} if op == "GroupNormalization" else {}
+        return self.node(op, [x, s, b], name, epsilon=1e-5, **attrs)
+
+    def model(self, output: str, channels: int = 3) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            self.nodes, "stream",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+            [helper.make_tensor_value_info(output, TensorProto.FLOAT, [1, channels, 16, 16])],
+            self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+        model.ir_version = 10
+        onnx.checker.check_model(model, full_check=True)
+        return model
+
+
+def vae_stream(blocks: int = 6, op: str = "GroupNormalization", extra: str = "") -> onnx.ModelProto:
+    """A VAE decoder's residual stream in miniature: ``h0 = Conv(x)``; per block
+    ``h += Conv(SiLU(Norm(h)))``, each block's Conv about 2.6x the last, so that the stream
+    reaches about 1e6; output ``y = Conv(Norm(h))`` float32 ``[1, 3, 16, 16]``. ``extra``:
+    ``shortcut`` adds a Conv that reads the stream directly (a linear part of it),
+    ``sigmoid`` a Sigmoid of the stream added to the output (blocks it)."""
+    g = _Graph()
+    h = g.conv("x", "conv_in", 3, C, 3000.0)
+    for i in range(blocks):
+        n = g.norm(h, f"norm{i}", op)
+        a = g.node("Mul", [n, g.node("Sigmoid", [n], f"sig{i}")], f"silu{i}")
+        r = g.conv(a, f"conv{i}", C, C, 2000.0 * 2.6 ** i)
+        if extra == "shortcut" and i == 2:
+            h = g.conv(h, "shortcut", C, C, 1.0)
+        h = g.node("Add", [h, r], f"h{i + 1}")
+    y = g.conv(g.norm(h, "norm_out", op), "conv_out", C, 3, 1.0)
+    if extra == "sigmoid":
+        gate = g.conv(g.node("Sigmoid", [h], "gate"), "gate_conv", C, 3, 1.0)
+        y = g.node("Add", [y, gate], "y_gated")
+    return g.model(y)
+
+
+def _samples(n: int = 2) -> list[Sample]:
+    rng = np.random.default_rng(1)
+    return [Sample(f"s{i}", {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)})
+            for i in range(n)]
+
+
+def _run(model: onnx.ModelProto, samples: list[Sample]) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [session.run(None, s.feeds)[0] for s in samples]
+
+
+def _rel(outs: list[np.ndarray], refs: list[np.ndarray]) -> float:
+    out = np.concatenate([o.ravel() for o in outs]).astype(np.float64)
+    ref = np.concatenate([r.ravel() for r in refs]).astype(np.float64)
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def _fp16(model: onnx.ModelProto, samples: list[Sample]) -> list[np.ndarray]:
+    with EmulatorRunner(model, PrecisionPlan(Precision.FP16)) as runner:
+        name = model.graph.output[0].name
+        return [runner.run(s.feeds)[name] for s in samples]
+
+
+def test_shift_puts_the_maximum_under_the_headroom() -> None:
+    assert shift_for(HEADROOM) == 0 and shift_for(float("inf")) == 0
+    assert shift_for(HEADROOM * 2 ** 7 + 1) == 8
+    assert shift_for(1e6) * 0 + 1e6 * 2.0 ** -shift_for(1e6) <= HEADROOM
+
+
+def test_groupnorm_stream_is_bit_exact_in_fp32_and_fits_fp16() -> None:
+    model, samples = vae_stream(), _samples()
+    maxima = stream_maxima(model, samples)
+    assert 5e5 < max(maxima.values()) < 5e6  # the stream reaches about 1e6
+    rewritten, report = apply_rewrites(model, target=Precision.FP16, max_abs=maxima)
+    [record] = report.applied(RULE)
+    assert record.details["shift"] == shift_for(max(maxima.values()))
+    assert record.details["max_abs_after"] <= HEADROOM and record.keep_fp32 == ()
+    assert not report.fp32_decisions()
+    ref = _run(model, samples)
+    assert all(np.array_equal(a, b) for a, b in zip(ref, _run(rewritten, samples)))
+    naive = _fp16(model, samples)
+    assert not any(np.isfinite(o).any() for o in naive)  # all NaN/inf in FP16 before
+    assert _rel(_fp16(rewritten, samples), ref) < 2e-3  # within FP16 rounding after
+
+
+def test_epsilon_is_scaled_by_the_square_of_the_scale() -> None:
+    model, samples = vae_stream(blocks=2), _samples(1)
+    rewritten, report = apply_rewrites(model, [RULE], target=Precision.FP16,
+                                       max_abs=stream_maxima(model, samples))
+    [record] = report.applied(RULE)
+    k = int(record.details["shift"])
+    eps = {n.name: helper.get_attribute_value(a) for n in rewritten.graph.node
+           for a in n.attribute if a.name == "epsilon"}
+    assert eps and all(e == np.float32(np.ldexp(np.float32(1e-5), -2 * k)) for e in eps.values())
+
+
+def test_instance_and_layer_norm_streams_too() -> None:
+    samples = _samples(1)
+    for op in ("InstanceNormalization",):
+        model = vae_stream(blocks=3, op=op)
+        rewritten, report = apply_rewrites(model, [RULE], target=Precision.FP16,
+                                           max_abs=stream_maxima(model, samples))
+        assert report.applied(RULE)
+        assert all(np.array_equal(a, b) for a, b in zip(_run(model, samples),
+                                                         _run(rewritten, samples)))
+    g = _Graph()  # a transformer's stream: tokens [1, 48, 16], MatMul -> Add -> LayerNorm
+    g.inits.append(numpy_helper.from_array(np.array([1, 48, 16], np.int64), "shape"))
+    x = g.node("Reshape", ["x", "shape"], "tokens")
+    h = g.node("MatMul", [x, g.const("w_in", g.rng.normal(0, 3e4, (16, 16)))], "h0")
+    for i in range(3):
+        n = g.node("LayerNormalization", [h, g.const(f"ln{i}_s", np.ones(16))], f"ln{i}",
+                   axis=-1, epsilon=1e-5)
+        w = g.const(f"w{i}", g.rng.normal(0, 3e4, (16, 16)))
+        h = g.node("Add", [h, g.node("MatMul", [n, w], f"mm{i}")], f"h{i + 1}")
+    y = g.node("LayerNormalization", [h, g.const("lno_s", np.ones(16))], "y", axis=-1)
+    graph = helper.make_graph(g.nodes, "ln", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 3, 16, 16])], [helper.make_tensor_value_info(
+            y, TensorProto.FLOAT, [1, 48, 16])], g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    rewritten, report = apply_rewrites(model, [RULE], target=Precision.FP16,
+                                       max_abs=stream_maxima(model, samples))
+    [record] = report.applied(RULE)
+    assert record.details["norms"] == 4
+    assert all(np.array_equal(a, b) for a, b in zip(_run(model, samples),
+                                                     _run(rewritten, samples)))
+
+
+def test_a_conv_reading_the_stream_is_part_of_it() -> None:
+    model, samples = vae_stream(extra="shortcut"), _samples(1)
+    rewritten, report = apply_rewrites(model, [RULE], target=Precision.FP16,
+                                       max_abs=stream_maxima(model, samples))
+    [record] = report.applied(RULE)
+    assert "shortcut" in record.nodes
+    weights = {i.name for i in rewritten.graph.initializer}
+    assert "shortcut_w" in weights and "shortcut_b" not in weights  # only its bias scaled
+    assert all(np.array_equal(a, b) for a, b in zip(_run(model, samples),
+                                                     _run(rewritten, samples)))
+
+
+def test_checks_name_what_blocks_the_stream() -> None:
+    model = vae_stream(extra="sigmoid")
+    _, report = apply_rewrites(model, [RULE], target=Precision.FP16,
+                               max_abs={f"h{i}": 1e6 for i in range(7)})
+    [record] = report.skipped(RULE)
+    assert record.reason == "Sigmoid 'gate' reads 'h6' (input 0) and is not scale-invariant"
+    model = vae_stream(blocks=2)
+    _, report = apply_rewrites(model, [RULE], target=Precision.FP16)
+    [record] = report.skipped(RULE)
+    assert record.details["candidate"] and "no calibration maxima" in record.reason
+    _, report = apply_rewrites(model, [RULE], target=Precision.BF16)
+    assert "no stream overflows it" in report.skipped(RULE)[0].reason
+    _, report = apply_rewrites(model, [RULE], target=Precision.FP16, max_abs={"conv_in": 100.0})
+    assert "within the headroom" in report.skipped(RULE)[0].reason
+    assert apply_rewrites(model, [RULE])[1].records == ()
+    g = _Graph()  # a norm of the graph input: no constant to scale
+    g.norm("x", "y", "InstanceNormalization", channels=3)
+    _, report = apply_rewrites(g.model("y"), [RULE], target=Precision.FP16)
+    assert report.skipped(RULE)[0].reason.startswith("the stream starts at graph input 'x'")
+
+
+def test_fix_measures_the_stream_and_keeps_nothing_in_fp32() -> None:
+    model, samples = vae_stream(), _samples(3)
+    out = model.graph.output[0].name
+    rewritten, report = apply_rewrites(model, target=Precision.FP16)
+    _, proved = prove_rewrites(model, rewritten, report, samples, [out], Precision.FP16, None)
+    [record] = proved.applied(RULE)
+    assert record.details["max_abs"] > 5e5
+    fixed = pd.fix(model, [s.feeds for s in samples], target="fp16", quiet=True, device="cpu")
+    assert fixed.passed and fixed.fp32_nodes == []
+    assert not np.isfinite(float(fixed.report["before"][out]["rel_l2"]))  # NaN/inf naive
+    assert fixed.report["after"][out]["rel_l2"] < 2e-3  # 9.5e-4, the written model
