@@ -6,6 +6,7 @@ Each kind's sentence carries the numbers behind it; the remedy says what to do.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import replace
 from typing import Sequence
 
@@ -91,6 +92,8 @@ def _classify(x: AssessmentInputs, ev: dict, worst, expected: float, rw_note: st
                                "by its task (--metric), set the tolerance from the observed "
                                "error, or let `precision-doctor fix` keep a few nodes in FP32")
         return Assessment("rounding", summary, ev, remedy, share)
+    if x.measured and share is not None and share >= DEFECT_MIN_SHARE:
+        return _union_defect(x, ev, share, rw_note, rw_remedy)
     why = (f"worst rel L2 {_g(worst[1])} on {worst[0]}{tol} is {_g(ratio)}x the "
            f"{_g(expected)} that {x.target.value.upper()} rounding explains (sqrt({x.depth}) x "
            f"u; rounding stays within {ROUNDING_FACTOR:g}x)")
@@ -134,19 +137,66 @@ def _defect(x: AssessmentInputs, ev: dict, share, rw_note: str, rw_remedy: str
     summary = (f"A defect: {top.kind} at {top.op_type} {top.node}{more} ({top.summary}){joint}."
                + rw_note)
     group = top.evidence.get("joint_cause")
+    first_remedy = top.remedy
     if isinstance(group, dict):  # independent causes (diagnosis.causes.joint)
+        members = [f for f in cands if "joint_cause" in f.evidence]
+        kinds = Counter(f.kind for f in members)
         ev.update(joint_members=group["members"], joint_share=group["share"],
                   joint_alone=group["alone"])
-        summary = (f"A defect with {group['members']} independent causes: {top.kind} at "
-                   f"{top.op_type} {top.node}{more} ({top.summary}). Their cures together "
-                   f"remove {group['share']:.1%} of the output error; each alone at most "
+        summary = (f"A defect with {group['members']} independent causes ("
+                   + ", ".join(f"{n} {k}" for k, n in kinds.most_common())
+                   + f"), the first at {top.op_type} {top.node}. Their cures together remove "
+                   f"{group['share']:.1%} of the output error; each alone at most "
                    f"{group['alone']:.1%}: each one alone still leaves the output destroyed."
                    + rw_note)
-    remedy = top.remedy + ("; the safe rewrites alone also cure it: " + rw_remedy
-                           if rw_remedy else "")
+        cure = len(dict.fromkeys(n for f in members for n in f.nodes))
+        first_remedy = (f"keep the cures of all {group['members']} causes in FP32 together "
+                        f"({cure} nodes, each cause's own: the findings list them), or rescale "
+                        "where the values grow")
+    rest = _residual(x, ev)
+    if rest is not None:
+        summary += (f" What their cure leaves (rel L2 {_g(rest.evidence['residual_before'])}) is "
+                    f"{rest.kind} at {rest.op_type} {rest.node}: its cure removes "
+                    f"{rest.evidence['residual_share']:.1%} of that.")
+        nodes = tuple(dict.fromkeys((*nodes, *rest.nodes)))
+        first_remedy += f"; then {rest.remedy}"
+    remedy = first_remedy + ("; the safe rewrites alone also cure it: " + rw_remedy
+                             if rw_remedy else "")
     if "precision-doctor fix" not in remedy:
         remedy += ("; `precision-doctor fix` writes the cured model (safe rewrites first, then "
                    "the smallest FP32 set that meets the target)")
+    return Assessment("defect", summary, ev, remedy, share, nodes)
+
+
+def _residual(x: AssessmentInputs, ev: dict):
+    """The finding that removes most of what a joint cure leaves (``joint.residual_shares``:
+    at least half of it), or None; its share goes into ``ev``."""
+    best = max((f for f in x.findings if isinstance(f.evidence.get("residual_share"), float)),
+               key=lambda f: f.evidence["residual_share"], default=None)
+    if best is None or best.evidence["residual_share"] < DEFECT_MIN_SHARE:
+        return None
+    ev.update(residual_kind=best.kind, residual_node=best.node,
+              residual_share=best.evidence["residual_share"],
+              residual_rel_l2=best.evidence.get("residual_before"))
+    return best
+
+
+def _union_defect(x: AssessmentInputs, ev: dict, share: float, rw_note: str, rw_remedy: str
+                  ) -> Assessment:
+    """A defect by the union of all findings' cures: they remove ``share`` (>= 50%) of the
+    error together although no defect-kind subset was measured to (``diagnosis.causes.joint``
+    reduces such a union to a joint cause; this is what stays when it could not). Never
+    "unexplained" beside an explained share of half or more."""
+    nodes = tuple(dict.fromkeys(n for f in x.findings if f.kind != "reference-mismatch"
+                                for n in f.nodes))
+    kinds = ", ".join(sorted({f.kind for f in x.findings}))
+    ev.update(defect_kind="union", defect_share=share, defect_findings=len(x.findings))
+    summary = (f"A defect: keeping the {len(nodes)} nodes of all {len(x.findings)} findings "
+               f"({kinds}) in FP32 together removes {share:.1%} of the output error; no "
+               "smaller set of them was measured to." + rw_note)
+    remedy = rw_remedy or ("keep the findings' nodes in FP32; `precision-doctor fix` writes "
+                           "the cured model (safe rewrites first, then the smallest FP32 set "
+                           "that meets the target)")
     return Assessment("defect", summary, ev, remedy, share, nodes)
 
 

@@ -36,26 +36,27 @@ from precision_doctor.diagnosis.assessment import (
 )
 from precision_doctor.diagnosis.causes.attribution import Attribution, attribute, worst_samples
 from precision_doctor.diagnosis.causes.cures import absorbed_wrongly
-from precision_doctor.diagnosis.causes.findings import (
-    Finding,
-    build_findings,
-    group_findings,
-    measured_first,
-    rank_findings,
-)
+from precision_doctor.diagnosis.causes.findings import NOT_MEASURED, Finding, build_findings
 from precision_doctor.diagnosis.causes.groups import FindingGroup, pattern_groups
 from precision_doctor.diagnosis.causes.hazards import Hazard
 from precision_doctor.diagnosis.causes.joint import (
     JointCause,
     find_joint_cause,
     mark_members,
+    residual_shares,
     unmask,
 )
 from precision_doctor.diagnosis.causes.mechanisms import ORDER, name_mechanism, remedy
 from precision_doctor.diagnosis.causes.operands import measure_operands
-from precision_doctor.diagnosis.causes.trials import ImpactTrials
+from precision_doctor.diagnosis.causes.trials import (
+    ImpactTrials,
+    group_findings,
+    measured_first,
+    rank_findings,
+)
 from precision_doctor.diagnosis.decisions.records import DecisionSummary
 from precision_doctor.formats import FORMATS, Precision
+from precision_doctor.graph.source import node_modules
 from precision_doctor.layerwise.candidates import (
     Candidate,
     reference_factory,
@@ -137,6 +138,8 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
                          + [_remedy_nodes(findings)])
 
     baseline = max((e for e, _ in errors.values()), default=0.0)
+    if math.isnan(baseline):  # a NaN error is a destroyed output, as an infinite one
+        baseline = math.inf
     findings = rank_findings(findings, measure, baseline)
     explained = _joint(findings, measure, baseline)
     seconds["findings"] = time.perf_counter() - t0
@@ -172,7 +175,7 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     if measure is not None:  # independent causes: each cure alone leaves the output destroyed
         t0 = time.perf_counter()
         joint = find_joint_cause(findings, measure, baseline, explained)
-        findings = mark_members(findings, joint)
+        findings = residual_shares(mark_members(findings, joint), joint, measure)
         seconds["joint"] = time.perf_counter() - t0
     if layerwise is not None:
         findings = [_with_absorber(f, layerwise, inputs_of) for f in findings]
@@ -182,11 +185,25 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     seconds["mechanisms"] = time.perf_counter() - t0
     findings = group_findings(findings)
     defect_share = _defect_share(findings, measure, baseline, explained, target)
-    groups = pattern_groups(findings, measure, baseline, joint)
+    groups = pattern_groups(findings, measure, baseline, joint, node_modules(model))
     if measure is not None:
         measure.close()
+    findings = _why_not_measured(findings, measure is not None and baseline > 0, measure_impact,
+                                 candidate.plan is not None, bool(failing))
     return Explanation(tuple(findings), explained, defect_share, plan is not None, attribution,
                        seconds, joint, groups)
+
+
+def _why_not_measured(findings: Sequence[Finding], measured: bool, asked: bool,
+                      emulated: bool, failing: bool) -> list[Finding]:
+    """Each finding without an impact carries why (``findings.NOT_MEASURED``): the reason of
+    the whole diagnosis when nothing was measured; ``rank_findings`` sets the others'."""
+    if measured:
+        return list(findings)
+    key = ("off" if not asked else "engine" if not emulated else "passed" if not failing
+           else "no-error")
+    return [replace(f, not_measured=NOT_MEASURED[key])
+            if f.impact is None and not f.not_measured else f for f in findings]
 
 
 def _suspicious(worst: float, expected: float, decisions: Sequence[DecisionSummary],

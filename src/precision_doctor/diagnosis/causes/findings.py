@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from precision_doctor.diagnosis.causes.cures import periodic_cures
 from precision_doctor.diagnosis.causes.hazards import Hazard
@@ -102,6 +102,7 @@ class Finding:
         impact: Share of the output error removed when ``nodes`` run in FP32 (0..1), or None.
         group: ``main`` (ranked list) or ``minor`` (measured impact < ``MINOR_IMPACT``;
             reports collapse this group).
+        not_measured: Why ``impact`` is None (``NOT_MEASURED``'s reasons), else "".
     """
 
     kind: str
@@ -115,6 +116,7 @@ class Finding:
     nodes: tuple[str, ...] = ()
     impact: float | None = None
     group: str = "main"
+    not_measured: str = ""
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -129,6 +131,16 @@ class Finding:
         d["evidence"] = {k: from_json_float(v) if v in ("inf", "-inf", "nan") else v
                          for k, v in d.get("evidence", {}).items()}
         return cls(**d)
+
+
+# Why a finding's impact is None: a short phrase, rendered after "not measured: ".
+NOT_MEASURED = {
+    "limit": "beyond the first {limit} findings measured one by one (errors first)",
+    "engine": "a real engine is the candidate: cures are measured in the emulation only",
+    "off": "impact measurement was turned off",
+    "passed": "every output meets its tolerance: there is nothing to cure",
+    "no-error": "the output error is 0",
+}
 
 
 def _remedy(kind: str, node: str, op_type: str = "", in_layernorm: bool = False) -> str:
@@ -338,54 +350,3 @@ def top_amplifiers(layerwise: LayerwiseResult, inputs_of: Mapping[str, Sequence[
     u = FORMATS[Precision(layerwise.target)].unit_roundoff
     return [(g.record, g.gain, g.input_rel_l2)
             for g in top_gains(layerwise.records, inputs_of, u, layerwise.threshold, k)]
-
-
-def measured_first(findings: Sequence[Finding], limit: int = MAX_FINDINGS) -> list[int]:
-    """Indices of the findings ``rank_findings`` measures, in its order: errors first, then
-    warnings, then info, each in detection order; at most ``limit``."""
-    return sorted(range(len(findings)),
-                  key=lambda i: (SEVERITY_RANK[findings[i].severity], i))[:limit]
-
-
-def rank_findings(findings: Sequence[Finding],
-                  measure: Callable[[Sequence[str]], float] | None,
-                  baseline_error: float, limit: int = MAX_FINDINGS) -> list[Finding]:
-    """Attach measured impact and sort: impact (desc), then severity, then detection order.
-
-    Args:
-        findings: Unranked findings.
-        measure: Output error when the given nodes run in FP32 (None: do not measure).
-        baseline_error: Output error of the candidate as is.
-        limit: Findings whose impact is measured (errors first); the rest keep None.
-
-    Returns:
-        Ranked findings.
-    """
-    ranked = list(findings)
-    if measure is not None and baseline_error > 0:
-        for i in measured_first(findings, limit):
-            f = findings[i]
-            after = measure(f.nodes)
-            if math.isinf(baseline_error):
-                impact = 1.0 if math.isfinite(after) else 0.0
-            else:
-                impact = max(0.0, (baseline_error - after) / baseline_error)
-            ranked[i] = Finding(**{**f.__dict__, "impact": impact,
-                                   "evidence": {**f.evidence, "output_error_if_fp32": after}})
-    keyed = sorted(range(len(ranked)), key=lambda i: (
-        -(ranked[i].impact or 0.0), SEVERITY_RANK[ranked[i].severity], i))
-    return [ranked[i] for i in keyed]
-
-
-def group_findings(findings: Sequence[Finding], min_impact: float = MINOR_IMPACT
-                   ) -> list[Finding]:
-    """Set each finding's ``group``: ``minor`` when its measured impact is below
-    ``min_impact``, or when it was not measured and is only a warning/info; else ``main``.
-    Order is kept (main and minor interleave as ranked; reports split them)."""
-    out = []
-    for f in findings:
-        minor = (f.impact < min_impact) if f.impact is not None else f.severity != "error"
-        if "joint_cause" in f.evidence:  # measured 0% alone, but part of a joint cure
-            minor = False
-        out.append(replace(f, group="minor" if minor else "main"))
-    return out

@@ -14,8 +14,20 @@ Only the digit runs that differ between members become ``*`` in the group's ``pa
 values of the first differing run are its ``blocks``. A pattern shared by one finding only is no
 group (the finding stays as it is).
 
+Findings of one kind (and mechanism) whose name patterns differ but which sit in the blocks of
+one *region* form one group too: "activation-overflow in output_blocks.* in blocks 0-15 (16
+nodes), 7.1e+04 to 6.2e+06" for residual branches that overflow at an Add in some blocks and
+at a Conv in others. A node's region is its module path (``graph.source.node_modules``: the
+exporter's ``pkg.torch.onnx.name_scopes`` metadata when present, else the path in a
+TorchScript node name such as ``/output_blocks.3/output_blocks.3.0/Add``) up to its first
+numeric component, that component as ``*`` (``output_blocks.*``), and the block is that
+number. A region group needs members in at least two blocks and two name patterns (one
+pattern is the pattern group above); names without a numeric module component (``p2o.Conv.30``)
+have no region.
+
 A joint cause (``diagnosis.causes.joint``: findings cured only together) is one group as well,
-even when its members follow several patterns; its impact is the joint share.
+even when its members follow several patterns (shown by region where they have one); its
+impact is the joint share.
 
 Impact: the share of the worst output's error removed when every member's nodes run in FP32
 together (one measurement through the caller's ``measure``, ``trials.ImpactTrials``, which
@@ -34,6 +46,7 @@ from typing import Callable, Mapping, Sequence
 from precision_doctor.diagnosis.assessment import share_removed
 from precision_doctor.diagnosis.causes.findings import Finding
 from precision_doctor.diagnosis.causes.joint import JointCause
+from precision_doctor.graph.source import module_from_name
 from precision_doctor.numbers import fmt3, fmt_share
 
 MAX_MEASURED = 8  # group measurements per diagnosis (one emulated evaluation each at most)
@@ -62,6 +75,7 @@ class FindingGroup:
         severity: The most severe member's severity.
         group: ``main`` when any member is in the main group, else ``minor``.
         joint: Whether the group is a joint cause (its members cure the error only together).
+        not_measured: Why ``impact`` is None, else "".
     """
 
     kind: str
@@ -75,6 +89,7 @@ class FindingGroup:
     severity: str = "warning"
     group: str = "main"
     joint: bool = False
+    not_measured: str = ""
 
     def blocks_text(self) -> str:
         """The blocks as ranges: ``(0, 1, 2, 5)`` -> ``"0-2, 5"``."""
@@ -101,7 +116,8 @@ class FindingGroup:
                 "blocks": list(self.blocks), "members": list(self.members),
                 "magnitude": list(self.magnitude) if self.magnitude is not None else None,
                 "impact": self.impact, "remedy": self.remedy, "severity": self.severity,
-                "group": self.group, "joint": self.joint}
+                "group": self.group, "joint": self.joint,
+                **({"not_measured": self.not_measured} if self.not_measured else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> FindingGroup:
@@ -110,7 +126,7 @@ class FindingGroup:
                    tuple(int(b) for b in d.get("blocks", ())), tuple(d.get("members", ())),
                    (float(mag[0]), float(mag[1])) if mag else None, d.get("impact"),
                    d.get("remedy", ""), d.get("severity", "warning"), d.get("group", "main"),
-                   bool(d.get("joint", False)))
+                   bool(d.get("joint", False)), d.get("not_measured", ""))
 
 
 def block_ranges(blocks: Sequence[int]) -> str:
@@ -161,36 +177,112 @@ def _magnitude(findings: Sequence[Finding]) -> tuple[float, float] | None:
     return (min(sizes), max(sizes)) if sizes else None
 
 
-def _make(members: Sequence[Finding], joint_share: float | None = None) -> FindingGroup:
+def region_of(module: str | None) -> tuple[str, int] | None:
+    """A module path's region and block: ``output_blocks.3.output_blocks.3.0`` ->
+    (``output_blocks.*``, 3); ``encoder.layers.3.self_attn`` -> (``encoder.layers.*``, 3);
+    None without a numeric component (or without a module)."""
+    parts = (module or "").split(".")
+    k = next((i for i, part in enumerate(parts) if part.isdigit()), None)
+    if k is None or k == 0:
+        return None
+    return ".".join(parts[:k]) + ".*", int(parts[k])
+
+
+def _regions(findings: Sequence[Finding], modules: Mapping[str, str | None] | None
+             ) -> dict[str, tuple[str, int] | None]:
+    """Node -> its region and block (module docstring); names alone when ``modules`` lacks
+    the node."""
+    out = {}
+    for f in findings:
+        module = modules.get(f.node) if modules is not None else None
+        out[f.node] = region_of(module if module is not None else module_from_name(f.node))
+    return out
+
+
+def _make(members: Sequence[Finding], joint_share: float | None = None,
+          regions: Mapping[str, tuple[str, int] | None] | None = None,
+          by_region: bool = False) -> FindingGroup:
+    """The group of ``members``: by name pattern, or (``by_region``, and for a joint cause
+    where the members have one) by region."""
+    regions = regions or {}
     patterns: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
     for f in members:
         p, runs = name_pattern(f.node)
         patterns.setdefault(p, []).append((f.node, runs))
     texts: list[str] = []
     blocks: set[int] = set()
-    for p, named in patterns.items():
-        if len(named) == 1:  # one member of this pattern: its own name
-            texts.append(named[0][0])
-            continue
-        text, b = _concrete(p, [runs for _, runs in named])
-        texts.append(text)
-        blocks.update(b)
+    if (by_region or joint_share is not None) and len(patterns) > 1 \
+            and all(regions.get(f.node) for f in members):
+        named: dict[str, list[int]] = {}
+        for f in members:
+            region, block = regions[f.node]  # type: ignore[misc]
+            named.setdefault(region, []).append(block)
+        if len(named) == 1:  # one region: its blocks are the group's
+            texts, blocks = list(named), {b for bs in named.values() for b in bs}
+        else:  # several: each with its own blocks ("input_blocks.* (0-7)")
+            texts = [f"{region} ({block_ranges(bs)})" if len(set(bs)) > 1
+                     else region[:-1] + str(bs[0]) for region, bs in named.items()]
+    else:
+        for p, pairs in patterns.items():
+            if len(pairs) == 1:  # one member of this pattern: its own name
+                texts.append(pairs[0][0])
+                continue
+            text, b = _concrete(p, [runs for _, runs in pairs])
+            texts.append(text)
+            blocks.update(b)
     kinds = {f.kind for f in members}
     ops = {f.op_type for f in members}
     severity = min((f.severity for f in members),
                    key=lambda s: {"error": 0, "warning": 1}.get(s, 2))
+    remedy = members[0].remedy
+    if joint_share is not None:
+        cure = len(dict.fromkeys(n for f in members for n in f.nodes))
+        remedy = (f"keep the cures of all {len(members)} together in FP32 ({cure} nodes; each "
+                  "alone leaves the output destroyed), or rescale where the values grow; "
+                  "`precision-doctor fix` writes the cured model")
     return FindingGroup(
         kind=members[0].kind if len(kinds) == 1 else "joint-cause",
         op_type=members[0].op_type if len(ops) == 1 else "", pattern=" + ".join(texts),
         blocks=tuple(sorted(blocks)), members=tuple(f.node for f in members),
-        magnitude=_magnitude(members), impact=joint_share, remedy=members[0].remedy,
+        magnitude=_magnitude(members), impact=joint_share, remedy=remedy,
         severity=severity, group="main" if any(f.group == "main" for f in members) else "minor",
         joint=joint_share is not None)
 
 
+def _buckets(findings: Sequence[Finding], regions: Mapping[str, tuple[str, int] | None]
+             ) -> list[tuple[list[Finding], bool]]:
+    """The findings of no joint cause in groups of at least two: ``(members, by_region)``; a
+    region bucket whose members share one pattern or one block splits into pattern buckets."""
+    by_key: dict[tuple, list[Finding]] = {}
+    for f in findings:
+        where = regions.get(f.node)
+        mechanism = str(f.evidence.get("mechanism", f.kind))
+        key = (f.kind, mechanism, "region", where[0]) if where else \
+            (f.kind, f.op_type, "pattern", name_pattern(f.node)[0])
+        by_key.setdefault(key, []).append(f)
+    out: list[tuple[list[Finding], bool]] = []
+    for key, members in by_key.items():
+        spread = key[2] == "region" and len({_block(regions, f.node) for f in members}) > 1
+        patterns = {name_pattern(f.node)[0] for f in members}
+        if key[2] == "region" and spread and len(patterns) > 1:
+            out.append((members, True))
+            continue
+        split: dict[tuple[str, str], list[Finding]] = {}
+        for f in members:
+            split.setdefault((f.op_type, name_pattern(f.node)[0]), []).append(f)
+        out += [(m, False) for m in split.values() if len(m) >= 2]
+    return [(m, r) for m, r in out if len(m) >= 2]
+
+
+def _block(regions: Mapping[str, tuple[str, int] | None], node: str) -> int | None:
+    where = regions.get(node)
+    return where[1] if where else None
+
+
 def pattern_groups(findings: Sequence[Finding],
                    measure: Callable[[Sequence[str]], float] | None = None,
-                   baseline: float = 0.0, joint: JointCause | None = None
+                   baseline: float = 0.0, joint: JointCause | None = None,
+                   modules: Mapping[str, str | None] | None = None
                    ) -> tuple[FindingGroup, ...]:
     """The groups of ``findings`` (see the module docstring), in the order of their first
     member.
@@ -201,34 +293,52 @@ def pattern_groups(findings: Sequence[Finding],
             None: impacts are not measured (a joint cause keeps its measured share).
         baseline: The candidate's output error as is (rel L2; may be inf).
         joint: The joint cause among ``findings`` (``diagnosis.causes.joint``), or None.
+        modules: Node -> module path (``graph.source.node_modules``); None: from the names.
 
     Returns:
-        The groups; empty when no two findings share a pattern and there is no joint cause.
+        The groups; empty when no two findings share a pattern or a region and there is no
+        joint cause.
     """
     in_joint = set(joint.members) if joint is not None else set()
-    buckets: dict[tuple[str, str, str], list[Finding]] = {}
+    regions = _regions(findings, modules)
+    rest: list[Finding] = []
     joint_members: list[Finding] = []
     for f in findings:
         if joint is not None and ((f.kind, f.node) in in_joint or "joint_cause" in f.evidence):
             joint_members.append(f)
         else:
-            buckets.setdefault((f.kind, f.op_type, name_pattern(f.node)[0]), []).append(f)
+            rest.append(f)
     made: list[tuple[int, FindingGroup]] = []
     order = {id(f): i for i, f in enumerate(findings)}
     if joint is not None and len(joint_members) > 1:
-        made.append((order[id(joint_members[0])], _make(joint_members, joint.share)))
+        made.append((order[id(joint_members[0])], _make(joint_members, joint.share, regions)))
     budget = MAX_MEASURED
-    for members in buckets.values():
-        if len(members) < 2:
-            continue
-        group = _make(members)
+    for members, by_region in _buckets(rest, regions):
+        group = _make(members, None, regions, by_region)
         if (measure is not None and baseline > 0 and budget > 0 and group.group == "main"
                 and any(f.impact is not None for f in members)):
             budget -= 1
             nodes = list(dict.fromkeys(n for f in members for n in f.nodes))
             group = replace(group, impact=share_removed(baseline, measure(nodes)))
+        else:
+            group = replace(group, not_measured=_why(group, members, measure is not None
+                                                     and baseline > 0, budget))
         made.append((order[id(members[0])], group))
     return tuple(g for _, g in sorted(made, key=lambda x: x[0]))
+
+
+def _why(group: FindingGroup, members: Sequence[Finding], measuring: bool, budget: int) -> str:
+    """Why a group's joint impact was not measured."""
+    reason = next((f.not_measured for f in members if f.not_measured), "")
+    if not measuring:
+        return reason or "impacts are not measured in this diagnosis"
+    if group.group != "main":
+        return "a minor group: every member's own cure measured below 1%" \
+            if all(f.impact is not None for f in members) else (
+            reason or "a minor group of unmeasured warnings")
+    if budget <= 0:
+        return f"beyond the first {MAX_MEASURED} groups measured jointly"
+    return reason or "no member's own cure was measured"
 
 
 def entries(findings: Sequence[Finding], groups: Sequence[FindingGroup]
@@ -257,4 +367,5 @@ def entries(findings: Sequence[Finding], groups: Sequence[FindingGroup]
     return out
 
 
-__all__ = ["FindingGroup", "block_ranges", "entries", "name_pattern", "pattern_groups"]
+__all__ = ["FindingGroup", "block_ranges", "entries", "name_pattern", "pattern_groups",
+           "region_of"]

@@ -12,8 +12,15 @@ them together remove it all. Then:
    tensors close to the format max; at most ``MAX_UNITS``, hard events first) are reduced to
    a minimal set whose joint cure still removes ``KEEP_SHARE`` of what the union removes, by
    QuickXplain's divide and conquer
-   (``_reduce``): findings that play no part go by halves;
+   (``_reduce``): findings that play no part go by halves. When the first ``MAX_UNITS`` fall
+   short (a UNet with 25 blocks that each overflow), every finding with a cure takes part;
+   when the evaluations run out first, the reduction keeps what it could not test
+   (``minimal`` False: sufficient, measured, not proven minimal);
 3. that set is one ``JointCause``: its members, their joint share and each one's share alone.
+
+So a union of cures that removes the error always ends as a measured joint cause (or as one
+finding that explains it alone): the assessment never calls a model unexplained whose findings
+explain it.
 
 Causes can also hide behind each other: downstream of the first NaN/Inf birth every tensor is
 NaN, so a later, independent overflow is never *born* in the layerwise comparison. ``unmask``
@@ -28,6 +35,7 @@ measured twice costs one evaluation); at most ``MAX_EVALS`` new measurements.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
@@ -51,6 +59,7 @@ KEEP_SHARE = 0.9  # the minimal set keeps >= 90% of what the union removes
 MAX_EVALS = 32
 MAX_UNITS = 24
 UNMASK_ROUNDS = 4
+RESIDUAL_MEASURED = 4  # other causes measured on top of the joint cure (one evaluation each)
 # Findings that can be a cause, in the order the reduction prefers them; a tensor with little
 # headroom in FP32 can overflow in the emulation (its inputs already rounded): last.
 CAUSE_KINDS = (*HARD_KINDS, *MECHANISM_KINDS, "underflow", "accumulated-rounding", "headroom")
@@ -66,6 +75,8 @@ class JointCause:
         share: Share of the worst output's error their joint cure removes (0..1).
         alone: Each member's share alone, in ``members`` order.
         evaluations: Measurements the reduction needed (remembered ones not counted).
+        minimal: Whether the reduction finished within ``MAX_EVALS`` (False: some members
+            were kept untested; the set is sufficient, its share measured).
     """
 
     members: tuple[tuple[str, str], ...]
@@ -73,11 +84,12 @@ class JointCause:
     share: float
     alone: tuple[float, ...]
     evaluations: int = 0
+    minimal: bool = True
 
     def to_dict(self) -> dict:
         return {"members": [{"kind": k, "node": n} for k, n in self.members],
                 "nodes": list(self.nodes), "share": self.share, "alone": list(self.alone),
-                "evaluations": self.evaluations}
+                "evaluations": self.evaluations, "minimal": self.minimal}
 
     def sentence(self) -> str:
         """"these 5 together remove 99.9%; each alone at most 0.0%: independent causes"."""
@@ -102,11 +114,14 @@ def find_joint_cause(findings: Sequence[Finding], measure: Callable[[Sequence[st
         ``JOINT_MIN_SHARE``, the union does not, or fewer than two findings take part.
     """
     # cause findings, the hard range events first: the reduction prefers earlier units
-    units = sorted((i for i, f in enumerate(findings) if f.nodes and f.kind in CAUSE_KINDS),
-                   key=lambda i: (CAUSE_KINDS.index(findings[i].kind), i))[:MAX_UNITS]
-    if union_share is None or union_share < JOINT_MIN_SHARE or len(units) < 2 or baseline <= 0:
+    every = sorted((i for i, f in enumerate(findings)
+                    if f.nodes and f.kind != "reference-mismatch"),
+                   key=lambda i: (_rank(findings[i].kind), i))
+    units = [i for i in every if findings[i].kind in CAUSE_KINDS][:MAX_UNITS]
+    if union_share is None or union_share < JOINT_MIN_SHARE or len(every) < 2 \
+            or not baseline > 0:
         return None
-    if any((findings[i].impact or 0.0) >= JOINT_MIN_SHARE for i in units):
+    if any((findings[i].impact or 0.0) >= JOINT_MIN_SHARE for i in every):
         return None
     calls = [0]
 
@@ -116,15 +131,29 @@ def find_joint_cause(findings: Sequence[Finding], measure: Callable[[Sequence[st
         return share_removed(baseline, measure(nodes)) if nodes else 0.0
 
     need = KEEP_SHARE * union_share
-    if share(units) < need:
-        return None  # the cause findings fall short of what all findings' cures remove
-    kept = sorted(_reduce(units, lambda s: calls[0] < MAX_EVALS and share(s) >= need))
+    if len(units) < 2 or share(units) < need:
+        units = every  # the first cause findings fall short: every finding with a cure
+    ran_out = [False]
+
+    def passes(subset: Sequence[int]) -> bool:
+        if calls[0] >= MAX_EVALS:
+            ran_out[0] = True
+            return False  # untested: keep it (the set stays sufficient)
+        return share(subset) >= need
+
+    kept = sorted(_reduce(units, passes))
     joint = share(kept)
     if len(kept) < 2 or joint < JOINT_MIN_SHARE:
         return None
     nodes = tuple(dict.fromkeys(n for i in kept for n in findings[i].nodes))
     return JointCause(tuple((findings[i].kind, findings[i].node) for i in kept), nodes, joint,
-                      tuple(findings[i].impact or 0.0 for i in kept), calls[0])
+                      tuple(findings[i].impact or 0.0 for i in kept), calls[0],
+                      not ran_out[0])
+
+
+def _rank(kind: str) -> int:
+    """The reduction's preference: ``CAUSE_KINDS`` in order, any other kind after them."""
+    return CAUSE_KINDS.index(kind) if kind in CAUSE_KINDS else len(CAUSE_KINDS)
 
 
 def _reduce(units: list[int], passes: Callable[[Sequence[int]], bool]) -> list[int]:
@@ -209,6 +238,41 @@ def unmask(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], candidate: C
     return found
 
 
+def residual_shares(findings: Sequence[Finding], joint: JointCause | None,
+                    measure: Callable[[Sequence[str]], float]) -> list[Finding]:
+    """What each other cause removes of the error the joint cure leaves.
+
+    With a destroyed output (infinite baseline) any finite result counts as 100% removed, so
+    a cause that only matters once the output is finite again (a timestep embedding's lost
+    phase behind 25 overflowing blocks) measures 0% alone and plays no part in the joint
+    cause. Here the joint cure's own error is the baseline: for at most ``RESIDUAL_MEASURED``
+    other cause findings (errors first, in their order), one evaluation each of the joint
+    cure plus theirs. Each measured one gets ``evidence["residual_share"]`` (0..1),
+    ``residual_before`` and ``residual_after`` (rel L2).
+
+    Returns:
+        ``findings`` with those measurements; unchanged without a joint cause or when the
+        joint cure leaves no finite error.
+    """
+    if joint is None:
+        return list(findings)
+    left = measure(list(joint.nodes))
+    if not (math.isfinite(left) and left > 0):
+        return list(findings)
+    members, cured = set(joint.members), set(joint.nodes)
+    todo = sorted((i for i, f in enumerate(findings)
+                   if (f.kind, f.node) not in members and f.kind in CAUSE_KINDS and f.nodes
+                   and not set(f.nodes) <= cured),
+                  key=lambda i: (findings[i].severity != "error", i))[:RESIDUAL_MEASURED]
+    out = list(findings)
+    for i in todo:
+        f = findings[i]
+        after = measure(list(dict.fromkeys((*joint.nodes, *f.nodes))))
+        out[i] = replace(f, evidence={**f.evidence, "residual_share": share_removed(left, after),
+                                      "residual_before": left, "residual_after": after})
+    return out
+
+
 def mark_members(findings: Sequence[Finding], joint: JointCause | None) -> list[Finding]:
     """``findings`` with each member of ``joint`` carrying ``evidence["joint_cause"]``
     (``{"share", "members", "alone"}``: the group's joint share, its size, the largest share
@@ -222,4 +286,4 @@ def mark_members(findings: Sequence[Finding], joint: JointCause | None) -> list[
             if (f.kind, f.node) in members else f for f in findings]
 
 
-__all__ = ["JointCause", "find_joint_cause", "mark_members", "unmask"]
+__all__ = ["JointCause", "find_joint_cause", "mark_members", "residual_shares", "unmask"]

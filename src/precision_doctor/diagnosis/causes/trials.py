@@ -1,5 +1,6 @@
 """Impact trials: the output error when given nodes run in FP32, one emulated evaluation each,
-remembered, and on a GPU several evaluated together shape by shape.
+remembered, and on a GPU several evaluated together shape by shape; and the findings ranked
+by what the trials measure (``rank_findings``, ``group_findings``).
 
 ``ImpactTrials(...)(nodes)`` is ``diagnosis.causes.explain``'s ``measure``: the candidate's plan
 with ``nodes`` kept in FP32, emulated on every sample, and the largest relative L2 error of the
@@ -21,13 +22,22 @@ the first segment whose decisions no earlier trial's kept state shares.
 
 from __future__ import annotations
 
+import math
 from contextlib import ExitStack
-from typing import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
 
 from precision_doctor.compare.metrics import l2_terms, relative_l2, relative_l2_of
+from precision_doctor.diagnosis.causes.findings import (
+    MAX_FINDINGS,
+    MINOR_IMPACT,
+    NOT_MEASURED,
+    SEVERITY_RANK,
+    Finding,
+)
 from precision_doctor.layerwise.candidates import emulated, float32_outputs, run_samples
 from precision_doctor.layerwise.compare import LAYERWISE_BUDGET
 from precision_doctor.precision.plan import PrecisionPlan
@@ -153,3 +163,61 @@ class ImpactTrials:
         if len(feeds) == 1:
             return [runner.run(feeds[0])]
         return run_checked(runner, feeds, self.names, self.model, probed)
+
+
+def measured_first(findings: Sequence[Finding], limit: int = MAX_FINDINGS) -> list[int]:
+    """Indices of the findings ``rank_findings`` measures, in its order: errors first, then
+    warnings, then info, each in detection order; at most ``limit``."""
+    return sorted(range(len(findings)),
+                  key=lambda i: (SEVERITY_RANK[findings[i].severity], i))[:limit]
+
+
+def rank_findings(findings: Sequence[Finding],
+                  measure: Callable[[Sequence[str]], float] | None,
+                  baseline_error: float, limit: int = MAX_FINDINGS) -> list[Finding]:
+    """Attach measured impact and sort: impact (desc), then severity, then detection order.
+
+    Args:
+        findings: Unranked findings.
+        measure: Output error when the given nodes run in FP32 (None: do not measure).
+        baseline_error: Output error of the candidate as is.
+        limit: Findings whose impact is measured (errors first); the rest keep None.
+
+    Returns:
+        Ranked findings.
+    """
+    ranked = list(findings)
+    if measure is not None and baseline_error > 0:
+        chosen = measured_first(findings, limit)
+        for i in set(range(len(findings))) - set(chosen):
+            if findings[i].impact is None:
+                ranked[i] = replace(findings[i], not_measured=NOT_MEASURED["limit"].format(
+                    limit=limit))
+        for i in chosen:
+            f = findings[i]
+            after = measure(f.nodes)
+            if math.isinf(baseline_error):
+                impact = 1.0 if math.isfinite(after) else 0.0
+            else:
+                impact = max(0.0, (baseline_error - after) / baseline_error)
+            ranked[i] = Finding(**{**f.__dict__, "impact": impact, "not_measured": "",
+                                   "evidence": {**f.evidence, "output_error_if_fp32": after}})
+    keyed = sorted(range(len(ranked)), key=lambda i: (
+        -(ranked[i].impact or 0.0), SEVERITY_RANK[ranked[i].severity], i))
+    return [ranked[i] for i in keyed]
+
+
+def group_findings(findings: Sequence[Finding], min_impact: float = MINOR_IMPACT
+                   ) -> list[Finding]:
+    """Set each finding's ``group``: ``minor`` when its measured impact is below
+    ``min_impact``, or when it was not measured and is only a warning/info; else ``main``.
+    Order is kept (main and minor interleave as ranked; reports split them)."""
+    out = []
+    for f in findings:
+        minor = (f.impact < min_impact) if f.impact is not None else f.severity != "error"
+        if "joint_cause" in f.evidence:  # measured 0% alone, but part of a joint cure
+            minor = False
+        if f.evidence.get("residual_share", 0.0) >= 0.5:  # most of what the joint cure leaves
+            minor = False
+        out.append(replace(f, group="minor" if minor else "main"))
+    return out

@@ -15,9 +15,12 @@ from rich.markup import escape
 from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.numbers import fmt3, fmt_share
 from precision_doctor.report.evidence import flip_counts, listed_flips
+from precision_doctor.report.terminal.findings import short_name
 
 COLORS = {"within-tolerance": "green", "rounding": "yellow", "decision-flips": "yellow",
           "defect": "red", "unexplained": "red"}
+LONG_NAME = 48  # characters of a node name on a line of its own (``short_name``)
+SHOWN_NODES = 3  # nodes of the remedy named in the terminal (all of them in the JSON)
 SHOWN_FLIPS = 10  # when the assessment is decision-flips
 SHOWN_FLIPS_OTHERWISE = 3  # e.g. a broken map flips thousands of pixels: a sample is enough
 
@@ -41,8 +44,10 @@ def render_assessment(report: DiagnosisReport, console: Console) -> None:
         console.print(f"  All findings' remedies together remove {fmt_share(share, 1)} of the "
                       f"output error; unexplained: {fmt_share(1 - share, 1)}.")
     if a.nodes:
-        console.print(f"  Nodes: {escape(', '.join(a.nodes[:8]))}"
-                      + (f" and {len(a.nodes) - 8} more" if len(a.nodes) > 8 else ""))
+        shown = ", ".join(short_name(n, LONG_NAME) for n in a.nodes[:SHOWN_NODES])
+        console.print(f"  Nodes ({len(a.nodes)}): {escape(shown)}"
+                      + (f" and {len(a.nodes) - SHOWN_NODES} more (JSON assessment.nodes)"
+                         if len(a.nodes) > SHOWN_NODES else ""))
     at = report.attribution
     if at:
         what = {"found": f"{len(at['nodes'])} node(s) in {len(at['clusters'])} group(s) whose "
@@ -58,7 +63,7 @@ def render_assessment(report: DiagnosisReport, console: Console) -> None:
     _render_decisions(report, console)
     if report.largest_jump is not None and report.layerwise is not None:
         rec = report.layerwise.record(report.largest_jump)
-        where = f" ({escape(rec.op_type)} {escape(rec.node)})" if rec else ""
+        where = f" ({escape(rec.op_type)} {escape(short_name(rec.node, LONG_NAME))})" if rec else ""
         console.print(f"First divergence by error jump: {escape(report.largest_jump)}{where}; "
                       "tolerance first crossed at: "
                       f"{escape(report.layerwise.first_divergence or 'nowhere')}")

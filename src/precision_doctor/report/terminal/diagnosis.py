@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
@@ -19,7 +20,12 @@ from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult
 from precision_doctor.numbers import fmt3, fmt_count, fmt_share
 from precision_doctor.report.evidence import tightest
 from precision_doctor.report.terminal.assessment import render_assessment, render_flip_lines
-from precision_doctor.report.terminal.findings import render_findings, render_hazards, short_name
+from precision_doctor.report.terminal.findings import (
+    NAME_LIMIT,
+    render_findings,
+    render_hazards,
+    short_name,
+)
 from precision_doctor.report.terminal.tables import Cell, Col, MetricTable, metric_table
 
 OUTPUT_COLUMNS = (Col("output", "key"), Col("verdict", "tag"), Col("rel L2"), Col("max abs"),
@@ -27,6 +33,8 @@ OUTPUT_COLUMNS = (Col("output", "key"), Col("verdict", "tag"), Col("rel L2"), Co
                   Col("argmax", label="argmax agree"), Col("x noise"))
 OUTPUT_CAPTION = ("rel L2 = |c - r| / |r|; 1-cos = 1 - cosine similarity; argmax = share of "
                   "positions with the same argmax; x noise = rel L2 / FP32 noise floor")
+NOT_COMPUTED = "n/a"  # a statistic of an output with NaN/Inf
+OP_LIMIT = 16  # characters of an op type in the layerwise table (longer: cut with "~")
 LAYER_COLUMNS = (Col("#", "tag"), Col("tensor", "key"), Col("op", "name"), Col("rel L2"),
                  Col("max|x|", label="ref max|x|"), Col("bits", label="headroom bits"),
                  Col("ovf", label="overflow"), Col("ftz", label="flush"), Col("NaN/Inf"))
@@ -46,10 +54,16 @@ def outputs_table(outputs: tuple[OutputResult, ...] | list[OutputResult],
     for o in outputs:
         m = o.metrics
         one_minus_cos = None if m.cosine is None else 1.0 - m.cosine
-        rows.append([o.name, verdict_tag(o.passed), fmt3(m.rel_l2), fmt3(m.max_abs),
-                     fmt3(m.p99_abs), fmt3(one_minus_cos), fmt3(m.snr_db),
-                     f"{m.nan}/{m.inf}", fmt3(m.argmax_agreement), fmt3(o.noise_multiple)])
-    return metric_table(title, OUTPUT_COLUMNS, rows, caption=OUTPUT_CAPTION)
+        stats = [fmt3(m.max_abs), fmt3(m.p99_abs), fmt3(one_minus_cos), fmt3(m.snr_db)]
+        if m.nan or m.inf:  # computed without the NaN/Inf, they would look finite (max abs 0)
+            stats = [NOT_COMPUTED] * len(stats)
+        rows.append([o.name, verdict_tag(o.passed), fmt3(m.rel_l2), *stats,
+                     Text(f"{m.nan}/{m.inf}", style="red") if m.nan or m.inf
+                     else f"{m.nan}/{m.inf}", fmt3(m.argmax_agreement),
+                     fmt3(o.noise_multiple)])
+    nonfinite = any(o.metrics.nan or o.metrics.inf for o in outputs)
+    return metric_table(title, OUTPUT_COLUMNS, rows, caption=OUTPUT_CAPTION + (
+        f"; {NOT_COMPUTED} = not computed: the output has NaN/Inf" if nonfinite else ""))
 
 
 def layer_rows(lw: LayerwiseResult, layers: int) -> list[LayerRecord]:
@@ -62,16 +76,36 @@ def layer_rows(lw: LayerwiseResult, layers: int) -> list[LayerRecord]:
                   key=lambda r: -r.rel_l2 if math.isfinite(r.rel_l2) else -1e300)[:layers]
 
 
-def layers_table(lw: LayerwiseResult, layers: int) -> MetricTable:
-    """The layerwise rows (see ``layer_rows``), the first divergence in red."""
+def layers_table(lw: LayerwiseResult, layers: int, width: int | None = None) -> MetricTable:
+    """The layerwise rows (see ``layer_rows``), the first divergence in red.
+
+    Args:
+        lw: The layerwise comparison.
+        layers: Rows to show.
+        width: The console's width in characters: tensor names are shortened (``short_name``)
+            so that the table keeps one line per row there (at least ``NAME_LIMIT / 2``
+            characters of a name); None: ``NAME_LIMIT``.
+    """
     rows = layer_rows(lw, layers)
-    cells = [[f"#{r.index}", short_name(r.tensor), r.op_type, fmt3(r.rel_l2), fmt3(r.ref_max_abs),
+    cells = [[f"#{r.index}", r.tensor, _op(r.op_type), fmt3(r.rel_l2), fmt3(r.ref_max_abs),
               fmt3(r.headroom_bits), fmt_count(r.overflow), fmt_count(r.flush_to_zero),
               f"{r.cand_nan}/{r.cand_inf}"] for r in rows]
+    limit = NAME_LIMIT
+    if width is not None:
+        probe = metric_table(None, LAYER_COLUMNS, [[*c[:1], "", *c[2:]] for c in cells])
+        limit = max(NAME_LIMIT // 2,
+                    min(NAME_LIMIT, width - probe.table_min_width() + len("tensor")))
+    for c in cells:
+        c[1] = short_name(str(c[1]), limit)
     styles = ["red" if r.tensor == lw.first_divergence else None for r in rows]
     title = ("Layerwise (around the first divergence)" if lw.first_divergence
              else "Layerwise (largest errors)")
     return metric_table(title, LAYER_COLUMNS, cells, caption=LAYER_CAPTION, row_styles=styles)
+
+
+def _op(op_type: str) -> str:
+    """An op type of at most ``OP_LIMIT`` characters (``InstanceNormali~``)."""
+    return op_type if len(op_type) <= OP_LIMIT else op_type[:OP_LIMIT - 1] + "~"
 
 
 def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12) -> None:
@@ -92,7 +126,7 @@ def render_diagnosis(report: DiagnosisReport, console: Console, layers: int = 12
              f"{escape(report.model.get('path') or 'model')} in {report.target.upper()} "
              f"({escape(report.candidate)} vs {escape(report.reference)}, "
              f"{len(report.samples)} sample(s))")
-    console.print(Panel(title, expand=False))
+    console.print(Panel(title, expand=False, box=box.ASCII))  # ASCII: 80 bytes are 80 columns
     if report.model.get("reference"):  # shipped in FP16/BF16: graph.upcast.Upcast.statement
         console.print(Text(report.model["reference"], style="bold yellow"))
     render_assessment(report, console)
@@ -170,7 +204,7 @@ def _render_failure(report: DiagnosisReport, console: Console, layers: int) -> N
             "; NaN/Inf born at: ", (lw.nan_birth or "nowhere", "bold")))
         if lw.fallback_reason:
             console.print(Text(f"  (each chunk re-ran the whole model: {lw.fallback_reason})"))
-        console.print(layers_table(lw, layers))
+        console.print(layers_table(lw, layers, console.width))
     render_hazards(report, console)
     if report.noise is not None:
         _render_noise(report, console)

@@ -21,10 +21,13 @@ from precision_doctor.diagnosis.causes.findings import MINOR_IMPACT, Finding
 from precision_doctor.diagnosis.causes.groups import FindingGroup, entries, name_pattern
 from precision_doctor.diagnosis.causes.hazards import Hazard
 from precision_doctor.diagnosis.report import DiagnosisReport
-from precision_doctor.numbers import fmt_share
+from precision_doctor.numbers import fmt3, fmt_share
 
 NAME_LIMIT = 36  # characters of an ONNX name in the terminal (longer: its tail, ``short_name``)
-SHOWN_HAZARDS = 10
+SHOWN_HAZARDS = 5  # kinds of medium/high hazards listed (they follow the measured findings)
+FULL_ENTRIES = 3  # main entries shown with their evidence and remedy
+SHOWN_ENTRIES = 10  # main entries shown at all (the rest are counted)
+SHOWN_PARTS = 3  # parts of a joint group's pattern shown
 _COLORS = {"error": "red", "warning": "yellow"}
 
 
@@ -45,43 +48,72 @@ def short_name(name: str, limit: int = NAME_LIMIT) -> str:
     return "..." + name[-(limit - 3):]
 
 
+def short_pattern(pattern: str, parts: int = SHOWN_PARTS) -> str:
+    """A group's pattern as shown: each `` + ``-joined part shortened (``short_name``), at
+    most ``parts`` of them and a count of the rest."""
+    pieces = pattern.split(" + ")
+    shown = " + ".join(short_name(p) for p in pieces[:parts])
+    return shown + (f" + {len(pieces) - parts} more" if len(pieces) > parts else "")
+
+
+def impact_text(e: Finding | FindingGroup) -> str:
+    """The measured share of an entry, or why it has none: ``impact 99%``, ``98% of what the
+    joint cure leaves (rel L2 0.0488 -> 0.000827)``, ``not measured: <reason>``."""
+    residual = e.evidence.get("residual_share") if isinstance(e, Finding) else None
+    after = ""
+    if isinstance(e, Finding) and isinstance(residual, (int, float)):
+        after = (f"{fmt_share(residual)} of what the joint cure leaves (rel L2 "
+                 f"{fmt3(e.evidence.get('residual_before'))} -> "
+                 f"{fmt3(e.evidence.get('residual_after'))})")
+    if e.impact is not None:
+        return f"impact {fmt_share(e.impact)}" + (f"; {after}" if after else "")
+    return after or f"not measured: {e.not_measured or 'no reason recorded (an older report)'}"
+
+
 def group_line(g: FindingGroup) -> str:
-    """One sentence for a group: kind, op and pattern, blocks, magnitudes, joint impact,
-    remedy (``FindingGroup.describe`` with the pattern shortened)."""
-    return f"{g.kind}: {g.describe(short_name(g.pattern, 2 * NAME_LIMIT))}; remedy: {g.remedy}"
+    """One sentence for a group: kind, op and pattern, blocks, magnitudes, joint impact (or why
+    it was not measured), remedy (``FindingGroup.describe`` with the pattern shortened)."""
+    why = f"; not measured: {g.not_measured}" if g.impact is None and g.not_measured else ""
+    return f"{g.kind}: {g.describe(short_pattern(g.pattern))}{why}; remedy: {g.remedy}"
 
 
-def _entry(i: int, e: Finding | FindingGroup) -> list[Text]:
+def _entry(i: int, e: Finding | FindingGroup, full: bool) -> list[Text]:
     color = _COLORS.get(e.severity, "")
     if isinstance(e, FindingGroup):
-        line = Text.assemble(f"#{i} ", (group_line(e), color))
-        return [line]
-    impact = "not measured" if e.impact is None else f"impact {fmt_share(e.impact)}"
+        return [Text.assemble(f"#{i} ", (group_line(e), color))]
     head = Text.assemble(f"#{i} ", (e.kind, color),
-                         f": {e.op_type} {short_name(e.node)} ({impact})")
-    return [head, Text(e.summary), Text(f"remedy: {e.remedy}")]
+                         f": {e.op_type} {short_name(e.node)} ({impact_text(e)})")
+    return [head, Text(e.summary), Text(f"remedy: {e.remedy}")] if full else [head]
 
 
 def render_findings(report: DiagnosisReport, console: Console) -> None:
-    """The main findings as a list (groups once), then one line for the minor ones."""
+    """The main findings as a list (groups once; the first ``FULL_ENTRIES`` with their
+    evidence and remedy, the next up to ``SHOWN_ENTRIES`` in one line each), then one line
+    for the minor ones with why those without a share have none."""
     listed = entries(report.findings, report.finding_groups)
     # a pass: nothing was measured to matter, so every finding is counted in one line
     main = [] if report.passed else [e for e in listed if e.group == "main"]
     if main:
         console.print(Text("Findings (ranked by measured impact)", style="italic"))
-        for i, e in enumerate(main, 1):
-            first, *rest = _entry(i, e)
+        for i, e in enumerate(main[:SHOWN_ENTRIES], 1):
+            first, *rest = _entry(i, e, i <= FULL_ENTRIES)
             console.print(first)
             for line in rest:
                 console.print(Padding(line, (0, 0, 0, len(f"#{i} "))))
+        if len(main) > SHOWN_ENTRIES:
+            console.print(f"  ({len(main) - SHOWN_ENTRIES} more main entries in the JSON and "
+                          "HTML reports)")
     elif not report.passed:
         console.print("No main findings.")
     minor = [e for e in listed if e not in main]
     if not minor:
         return
     count: Counter[str] = Counter()
+    why: Counter[str] = Counter()
     for e in minor:
         count[e.kind] += len(e.members) if isinstance(e, FindingGroup) else 1
+        if e.impact is None and e.not_measured:
+            why[e.not_measured] += len(e.members) if isinstance(e, FindingGroup) else 1
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(count.items()))
     groups = sum(isinstance(e, FindingGroup) for e in minor)
     if groups:
@@ -90,9 +122,10 @@ def render_findings(report: DiagnosisReport, console: Console) -> None:
         console.print(f"{len(report.findings)} finding(s) ({kinds}); none breaks the "
                       "tolerance on these inputs (--html lists them).")
     else:
+        reasons = "".join(f"; {n} not measured: {r}" for r, n in why.most_common(2))
         console.print(f"{sum(count.values())} minor finding(s) collapsed (measured impact < "
-                      f"{MINOR_IMPACT:.0%} each, or unmeasured warnings): {kinds}; see the JSON "
-                      "or HTML report")
+                      f"{MINOR_IMPACT:.0%} each, or unmeasured warnings): {kinds}{reasons}; "
+                      "see the JSON or HTML report")
 
 
 def render_hazards(report: DiagnosisReport, console: Console) -> None:
@@ -107,9 +140,13 @@ def render_hazards(report: DiagnosisReport, console: Console) -> None:
     if not hazards:
         return
     console.print(f"Static hazards ({len(hazards)} medium/high of {total}):")
-    for h, n in _hazard_groups(hazards)[:SHOWN_HAZARDS]:
+    grouped = _hazard_groups(hazards)
+    for h, n in grouped[:SHOWN_HAZARDS]:
         more = f" (and {n - 1} more like it)" if n > 1 else ""
         console.print(Text(f"  - [{h.severity}] {h.detail}{more}"))
+    if len(grouped) > SHOWN_HAZARDS:
+        console.print(f"  ({len(grouped) - SHOWN_HAZARDS} more kinds in the JSON and "
+                      "HTML reports)")
 
 
 def _hazard_groups(hazards: Sequence[Hazard]) -> list[tuple[Hazard, int]]:
@@ -126,4 +163,5 @@ def _hazard_groups(hazards: Sequence[Hazard]) -> list[tuple[Hazard, int]]:
     return [(h, n) for h, n in out]
 
 
-__all__ = ["group_line", "render_findings", "render_hazards", "short_name"]
+__all__ = ["group_line", "impact_text", "render_findings", "render_hazards", "short_name",
+           "short_pattern"]

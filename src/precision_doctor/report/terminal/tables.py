@@ -37,7 +37,10 @@ KEY_MIN = 40  # a name column keeps its longest cell up to this width (longer na
 NAME_MIN = 24  # a short-name column (op type) keeps its longest cell up to this width: an op
 # type such as DynamicQuantizeLinear folded into 8-character pieces reads worse than blocks
 TEXT_MIN = 24  # a sentence column below this is harder to read than a block
-_GAP = 2  # between two columns: 1 character of left padding + box.SIMPLE_HEAD's 1-space divider
+_GAP = 2  # between two columns: 1 character of left padding + the box's 1-space divider
+# box.SIMPLE_HEAD with an ASCII rule under the header ("-", not U+2500): every line is as many
+# bytes as columns, so a log or a pipe measured in bytes sees the same 80 columns
+SIMPLE_HEAD_ASCII = box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,7 @@ class MetricTable:
     # ------------------------------------------------------------------ layouts
     def as_table(self) -> Table:
         """The wide layout (without the title, which ``__rich_console__`` prints above)."""
-        table = Table(box=box.SIMPLE_HEAD,
+        table = Table(box=SIMPLE_HEAD_ASCII,
                       show_edge=False, padding=(0, 0, 0, _GAP - 1), pad_edge=False,
                       header_style="bold")
         for col, width in zip(self.columns, self.min_widths()):
