@@ -19,7 +19,7 @@ from precision_doctor.repair.rewrites_proof import prove_rewrites, stream_maxima
 from precision_doctor.runners.emulator import EmulatorRunner
 
 RULE = "prescale-normalized-residual"
-C = 8
+C = 64
 
 
 class _Graph:
@@ -60,17 +60,18 @@ class _Graph:
 
 
 def vae_stream(blocks: int = 6, op: str = "GroupNormalization", extra: str = "") -> onnx.ModelProto:
-    """A VAE decoder's residual stream in miniature: ``h0 = Conv(x)``; per block
-    ``h += Conv(SiLU(Norm(h)))``, each block's Conv about 2.6x the last, so that the stream
-    reaches about 1e6; output ``y = Conv(Norm(h))`` float32 ``[1, 3, 16, 16]``. ``extra``:
+    """A VAE decoder's residual stream in miniature, 64 channels: ``h0 = Conv(x)``; per block
+    ``h += Conv(SiLU(Norm(h)))``, each block's Conv 1.6x the last, so that the stream reaches
+    about 1e6 with every weight inside FP16's range (|w| < 4e4); output ``Conv(Norm(h))``
+    float32 ``[1, 3, 16, 16]``. ``extra``:
     ``shortcut`` adds a Conv that reads the stream directly (a linear part of it),
     ``sigmoid`` a Sigmoid of the stream added to the output (blocks it)."""
     g = _Graph()
-    h = g.conv("x", "conv_in", 3, C, 3000.0)
+    h = g.conv("x", "conv_in", 3, C, 2e4)
     for i in range(blocks):
         n = g.norm(h, f"norm{i}", op)
         a = g.node("Mul", [n, g.node("Sigmoid", [n], f"sig{i}")], f"silu{i}")
-        r = g.conv(a, f"conv{i}", C, C, 2000.0 * 2.6 ** i)
+        r = g.conv(a, f"conv{i}", C, C, 2e4 * 1.6 ** i)
         if extra == "shortcut" and i == 2:
             h = g.conv(h, "shortcut", C, C, 1.0)
         h = g.node("Add", [h, r], f"h{i + 1}")
@@ -114,6 +115,8 @@ def test_groupnorm_stream_is_bit_exact_in_fp32_and_fits_fp16() -> None:
     model, samples = vae_stream(), _samples()
     maxima = stream_maxima(model, samples)
     assert 5e5 < max(maxima.values()) < 5e6  # the stream reaches about 1e6
+    weights = [numpy_helper.to_array(t) for t in model.graph.initializer]
+    assert max(float(np.abs(w).max()) for w in weights) < 4e4  # every weight fits FP16
     rewritten, report = apply_rewrites(model, target=Precision.FP16, max_abs=maxima)
     [record] = report.applied(RULE)
     assert record.details["shift"] == shift_for(max(maxima.values()))
@@ -123,7 +126,7 @@ def test_groupnorm_stream_is_bit_exact_in_fp32_and_fits_fp16() -> None:
     assert all(np.array_equal(a, b) for a, b in zip(ref, _run(rewritten, samples)))
     naive = _fp16(model, samples)
     assert not any(np.isfinite(o).any() for o in naive)  # all NaN/inf in FP16 before
-    assert _rel(_fp16(rewritten, samples), ref) < 2e-3  # within FP16 rounding after
+    assert _rel(_fp16(rewritten, samples), ref) < 2e-3  # 6.5e-4: within FP16 rounding after
 
 
 def test_epsilon_is_scaled_by_the_square_of_the_scale() -> None:
@@ -211,4 +214,4 @@ def test_fix_measures_the_stream_and_keeps_nothing_in_fp32() -> None:
     fixed = pd.fix(model, [s.feeds for s in samples], target="fp16", quiet=True, device="cpu")
     assert fixed.passed and fixed.fp32_nodes == []
     assert not np.isfinite(float(fixed.report["before"][out]["rel_l2"]))  # NaN/inf naive
-    assert fixed.report["after"][out]["rel_l2"] < 2e-3  # 9.5e-4, the written model
+    assert fixed.report["after"][out]["rel_l2"] < 2e-3  # 6.1e-4, the written model
