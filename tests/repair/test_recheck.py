@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tiny_models import random_samples
 
 from precision_doctor.compare.metrics import relative_l2
+from precision_doctor.compare.tasks.registry import get_metric
 from precision_doctor.compare.tolerance import Tolerance
 from precision_doctor.errors import TargetNotMetError
 from precision_doctor.formats import Precision
@@ -23,7 +24,8 @@ from precision_doctor.repair import pipeline, recheck, stages
 from precision_doctor.repair.recheck import recheck_ranking
 from precision_doctor.runners.emulator import EmulatorRunner
 from precision_doctor.runners.ort import OrtRunner
-from precision_doctor.search.objective import Objective
+from precision_doctor.search.bisection import SearchResult
+from precision_doctor.search.objective import Objective, Score
 
 F = TensorProto.FLOAT
 TOL = Objective(tolerances={"*": Tolerance(rel_l2=1e-2)})
@@ -136,6 +138,22 @@ def test_every_candidate_in_fp32_is_returned_where_the_second_search_gives_up(mo
     assert set(result.plan.fp32_nodes()) == {n.name for n in candidate_nodes(result.rewritten)}
     assert any("every candidate node in FP32" in w for w in result.warnings), result.warnings
     _verified_independently(result, samples)
+
+
+def test_the_first_verification_stands_where_every_candidate_in_fp32_fails(monkeypatch):
+    """A target nothing meets (top-1 agreement above 1): the second search gives up, every
+    candidate in FP32 fails its verification too, and ``fix`` fails with the first plan."""
+
+    def search(request, baseline, rewritten, start):  # an answer claimed to pass
+        return stages.Searched(SearchResult(start.plan, (), Score(True, 1.0, {}), ()), None, 0.0)
+
+    monkeypatch.setattr(pipeline, "search", search)
+    impossible = Objective(metric=get_metric("top1"), threshold=1.5)
+    result = pipeline.fix(underflow(), random_samples((1, 4, 8)), Precision.FP16, impossible,
+                          rewrites=[])
+    assert not result.passed and result.search.kept == ()
+    assert any("with every candidate node in FP32" in w for w in result.warnings), (
+        result.warnings)
 
 
 def test_a_passing_verification_is_not_searched_again():
