@@ -9,6 +9,7 @@ import pytest
 from periodic_models import timestep_embedding, timestep_samples
 
 import precision_doctor as pd
+from precision_doctor.diagnosis.causes.findings import Finding
 from precision_doctor.diagnosis.causes.mechanisms import (
     NodeFacts,
     name_mechanism,
@@ -59,3 +60,111 @@ def test_timestep_embedding_is_a_periodic_argument_defect(embedding):
     assert "reduce-periodic-argument" in top.remedy
     assert d.assessment.evidence["defect_kind"] == "periodic-argument"
     assert not [f for f in d.findings if f.kind == "unnamed-mechanism"]
+
+
+def test_unexplained_is_never_said_beside_an_explained_share_of_half():
+    from dataclasses import replace
+
+    from precision_doctor.diagnosis.assess import assess
+    from precision_doctor.diagnosis.assessment import AssessmentInputs
+    from precision_doctor.diagnosis.causes.findings import Finding
+    from precision_doctor.formats import Precision
+
+    warn = Finding("headroom", "n", "Add", "t", "close to the max", {}, "keep n in FP32",
+                   "warning", ("n",), 0.0, "minor")
+    x = AssessmentInputs(False, (("y", 0.5, 0.01, False, 0),), Precision.FP16, depth=100,
+                         findings=(warn,), measured=True, explained_share=0.2)
+    assert assess(x).kind == "unexplained"
+    cured = assess(replace(x, explained_share=1.0))
+    assert cured.kind == "defect" and cured.explained_share == 1.0
+    assert "Not explained" not in cured.summary and "removes 100.0%" in cured.summary
+
+
+def _f(node: str, op: str = "Add", size: float = 1e5) -> Finding:
+    return Finding("activation-overflow", node, op, node, f"{op} {node} overflows",
+                   {"ref_max_abs": size}, f"keep {node} in FP32", "error", (node,), 0.0)
+
+
+def test_findings_group_by_region_across_ops_and_names():
+    from precision_doctor.diagnosis.causes.groups import pattern_groups, region_of
+
+    assert region_of("output_blocks.3.output_blocks.3.0") == ("output_blocks.*", 3)
+    assert region_of("encoder.layers.3.self_attn") == ("encoder.layers.*", 3)
+    assert region_of("p2o") is None and region_of(None) is None and region_of("3.x") is None
+    findings = [_f(f"/output_blocks.{b}/output_blocks.{b}.0/Add", size=7.1e4 * (b + 1))
+                for b in range(8)]
+    findings += [_f(f"/output_blocks.{b}/output_blocks.{b}.1/conv/Conv", "Conv", 6.2e6)
+                 for b in range(8, 16)]
+    findings.append(_f("p2o.Conv.30", "Conv"))
+    (g,) = pattern_groups(findings)
+    assert g.pattern == "output_blocks.*" and g.blocks == tuple(range(16))
+    assert g.op_type == "" and len(g.members) == 16 and g.magnitude == (7.1e4, 6.2e6)
+    # the exporter's module metadata decides where it is given
+    some = findings[:2] + findings[8:10]
+    modules = {f.node: f"decoder.up.{i % 2}.conv" for i, f in enumerate(some)}
+    (g,) = pattern_groups(some, modules=modules)
+    assert g.pattern == "decoder.up.*" and g.blocks == (0, 1)
+    # one pattern is still a pattern group, with its name
+    (g,) = pattern_groups(findings[:3])
+    assert g.pattern == "/output_blocks.*/output_blocks.*.0/Add" and g.blocks == (0, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def unet():
+    from periodic_models import diffusion_unet, unet_samples
+
+    return pd.diagnose(diffusion_unet(), [s.feeds for s in unet_samples()], target="fp16",
+                       quiet=True, device="cpu")
+
+
+def test_destroyed_unet_is_a_defect_with_a_joint_cause(unet):
+    d = unet
+    assert d.verdict == "fail" and d.assessment.kind == "defect"
+    assert d.explained_share == 1.0
+    joint = d.joint_cause
+    assert joint is not None and len(joint["members"]) == 25 and joint["share"] == 1.0
+    assert {m["kind"] for m in joint["members"]} == {"activation-overflow"}
+    assert "25 independent causes" in d.assessment.summary
+    assert "Not explained" not in d.assessment.summary
+    # the lost phase of the timestep embedding: 0% alone (the output stays NaN), most of what
+    # the joint cure leaves
+    (periodic,) = [f for f in d.findings if f.kind == "periodic-argument"]
+    assert periodic.group == "main" and periodic.evidence["residual_share"] > 0.9
+    assert periodic.evidence["residual_before"] > 0.01  # the joint cure alone still fails
+    assert d.assessment.evidence["residual_kind"] == "periodic-argument"
+    assert set(periodic.nodes) <= set(d.assessment.nodes)
+
+
+def test_every_finding_has_a_share_or_a_reason(unet):
+    assert unet.findings
+    for f in unet.findings:
+        assert f.impact is not None or f.not_measured, f.node
+    for g in unet.finding_groups:
+        assert g.impact is not None or g.not_measured, g.pattern
+    again = pd.Diagnosis.from_dict(unet.to_dict())
+    assert [f.not_measured for f in again.findings] == [f.not_measured for f in unet.findings]
+
+
+def test_the_terminal_diagnosis_fits_120_lines_of_80_columns(unet):
+    from rich.console import Console
+
+    from precision_doctor.report.terminal.diagnosis import render_diagnosis
+
+    console = Console(width=80, record=True, color_system=None)
+    render_diagnosis(unet, console)
+    lines = console.export_text().splitlines()
+    assert len(lines) <= 120
+    assert max(len(line.encode()) for line in lines) <= 80  # columns, and bytes too
+    text = "\n".join(lines)
+    # the all-NaN output: its counts, no finite-looking statistics
+    assert "NaN/Inf 256/0" in text and "max abs n/a" in text
+    assert "max abs 0 " not in text and "SNR dB inf" not in text
+    assert "periodic-argument" in text and "25 independent causes" in text
+
+
+def test_the_html_shows_no_statistics_of_a_nan_output(unet):
+    from precision_doctor.report.html import render_html
+
+    page = render_html(unet)
+    assert "not computed: 256 NaN, 0 Inf of 256 values" in page
+    assert "not measured: " in page or all(f.impact is not None for f in unet.findings)

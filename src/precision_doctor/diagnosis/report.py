@@ -30,7 +30,11 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 3
                    "noise_floor", "noise_multiple"}],
       "noise": {"per_output", "probes", "skipped"} | null,
       "findings": [{"kind", "node", "op_type", "tensor", "summary", "evidence", "remedy",
-                    "severity", "nodes", "impact", "group": "main" | "minor"}],
+                    "severity", "nodes", "impact", "group": "main" | "minor",
+                    "not_measured": str}],   (``not_measured``: why ``impact`` is null, ""
+                    when it is not; ``evidence.residual_share`` / ``residual_before`` /
+                    ``residual_after``: what the finding removes of the error a joint cause's
+                    cure leaves, ``diagnosis.causes.joint.residual_shares``)
       "hazards": [{"kind", "node", "op_type", "tensor", "detail", "severity", "nodes", "evidence"}],
       "layerwise": {"target", "threshold", "first_divergence", "largest_jump", "nan_birth",
                     "chunks",
@@ -50,13 +54,14 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 3
                       "clusters": [[str]], "samples": [int], "evaluations", "seconds",
                       "small_limit", "kept_size"} | null,
       "joint_cause": {"members": [{"kind", "node"}], "nodes": [str], "share", "alone": [float],
-                      "evaluations"}   (only when findings cure the error only together:
-                      ``diagnosis.causes.joint``)
+                      "evaluations", "minimal"}   (only when findings cure the error only
+                      together: ``diagnosis.causes.joint``)
       "finding_groups": [{"kind", "op_type", "pattern", "blocks": [int], "members": [node],
                           "magnitude": [min, max] | null, "impact", "remedy", "severity",
-                          "group", "joint"}]   (only when some findings repeat per block or
-                      form a joint cause: ``diagnosis.causes.groups``; the members stay in
-                      ``findings``)
+                          "group", "joint", "not_measured"}]   (only when some findings repeat
+                      per block or region or form a joint cause: ``diagnosis.causes.groups``;
+                      the members stay in ``findings``; ``not_measured`` only when the impact
+                      is null and a reason is known)
     }
 
 Finding kinds: the range events and amplifiers of ``diagnosis.causes.findings`` and the
