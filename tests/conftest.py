@@ -62,6 +62,7 @@ SLOW_FIRST = (
     "tests/acceptance/test_diagnose_real_models.py",
     "tests/acceptance/test_fix_real_models.py",
     "tests/acceptance/test_metric_matrix.py",
+    "tests/api/test_pytorch.py::test_bert_layernorm_maps_to_the_transformers_line",
     "tests/forensics/test_forensics_synthetic.py::test_names_the_mismatch",
     "tests/forensics/test_forensics_real.py",
 )

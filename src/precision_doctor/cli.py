@@ -53,7 +53,9 @@ LABELS_OPTION = typer.Option(None, "--labels", help="Ground truth: COCO JSON (de
 
 @app.command()
 def diagnose(
-    model: Path = typer.Argument(..., help="The FP32 ONNX model."),
+    model: Path = typer.Argument(..., help="The FP32 ONNX model, or a PyTorch module: "
+                                 "package.module:factory, its samples a torch.save file "
+                                 "(--data samples.pt)"),
     data: Optional[str] = typer.Option(None, "--data", "-d", help="Images folder/glob, .npy, "
                                        ".npz, folder of arrays, Polygraphy inputs JSON, or "
                                        "random:seed=0,low=-1,high=1,count=2,shape=x:1x3x224x224"),
@@ -134,7 +136,8 @@ def diagnose(
 
 @app.command("fix")
 def fix_command(
-    model: Path = typer.Argument(..., help="The FP32 ONNX model (never modified)."),
+    model: Path = typer.Argument(..., help="The FP32 ONNX model (never modified), or "
+                                 "package.module:factory (as for diagnose)"),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the fixed model; "
                                 "plan, recipes and report are written next to it"),
     data: str = typer.Option(..., "--data", "-d", help="Calibration data (as for diagnose)"),

@@ -1,5 +1,6 @@
 """The public API: ``diagnose``, ``fix``, ``diagnose_quantized``, ``fix_quantized`` (INT8/FP8),
-``audit``, ``compare_inputs`` and their results.
+``audit``, ``compare_inputs`` and their results; ``export_module`` and ``sources`` for a
+PyTorch module.
 
 Re-exported at the package root (``precision_doctor.diagnose`` ...). The CLI and the workflows
 are thin layers over these functions.
@@ -10,6 +11,7 @@ from precision_doctor.api.checks import audit, compare_inputs
 from precision_doctor.api.diagnosing import diagnose
 from precision_doctor.api.fixing import Fix, fix
 from precision_doctor.api.options import DataLike, ModelLike, Progress, ToleranceLike
+from precision_doctor.api.pytorch import export_module, sources
 from precision_doctor.api.quantizing import (
     QuantizedDiagnosis,
     QuantizedFix,
@@ -25,5 +27,5 @@ precision_doctor.audit = audit
 __all__ = [
     "Audit", "DataLike", "Diagnosis", "Fix", "InputComparison", "ModelLike", "Progress",
     "QuantizedDiagnosis", "QuantizedFix", "ToleranceLike", "audit", "compare_inputs",
-    "diagnose", "diagnose_quantized", "fix", "fix_quantized",
+    "diagnose", "diagnose_quantized", "export_module", "fix", "fix_quantized", "sources",
 ]

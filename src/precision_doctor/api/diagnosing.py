@@ -24,6 +24,7 @@ from precision_doctor.api.options import (
     parse_tolerances,
     progress_reporter,
 )
+from precision_doctor.api.pytorch import module_input
 from precision_doctor.api.results import Diagnosis, convert
 from precision_doctor.diagnosis.diagnose import diagnose as diagnose_model
 from precision_doctor.errors import InputError
@@ -71,13 +72,16 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
 
     Args:
         model: The FP32 model (or one shipped in FP16/BF16, see above): a ``.onnx`` path, an
-            ``onnx.ModelProto`` (not modified) or an ``onnx_ir.Model``.
+            ``onnx.ModelProto`` (not modified) or an ``onnx_ir.Model``; or a
+            ``torch.nn.Module``, exported with ``torch.onnx.export(dynamo=True)``
+            (``api.pytorch.export_module``; ``data`` is then its samples).
         data: Inputs. What ``--data`` takes: an image file, folder or glob (with
             ``preprocess``), ``.npy``/``.npz`` or a folder of them, Polygraphy inputs JSON,
             or ``"random:seed=0,count=4,shape=x:1x3x224x224"``. Or in memory: a feed dict
             ``{input name: np.ndarray}``, one array (single-input models), or an iterable of
             either, one sample each. Arrays are cast to the input dtypes when values are kept
-            (float64 -> float32); dynamic dims are taken from the data.
+            (float64 -> float32); dynamic dims are taken from the data. For a module: a list
+            or iterable of argument tuples, keyword dicts or tensors (torch.Tensor).
         target: ``"fp16"``, ``"bf16"``, ``"tf32"``, or ``"fp32"`` (compare two FP32 engines).
         preprocess: Image preprocessing: a preset (``imagenet``, ``ppocr-det``, ``ppocr-rec``,
             ``ppocr-cls``, ``paddleocr-det``, ``ultralytics``, ``none``), ``key=value`` overrides
@@ -173,6 +177,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
     # before any loading: a threshold without a metric is refused, as fix refuses it
     objective = (build_objective(None, metric, threshold, precision)
                  if metric or threshold is not None else None)
+    model, data, exported = module_input(model, data, max_samples)
     shipped_model, path = as_model(model)
     proto, shipped = upcast(shipped_model)  # a model shipped in FP16/BF16: its reference is FP32
     samples = as_samples(data, proto, preprocess, max_samples)
@@ -207,8 +212,9 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
             report = replace(report, warnings=(cpu_note, *report.warnings))
         if device_note:
             report = replace(report, warnings=(*report.warnings, device_note))
-        if shipped is not None:
-            report = replace(report, model={**report.model, **shipped.model_info()})
+        if shipped is not None or exported is not None:
+            report = replace(report, model={**report.model, **(exported or {}), **(
+                shipped.model_info() if shipped is not None else {})})
         task = (task_score(proto, samples, candidate, objective, callback, runs)
                 if objective is not None else None)
         measured = None

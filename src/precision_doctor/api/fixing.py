@@ -22,6 +22,7 @@ from precision_doctor.api.options import (
     parse_precision,
     progress_reporter,
 )
+from precision_doctor.api.pytorch import module_input
 from precision_doctor.api.results import json_text
 from precision_doctor.errors import InputError
 from precision_doctor.formats import Precision
@@ -297,7 +298,8 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
 
     Args:
         model: The FP32 model: a ``.onnx`` path, an ``onnx.ModelProto`` (not modified) or an
-            ``onnx_ir.Model``. A model shipped in FP16/BF16 is fixed from its exact FP32
+            ``onnx_ir.Model``, or a ``torch.nn.Module`` with its samples as ``data`` (as for
+            :func:`diagnose`). A model shipped in FP16/BF16 is fixed from its exact FP32
             upcast (``graph.upcast``; ``report["model"]["shipped_precision"]`` says so): the
             written model then has FP32 inputs and outputs, or ``target``'s with
             ``keep_io_types=False``.
@@ -364,6 +366,7 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
     precision = parse_precision(target)
     engine = engine if engine is not None else engine_of_runner(runner)
     parse_engine(engine)  # an unknown engine fails before the model is read
+    model, data, exported = module_input(model, data, max_samples)
     proto, path = as_model(model)
     proto, shipped = upcast(proto)  # a model shipped in FP16/BF16: searched on its FP32 upcast
     samples = as_samples(data, proto, preprocess, max_samples)
@@ -383,7 +386,7 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
                            None if rewrites else [], keep_io_types, factory, max_evals,
                            callback, workers, accuracy, engine or None)
     report = result.to_dict()
-    report["model"] = {"input": path, "output": None,
+    report["model"] = {"input": path, "output": None, **(exported or {}),
                        **(shipped.model_info() if shipped is not None else {})}
     report["device"] = where.to_dict()
     if device_note:

@@ -9,6 +9,7 @@ from rich.console import Console
 
 from precision_doctor.api.diagnosing import diagnose
 from precision_doctor.api.options import invocation
+from precision_doctor.api.pytorch import cli_model
 from precision_doctor.api.results import Diagnosis
 from precision_doctor.compare.tasks.accuracy import accuracy_line
 from precision_doctor.errors import InputError
@@ -42,8 +43,9 @@ def run_diagnose(model_path: Path, *, data: str | None, preprocess: str | None, 
                          "model (the emulator of --target/--plan/--keep is the cross-check)")
     if candidate_log and not candidate_results:
         raise InputError("--candidate-log goes with --candidate-results")
+    model, samples = cli_model(model_path, data)  # a file, or package.module:factory
     with progress_bar(console, enabled=not quiet and console.is_terminal) as progress:
-        report = diagnose(model_path, data, target=target, preprocess=preprocess, runner=runner,
+        report = diagnose(model, samples, target=target, preprocess=preprocess, runner=runner,
                           tolerance=list(tolerances), layerwise=layerwise, noise=noise,
                           keep=keep, plan=plan_path, candidate_model=candidate_model,
                           max_samples=max_samples, budget_mb=budget_bytes >> 20,

