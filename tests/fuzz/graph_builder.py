@@ -41,6 +41,7 @@ class Graph:
         self.count = 0
         self.pieces: list[str] = []
         self.domains: set[str] = set()
+        self.extra: dict[str, list] = {}  # more outputs of their own shapes (data-dependent)
 
     def variant(self, draw, piece: str, names: list[str]) -> str:
         """One of ``names``, leaving out the ``piece:name`` variants listed in ``avoid``."""
@@ -73,7 +74,9 @@ class Graph:
     def model(self, outputs: list[str]) -> onnx.ModelProto:
         graph = helper.make_graph(
             self.nodes, "fuzz", [helper.make_tensor_value_info("x", F, SHAPE)],
-            [helper.make_tensor_value_info(o, F, SHAPE) for o in outputs], self.inits)
+            [helper.make_tensor_value_info(o, F, SHAPE) for o in outputs]
+            + [helper.make_tensor_value_info(o, F, s) for o, s in self.extra.items()],
+            self.inits)
         opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, 1)
                                                       for d in sorted(self.domains)]
         model = helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION,

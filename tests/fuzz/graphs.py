@@ -18,7 +18,11 @@ so pieces chain in any order. The pieces (``PIECES``) follow the exporters:
 * ``linear``, ``elementwise``, ``cancellation``: weights and constants scaled so that FP16
   overflows (> 65504), underflows (< 6e-8) and cancels;
 * ``conv``: Conv1d + BatchNormalization + Relu (dense or depthwise), running variances up to
-  1e5; ``contrib``: ONNX Runtime's ``com.microsoft`` Gelu, FastGelu and QuickGelu.
+  1e5; ``contrib``: ONNX Runtime's ``com.microsoft`` Gelu, FastGelu and QuickGelu;
+* ``decision``: integer decisions that set a shape from the data, as TTS length regulators and
+  detectors write them: Ceil/Round -> Cast(int64) -> ReduceSum -> Range (durations), NonZero of
+  a comparison (a count), TopK indices; the data-dependent tensor is folded back into ``x``
+  and, in the ``frames`` variant, is also a graph output whose length depends on the data.
 
 Weights come from a numpy generator seeded by hypothesis, so a shrunk example is reproducible
 and small. Graphs are opset 17, IR version 8, and run in milliseconds.
@@ -302,12 +306,40 @@ def contrib(draw, g: Graph, x: str) -> str:
     return g.op(kind, inputs, 1, domain=MS_DOMAIN)[0]
 
 
+def decision(draw, g: Graph, x: str) -> str:
+    """Integer decisions whose values set an intermediate (or output) shape."""
+    kind = g.variant(draw, "decision", ["ceil", "round", "frames", "nonzero", "topk"])
+    i64 = TensorProto.INT64
+    if kind in ("ceil", "round", "frames"):  # durations per position, capped at 8 frames
+        v = g.op1("Abs", [g.op1("Mul", [x, g.const(scale_of(draw), "c")])])
+        v = g.op1("ReduceMean", [v], axes=[2], keepdims=0)
+        nan = g.op1("IsNaN", [v])  # a NaN cast to int64 is INT64_MIN: keep Range bounded
+        v = g.op1("Min", [g.op1("Where", [nan, g.const(0.0, "c"), v]), g.const(8.0, "c")])
+        d = g.op1("Cast", [g.op1("Round" if kind == "round" else "Ceil", [v])], to=i64)
+        d = g.op1("Add", [d, g.const(1, "i", np.int64)])  # at least one frame each
+        total = g.op1("ReduceSum", [d], keepdims=0)
+        frames = g.op1("Cast", [g.op1("Range", [g.const(0, "i", np.int64), total,
+                                                g.const(1, "i", np.int64)])], to=F)
+        if kind == "frames":
+            g.extra[g.op1("Mul", [frames, g.const(0.5, "c")])] = ["frames"]
+        n = g.op1("ReduceMean", [frames], keepdims=0)
+    elif kind == "nonzero":  # how many values exceed a threshold
+        hits = g.op1("NonZero", [g.op1("Greater", [x, g.const(0.5, "c")])])
+        count = g.op1("Gather", [g.op1("Shape", [hits]), g.const(1, "i", np.int64)], axis=0)
+        n = g.op1("Cast", [count], to=F)
+    else:  # the positions of the 3 largest values
+        flat = g.op1("Reshape", [x, g.const([1, S * H], "shape", np.int64)])
+        idx = g.op(op_type="TopK", inputs=[flat, g.const([3], "k", np.int64)], n_out=2)[1]
+        n = g.op1("ReduceMean", [g.op1("Cast", [idx], to=F)], keepdims=0)
+    return g.op1("Add", [x, g.op1("Mul", [n, g.const(1e-2, "c")])])
+
+
 PIECES: dict[str, Piece] = {
     "position": position, "shape_scale": shape_scale, "int_cast": int_cast,
     "dynamic_quant": dynamic_quant, "qdq": qdq, "if_branch": if_branch, "loop": loop,
     "rnn": rnn, "layernorm": layernorm, "attention": attention, "select": select,
     "linear": linear, "elementwise": elementwise, "cancellation": cancellation,
-    "conv": conv, "contrib": contrib,
+    "conv": conv, "contrib": contrib, "decision": decision,
 }
 
 

@@ -9,6 +9,9 @@
     found, and attribution never says "not even every candidate in FP32" when (a) holds.
 (d) ``public_call``: ``diagnose`` and ``fix`` raise only ``PrecisionDoctorError`` subclasses,
     each with a message.
+(e) ``check_lengths``: where the FP16 emulation changes an output's shape (integer decisions,
+    ``graphs.decision``), ``diagnose`` says so in a length report (and only then), and the
+    model ``fix`` writes has the reference's shapes on every sample.
 
 The budgets keep this file within 60 s on 2 cores (derandomized: the same examples every run;
 36 s measured on a loaded 2-core machine, 2026-11-28). ``benchmarks/fuzz.py`` runs the same
@@ -80,6 +83,9 @@ def differences(expected: Outputs, got: Outputs, rtol: float) -> list[str]:
     for name, arrays in expected.items():
         for i, (e, g) in enumerate(zip(arrays, got[name])):
             e64, g64 = np.asarray(e, np.float64), np.asarray(g, np.float64)
+            if e64.shape != g64.shape:
+                bad.append(f"{name}[sample {i}]: shape {g64.shape} instead of {e64.shape}")
+                continue
             finite = np.isfinite(e64)
             if not np.array_equal(finite, np.isfinite(g64)) or not np.array_equal(
                     e64[~finite], g64[~finite], equal_nan=True):
@@ -217,6 +223,32 @@ def check_diagnose(case: Case) -> None:
         f"explained_share {d.explained_share} < attribution's cure {found:.3f} on {case.pieces}")
 
 
+def shapes(outputs: Outputs) -> dict[str, list[tuple[int, ...]]]:
+    return {k: [np.shape(a) for a in v] for k, v in outputs.items()}
+
+
+def check_lengths(case: Case) -> None:
+    """(e) and (d) on integer decisions and data-dependent shapes."""
+    feeds = [s.feeds for s in case.samples]
+    ref = shapes(reference(case))
+    low = shapes(run(EmulatorRunner(case.model, PrecisionPlan(Precision.FP16)), case))
+    d = public_call(pd.diagnose, case.model, feeds, target="fp16", quiet=True, device="cpu",
+                    noise=False)
+    if not isinstance(d, PrecisionDoctorError):
+        assert (d.lengths is not None) == (low != ref), (
+            f"length report {d.lengths is not None} but shapes changed: {low != ref} on "
+            f"{case.pieces}")
+        if d.lengths is not None:
+            note(f"diagnose: shape changed, {d.lengths.reading}")
+            assert d.verdict == "fail" and d.lengths.summary
+    fixed = public_call(pd.fix, case.model, feeds, target="fp16", quiet=True, device="cpu",
+                        max_evals=24)
+    if isinstance(fixed, PrecisionDoctorError) or fixed.verdict != "pass":
+        return
+    written = shapes(run(WrittenEmulatorRunner(fixed.model), case))
+    assert written == ref, f"fix's model changes shapes on {case.pieces}: {written} != {ref}"
+
+
 def random_plan(draw, model: onnx.ModelProto) -> PrecisionPlan:
     """FP16 (or BF16) by default, a random subset of the candidate nodes FP32."""
     names = [n.name for n in compute_nodes(model)]
@@ -250,3 +282,10 @@ def test_fix_writes_what_it_planned(case: Case) -> None:
 @given(cases(max_pieces=2))
 def test_diagnose_joint_cure_covers_attribution(case: Case) -> None:
     check_diagnose(case)
+
+
+@SLOW
+@given(cases(pieces=("decision", "decision", "linear", "elementwise", "layernorm"),
+             max_pieces=3))
+def test_data_dependent_shapes_are_reported_and_kept(case: Case) -> None:
+    check_lengths(case)
