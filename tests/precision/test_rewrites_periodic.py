@@ -18,8 +18,8 @@ from precision_doctor.formats import Precision
 from precision_doctor.inputs.feeds import Sample
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.precision.rewrites import apply_rewrites
-from precision_doctor.precision.rewrites.ranges.periodic import reduce_2pi
-from precision_doctor.repair.rewrites_proof import prove_rewrites
+from precision_doctor.precision.rewrites.ranges.periodic import phase_limit, reduce_2pi
+from precision_doctor.repair.rewrites_proof import calibrate_rewrites, prove_rewrites
 from precision_doctor.runners.emulator import EmulatorRunner
 
 RULE = "reduce-periodic-argument"
@@ -183,9 +183,53 @@ def test_fix_applies_it_and_keeps_the_sin_in_fp16() -> None:
     report = fixed.report
     [record] = [r for r in report["rewrites"]["records"] if r["rule"] == RULE]
     assert record["applied"] and "mul" in record["keep_fp32"]
+    assert 900 < record["details"]["measured_max_abs"] <= 1000  # measured before applying
     overrides = report["plan"]["overrides"]
     assert {overrides[n]["reason"] for n in record["keep_fp32"]} == {"rewrite"}
     assert "sin" not in overrides and "cos" not in overrides
     assert fixed.passed
     assert report["before"]["emb"]["rel_l2"] > 0.02  # 0.034
     assert report["after"]["emb"]["rel_l2"] < 1e-3  # 3.7e-4, the written model
+
+
+def snake(alpha: float) -> onnx.ModelProto:
+    """A Snake activation as vocoders export it (x + sin(a x)^2 / a) behind a residual Add of
+    two activations: ``x``, ``r`` float32 ``[4]``; output ``y``."""
+    nodes = [helper.make_node("Add", ["x", "r"], ["h"], name="residual"),
+             helper.make_node("Mul", ["h", "alpha"], ["ax"], name="mul_alpha"),
+             helper.make_node("Sin", ["ax"], ["s"], name="sin"),
+             helper.make_node("Mul", ["s", "s"], ["s2"], name="square"),
+             helper.make_node("Div", ["s2", "alpha"], ["d"], name="div_alpha"),
+             helper.make_node("Add", ["h", "d"], ["y"], name="snake")]
+    value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("x", "r", "y")]
+    graph = helper.make_graph(nodes, "snake", value[:2], value[2:],
+                              [numpy_helper.from_array(np.array(alpha, np.float32), "alpha")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_fp32_chain_stops_at_a_sum_of_two_activations() -> None:
+    _, report = apply_rewrites(snake(1.0), [RULE], target=Precision.FP16)
+    [record] = report.applied(RULE)
+    assert set(record.keep_fp32) - set(record.new_nodes) == {"mul_alpha", "residual"}
+    assert "graph input 'x'" in record.reason and "graph input 'r'" in record.reason
+
+
+def test_calibration_leaves_a_moderate_argument_alone() -> None:
+    assert (phase_limit(Precision.FP16), phase_limit(Precision.BF16)) == (128.0, 16.0)
+    rng = np.random.default_rng(0)
+    samples = [Sample(f"s{i}", {"x": rng.standard_normal(4).astype(np.float32),
+                                "r": rng.standard_normal(4).astype(np.float32)})
+               for i in range(3)]
+    model = snake(1.0)
+    rewritten, report = apply_rewrites(model, target=Precision.FP16)
+    assert report.applied(RULE)  # from the graph alone: |x| unknown
+    kept, calibrated, maxima = calibrate_rewrites(model, rewritten, report, samples,
+                                                  Precision.FP16, None)
+    [record] = calibrated.skipped(RULE)
+    assert maxima is not None and record.details["measured_max_abs"] == maxima["ax"] < 8
+    assert "below 128" in record.reason and not calibrated.fp32_decisions()
+    assert [n.op_type for n in kept.graph.node] == [n.op_type for n in model.graph.node]
+    loud = [Sample("s", {"x": np.full(4, 300.0, np.float32), "r": np.zeros(4, np.float32)})]
+    _, calibrated, _ = calibrate_rewrites(model, rewritten, report, loud, Precision.FP16, None)
+    [record] = calibrated.applied(RULE)
+    assert record.details["measured_max_abs"] == 300.0

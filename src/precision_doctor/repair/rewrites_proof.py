@@ -9,8 +9,9 @@ within ``FP32_REWRITE_RTOL``, with NaN/Inf exactly where the reference has them;
 rewrites are run again without them and their records say why they were undone.
 
 ``prescale-normalized-residual`` chooses its power of two from the largest |x| of each residual
-stream's tensors: when its records name candidate streams, those tensors are measured here in
-FP32 on the calibration samples (``stream_maxima``) and the rewrites run again with them.
+stream's tensors, and ``reduce-periodic-argument`` leaves an argument alone that the
+calibration data keeps below its phase limit: the tensors they name are measured here in FP32
+on the calibration samples (``calibrate_rewrites``) and the rewrites run again with them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from precision_doctor.layerwise.candidates import reference_factory, run_samples
 from precision_doctor.precision.rewrites import (
     REWRITES,
     PrescaleNormalizedResidual,
+    ReducePeriodicArgument,
     RewriteRecord,
     RewriteReport,
     apply_rewrites,
@@ -45,28 +47,28 @@ FP32_REWRITE_RTOL = 2.0 ** -16
 MAXIMA_BUDGET = 1 << 30
 
 
-def stream_maxima(model: onnx.ModelProto, samples: Sequence,
+def tensor_maxima(model: onnx.ModelProto, names: Sequence[str], samples: Sequence,
                   budget_bytes: int = MAXIMA_BUDGET) -> dict[str, float]:
-    """Largest finite |x| of every tensor of the model's scalable residual streams, in FP32.
+    """Largest finite |x| of the tensors ``names`` over the samples, in FP32.
 
     Args:
-        model: The rewritten FP32 model (``prescale-normalized-residual`` not applied).
+        model: The FP32 model.
+        names: Tensor names (node outputs; others are left out).
         samples: Calibration samples (``.feeds``).
         budget_bytes: Estimated bytes of tensors marked as outputs per run (chunks of tensors
             run one after another, each on every sample).
 
     Returns:
-        Tensor name -> largest finite |x| over the samples (0 when none is finite); empty when
-        the model has no scalable stream.
+        Tensor name -> largest finite |x| over the samples (0 when none is finite).
 
     Raises:
         BackendError: ONNX Runtime fails on the model.
     """
-    names = set(stream_tensor_names(model))
-    if not names or not samples:
+    wanted_names = set(names)
+    if not wanted_names or not samples:
         return {}
     shapes = {k: np.asarray(v).shape for k, v in samples[0].feeds.items()}
-    sites = [s for s in float_activations(model, shapes) if s.name in names]
+    sites = [s for s in float_activations(model, shapes) if s.name in wanted_names]
     maxima: dict[str, float] = {}
     for chunk in chunk_sites(sites, budget_bytes):
         wanted = [s.name for s in chunk]
@@ -80,11 +82,19 @@ def stream_maxima(model: onnx.ModelProto, samples: Sequence,
     return maxima
 
 
+def stream_maxima(model: onnx.ModelProto, samples: Sequence) -> dict[str, float]:
+    """``tensor_maxima`` of every tensor of the model's scalable residual streams
+    (``prescale-normalized-residual``'s candidates); empty when there is none."""
+    return tensor_maxima(model, stream_tensor_names(model), samples)
+
+
 def calibrate_rewrites(original: onnx.ModelProto, rewritten: onnx.ModelProto,
                        report: RewriteReport, samples: Sequence, target: Precision,
                        rules: Sequence[str] | None
                        ) -> tuple[onnx.ModelProto, RewriteReport, dict[str, float] | None]:
-    """Rewrite again with the residual streams' maxima when ``report`` has candidate streams.
+    """Rewrite again with measured maxima when a rewrite's decision depends on them: the
+    candidate streams of ``prescale-normalized-residual`` and the arguments that
+    ``reduce-periodic-argument`` reduced from the graph's bound alone.
 
     Args:
         original: The model before the rewrites.
@@ -95,16 +105,21 @@ def calibrate_rewrites(original: onnx.ModelProto, rewritten: onnx.ModelProto,
         rules: The rules requested (None = all).
 
     Returns:
-        ``(model, report, maxima)``: unchanged with None when no stream is a candidate; else
-        the model rewritten with ``max_abs`` = the measured maxima.
+        ``(model, report, maxima)``: unchanged with None when nothing depends on data; else
+        the model rewritten with ``max_abs`` = the maxima measured on ``rewritten`` (whose
+        tensor names the second run reproduces: the rewrites are deterministic).
 
     Raises:
         BackendError: ONNX Runtime fails on the model.
     """
-    rule = PrescaleNormalizedResidual.rule
-    if not any(r.details.get("candidate") for r in report.skipped(rule)):
+    streams = any(r.details.get("candidate")
+                  for r in report.skipped(PrescaleNormalizedResidual.rule))
+    arguments = [str(r.details["argument"]) for r in report.applied(ReducePeriodicArgument.rule)
+                 if "argument" in r.details and "measured_max_abs" not in r.details]
+    if not streams and not arguments:
         return rewritten, report, None
-    maxima = stream_maxima(rewritten, samples)
+    names = (stream_tensor_names(rewritten) if streams else []) + arguments
+    maxima = tensor_maxima(rewritten, names, samples)
     model, again = apply_rewrites(original, rules, target=target, max_abs=maxima)
     return model, again, maxima
 

@@ -167,7 +167,9 @@ def apply_rewrites(model: onnx.ModelProto, rules: Sequence[str] | None = None,
             ``reduce-periodic-argument`` and ``prescale-normalized-residual`` act for. None:
             those rules do nothing.
         max_abs: Tensor name -> largest finite |x| on the calibration data in FP32, for
-            ``prescale-normalized-residual`` (None: it records its candidate streams only).
+            ``prescale-normalized-residual`` (None: it records its candidate streams only) and
+            ``reduce-periodic-argument`` (an argument measured below its phase limit is left
+            alone; None: the graph's bound decides).
 
     Returns:
         ``(rewritten model, report)``. The rewritten model keeps graph input/output names and
@@ -193,7 +195,8 @@ def apply_rewrites(model: onnx.ModelProto, rules: Sequence[str] | None = None,
         elif rule == SaturateConstants.rule:
             records.extend(_run_pass(SaturateConstants(target), ir_model).records)
         elif rule == ReducePeriodicArgument.rule:
-            records.extend(_run_pass(ReducePeriodicArgument(target), ir_model).records)
+            records.extend(_run_pass(ReducePeriodicArgument(target, max_abs),
+                                     ir_model).records)
         elif rule == PrescaleNormalizedResidual.rule:
             records.extend(_run_pass(PrescaleNormalizedResidual(target, max_abs),
                                      ir_model).records)

@@ -30,7 +30,12 @@ an engine runs is left alone), where the argument may exceed pi in magnitude: be
 and the reduction is the identity. An interval bound over the argument's producers (constants;
 Sin, Cos, Tanh, Sigmoid, Erf outputs; Clip; sums and products of bounded values) that proves
 |x| <= pi skips it with the bound; an unknown range (a graph input t) applies it, which is
-exact in FP32 up to the rounding above. Beyond |x| = 2^16 * 2 pi = 4.1e5, n * C1 rounds
+exact in FP32 up to the rounding above. ``fix`` then measures every argument it reduced on the
+calibration data (``repair.rewrites_proof``) and rewrites again with the maxima (``max_abs``):
+an argument below ``phase_limit`` (128 in FP16, 16 in BF16, where the spacing reaches 2^-4 rad,
+the limit from which ``diagnose`` reports ``periodic-argument``) is left alone with the measured
+maximum, so that moderate arguments (a Snake activation's sin(a x)) keep their producers in
+the target format. Beyond |x| = 2^16 * 2 pi = 4.1e5, n * C1 rounds
 (sin is off by 2.6e-6 at 4e5, 0.029 at 1e6: measured); ``fix`` therefore measures the rewrite
 on the calibration data (``repair.rewrites_proof``) and undoes it when an FP32 output moves.
 
@@ -41,12 +46,13 @@ plan), the opset has ``Round`` (>= 11), the argument is not already reduced.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import ClassVar
 
 import numpy as np
 import onnx_ir as ir
 
-from precision_doctor.formats import Precision
+from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.precision.plan import CAST_OPS
 from precision_doctor.precision.rewrites.graph_edit import (
     RewritePassResult,
@@ -72,6 +78,18 @@ CHAIN_MATH = frozenset({"Mul", "Div", "Add", "Sub", "Neg"})
 CHAIN_MOVE = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Flatten", "Transpose", "Identity",
                         "Expand", "Tile", "Slice", "Gather"})
 MAX_DEPTH = 16  # producers looked through (a timestep embedding: Cast-Unsqueeze-Mul-Mul)
+# A larger spacing of the argument shifts the phase by up to half of it: 0.031 rad, 3% of the
+# amplitude (the ``periodic-argument`` criterion of ``diagnosis.causes.mechanisms``).
+PHASE_SPACING = 2.0 ** -4
+
+
+def phase_limit(target: Precision) -> float:
+    """The smallest |x| where ``target``'s spacing exceeds ``PHASE_SPACING``: 128 for FP16,
+    16 for BF16 (the spacing at |x| is 2u 2^floor(log2 |x|), u the unit roundoff; the same
+    limit as ``diagnosis.causes.mechanisms.phase_limit``, which finds ``periodic-argument``).
+    """
+    u = FORMATS[target].unit_roundoff
+    return 2.0 ** (math.floor(math.log2(PHASE_SPACING / (2.0 * u))) + 1)
 
 
 def reduce_2pi(x: np.ndarray) -> np.ndarray:
@@ -145,8 +163,10 @@ def _is_reduced(value: ir.Value) -> bool:
 def fp32_chain(value: ir.Value) -> tuple[list[ir.Node], list[str]]:
     """The producers of ``value`` that must compute in FP32 for it to keep its FP32 bits.
 
-    Walks up through arithmetic (Mul, Div, Add, Sub, Neg), float Casts and data movement; stops
-    at graph inputs, constants, non-float Casts and any other op.
+    Walks up through arithmetic with one activation operand (Mul, Div, Add, Sub by a constant;
+    Neg), float Casts and data movement; keeps an arithmetic node of two activations but does not
+    walk past it (a Snake activation's sin(a x) would otherwise pull the residual block behind x
+    into FP32); stops at graph inputs, constants, non-float Casts and any other op.
 
     Args:
         value: The periodic argument.
@@ -177,7 +197,11 @@ def fp32_chain(value: ir.Value) -> tuple[list[ir.Node], list[str]]:
             continue
         if op in CHAIN_MATH:
             keep.append(node)
-            stack.extend(i for i in node.inputs if i is not None and constant_array(i) is None)
+            operands = [i for i in node.inputs if i is not None and constant_array(i) is None]
+            if len(operands) == 1:
+                stack.append(operands[0])
+            else:  # a product or sum of two activations: their producers keep their format
+                starts.extend(describe_source(i) for i in operands)
         elif node.inputs and node.inputs[0] is not None:
             stack.append(node.inputs[0])
     return keep, starts
@@ -188,13 +212,18 @@ class ReducePeriodicArgument(ir.passes.InPlacePass):
 
     Args:
         target: The reduced format the model is rewritten for; None: the pass does nothing.
+        max_abs: Tensor name -> largest finite |x| on the calibration data in FP32; an
+            argument measured below ``phase_limit(target)`` is left alone. None, or an
+            argument not in it: the graph's bound decides.
     """
 
     rule: ClassVar[str] = "reduce-periodic-argument"
 
-    def __init__(self, target: Precision | None = None) -> None:
+    def __init__(self, target: Precision | None = None,
+                 max_abs: Mapping[str, float] | None = None) -> None:
         super().__init__()
         self.target = target
+        self.max_abs = max_abs
 
     def call(self, model: ir.Model) -> RewritePassResult:
         """Rewrite in place; one record per argument read by a Sin/Cos/Tan."""
@@ -230,6 +259,15 @@ class ReducePeriodicArgument(ir.passes.InPlacePass):
             return RewriteRecord(self.rule, False, names, (),
                                  f"|{x.name}| <= {limit:.4g} <= pi from the graph: the "
                                  "reduction would be the identity", {"bound": limit})
+        measured = self.max_abs.get(x.name or "") if self.max_abs is not None else None
+        assert self.target is not None  # call() returns early without one
+        limit_data = phase_limit(self.target)
+        if measured is not None and measured < limit_data:
+            return RewriteRecord(self.rule, False, names, (),
+                                 f"|{x.name}| <= {measured:.4g} on the calibration data, below "
+                                 f"{limit_data:g} where {self.target.value.upper()}'s spacing "
+                                 f"exceeds 2^-4 rad: the phase is kept without it",
+                                 {"argument": x.name or "", "measured_max_abs": measured})
         chain, starts = fp32_chain(x)
         new = self._insert(graph, x, users, taken)
         keep = tuple(n.name or "" for n in [*new, *chain])
@@ -241,7 +279,10 @@ class ReducePeriodicArgument(ir.passes.InPlacePass):
                   f"and {len(chain)} producer(s) kept FP32{origin}")
         return RewriteRecord(self.rule, True, names, tuple(n.name or "" for n in new), reason,
                              {"bound": "unknown" if limit is None else limit,
-                              "consumers": len(users), "fp32_producers": len(chain)}, keep)
+                              "consumers": len(users), "fp32_producers": len(chain),
+                              "argument": x.name or "",
+                              **({} if measured is None else {"measured_max_abs": measured})},
+                             keep)
 
     def _insert(self, graph: ir.Graph, x: ir.Value, users: list[ir.Node],
                 taken: set[str]) -> list[ir.Node]:
