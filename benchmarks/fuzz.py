@@ -2,7 +2,8 @@
 random graphs.
 
 The test file runs a fixed, derandomized budget within 60 s; this script runs the same checks
-(``check_fp32_plan``, ``check_writer``, ``check_fix``, ``check_diagnose``) with a large budget
+(``check_fp32_plan``, ``check_writer``, ``check_fix``, ``check_diagnose``, ``check_lengths``)
+with a large budget
 and a seed, and prints every failure hypothesis found, shrunk to its smallest graph (printed
 as ONNX text). A failure found here becomes a named regression test in
 ``tests/fuzz/test_regressions.py``.
@@ -10,7 +11,8 @@ as ONNX text). A failure found here becomes a named regression test in
 Usage (repository root)::
 
     python -m benchmarks run fuzz [--seed 0] [--examples 500] [--slow-examples 50]
-                                  [--only fp32_plan,writer,fix,fix_bf16,diagnose] [--known]
+                                  [--only fp32_plan,writer,fix,fix_bf16,diagnose,lengths]
+                                  [--known]
                                   [--max-pieces N]
 
 ``--known`` also draws the pieces that trigger the open bugs (``OPEN_BUGS`` of the test file,
@@ -41,6 +43,7 @@ from test_invariants import (  # noqa: E402
     check_diagnose,
     check_fix,
     check_fp32_plan,
+    check_lengths,
     check_writer,
     random_plan,
 )
@@ -60,7 +63,9 @@ PROPERTIES = {
     "fix": (2, lambda case: check_fix(case, "fp16"), True),
     "fix_bf16": (2, lambda case: check_fix(case, "bf16"), True),
     "diagnose": (2, check_diagnose, True),
+    "lengths": (3, check_lengths, True),  # graphs with integer decisions (LENGTH_PIECES)
 }
+LENGTH_PIECES = ("decision", "decision", "linear", "elementwise", "layernorm")
 
 
 def run_property(name: str, examples: int, at_seed: int, known: bool,
@@ -73,7 +78,8 @@ def run_property(name: str, examples: int, at_seed: int, known: bool,
     if pieces is not None and max_pieces is not None:
         pieces = max_pieces
     avoid = frozenset() if known else OPEN_BUGS.get(name.removesuffix("_bf16"), frozenset())
-    strategy = st.data() if pieces is None else cases(max_pieces=pieces, avoid=avoid)
+    drawn = {"pieces": LENGTH_PIECES} if name == "lengths" else {}
+    strategy = st.data() if pieces is None else cases(max_pieces=pieces, avoid=avoid, **drawn)
     check = _writer(avoid) if check is None else check
     test = seed(at_seed)(settings(max_examples=examples, deadline=None, database=None,
                                   suppress_health_check=list(HealthCheck),

@@ -132,7 +132,7 @@ def run_fix(model_path: Path, images: Path, out: Path, metric: str) -> tuple[Pat
 
 
 def mask_iou(ref: np.ndarray, cand: np.ndarray) -> float:
-    from precision_doctor.compare.tasks.mask import mask_iou_per_sample
+    from precision_doctor.compare.tasks.image import mask_iou_per_sample
 
     if ref.shape != cand.shape:
         return float("nan")

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 
-from precision_doctor.compare.tasks.mask import mask_iou_per_sample
+from precision_doctor.compare.tasks.image import mask_iou_per_sample
 from precision_doctor.compare.tasks.registry import get_metric
 from precision_doctor.compare.tolerance import default_tolerance
 from precision_doctor.formats import Precision

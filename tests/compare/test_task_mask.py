@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from precision_doctor.compare.tasks.mask import mask_iou, mask_iou_per_sample
+from precision_doctor.compare.tasks.image import mask_iou, mask_iou_per_sample
 
 
 def test_iou_hand_computed_at_threshold():

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -186,3 +186,16 @@ def relative_l2_of(terms: Iterable[tuple[float, float] | None]) -> float:
         num += term[0]
         den += term[1]
     return l2_ratio(num, den)
+
+
+def shape_changes(reference: Mapping[str, Sequence[np.ndarray]],
+                  candidate: Mapping[str, Sequence[np.ndarray]]) -> dict[str, list[int]]:
+    """Output name -> the samples whose candidate shape differs from the reference's (only
+    outputs with such samples; integer outputs included)."""
+    changed = {}
+    for name, refs in reference.items():
+        cands = candidate.get(name, ())
+        bad = [i for i, (r, c) in enumerate(zip(refs, cands)) if np.shape(r) != np.shape(c)]
+        if bad:
+            changed[name] = bad
+    return changed

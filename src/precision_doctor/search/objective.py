@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from precision_doctor.compare.metrics import l2_ratio
+from precision_doctor.compare.metrics import l2_ratio, shape_changes
 from precision_doctor.compare.tasks.registry import TaskMetric, evaluate_metric, sample_context
 from precision_doctor.compare.tolerance import Tolerance, check_values, elementwise_pass_share
 
@@ -246,18 +246,6 @@ class Objective:
         """A ``ScoreStream`` for one evaluation against ``reference`` (``norms`` as for
         ``score``)."""
         return ScoreStream(self, reference, norms)
-
-
-def shape_changes(reference: Outputs, candidate: Outputs) -> dict[str, list[int]]:
-    """Output name -> the samples whose candidate shape differs from the reference's (only
-    outputs with such samples; integer outputs included)."""
-    changed = {}
-    for name, refs in reference.items():
-        cands = candidate.get(name, ())
-        bad = [i for i, (r, c) in enumerate(zip(refs, cands)) if np.shape(r) != np.shape(c)]
-        if bad:
-            changed[name] = bad
-    return changed
 
 
 def _ref_norm2(arrays: Sequence[np.ndarray]) -> float:

@@ -50,7 +50,6 @@ from precision_doctor.compare.tasks import db as task_db
 from precision_doctor.compare.tasks import detection as task_detection
 from precision_doctor.compare.tasks import image as task_image
 from precision_doctor.compare.tasks import labels as task_labels
-from precision_doctor.compare.tasks import mask as task_mask
 from precision_doctor.compare.tasks import ocr as task_ocr
 from precision_doctor.compare.tasks.io import parse_param_value
 from precision_doctor.errors import MetricError, PrecisionDoctorError
@@ -163,9 +162,9 @@ BUILTINS: dict[str, _Builtin] = {
     "top5": _Builtin(task_classification.top5_agreement, 0.99,
                      "share of positions whose reference top-1 class is in the candidate top-5",
                      _options(task_classification.top5_agreement)),
-    "mask-iou": _Builtin(task_mask.mask_iou, 0.95,
+    "mask-iou": _Builtin(task_image.mask_iou, 0.95,
                          "mean IoU of the maps binarized at threshold (PP-OCR det: 0.3)",
-                         _options(task_mask.mask_iou)),
+                         _options(task_image.mask_iou)),
     "db-boxes": _Builtin(task_db.db_boxes, 1.0,
                          "share of DB text boxes (PP-OCR det) reproduced exactly, client's "
                          "DBPostProcess (needs rapidocr_onnxruntime)",
