@@ -148,3 +148,10 @@ def test_fix_writes_a_model_that_keeps_the_reference_lengths() -> None:
     assert lengths_of(fixed.model, feeds) == lengths_of(model, feeds)
 
 
+
+
+def test_fix_seeds_random_operators_for_its_comparisons_only() -> None:
+    model = noisy_duration_model()
+    fixed = pd.fix(model, phonemes(), target="fp16", quiet=True, device="cpu")
+    assert any("seed" in n for n in fixed.report["notes"])
+    assert unseeded_random_ops(fixed.model) == ["dp/noise"]  # deployed as the user's

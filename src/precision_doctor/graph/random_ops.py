@@ -51,6 +51,18 @@ def seed_random_ops(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[str,
     return seeded, tuple(names)
 
 
+def unseed_random_ops(model: onnx.ModelProto, names: tuple[str, ...]) -> onnx.ModelProto:
+    """``model`` with the ``seed`` attribute of the nodes ``names`` removed again: a model
+    written for deployment draws fresh numbers as the user's model did (in place; returned)."""
+    wanted = set(names)
+    for n in model.graph.node:
+        if (n.name or n.output[0]) in wanted and n.op_type in RANDOM_OPS:
+            kept = [a for a in n.attribute if a.name != "seed"]
+            del n.attribute[:]
+            n.attribute.extend(kept)
+    return model
+
+
 def seeded_note(names: tuple[str, ...]) -> str:
     """The report's sentence about seeded random operators ("" when none)."""
     if not names:
@@ -61,4 +73,5 @@ def seeded_note(names: tuple[str, ...]) -> str:
             "when they run the samples in the same order")
 
 
-__all__ = ["RANDOM_OPS", "seed_random_ops", "seeded_note", "unseeded_random_ops"]
+__all__ = ["RANDOM_OPS", "seed_random_ops", "seeded_note", "unseed_random_ops",
+           "unseeded_random_ops"]
