@@ -155,3 +155,18 @@ def test_fix_seeds_random_operators_for_its_comparisons_only() -> None:
     fixed = pd.fix(model, phonemes(), target="fp16", quiet=True, device="cpu")
     assert any("seed" in n for n in fixed.report["notes"])
     assert unseeded_random_ops(fixed.model) == ["dp/noise"]  # deployed as the user's
+
+
+def test_the_noise_floor_repeats_a_model_with_random_operators() -> None:
+    from precision_doctor.diagnosis.noise import measure_noise_floor
+
+    model, _ = seed_random_ops(noisy_duration_model())
+    feeds = phonemes()
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    reference = {"audio": [session.run(None, f)[0] for f in feeds]}
+    floor = measure_noise_floor(model, feeds, reference)
+    assert "repeat" in floor.probes and "fp64" in floor.skipped
+    assert not floor.nondeterministic  # seeded: the same draws in a new session
+    again = {"audio": [session.run(None, f)[0] for f in feeds]}  # the session's next draws
+    assert measure_noise_floor(model, feeds, again).nondeterministic

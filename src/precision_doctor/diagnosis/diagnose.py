@@ -132,6 +132,12 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
                           assessed, lengths)
     if seeded:
         report = replace(report, warnings=(*report.warnings, seeded_note(seeded)))
+    if report.noise is not None and report.noise.nondeterministic:
+        repeat = report.noise.probes["repeat"]
+        report = replace(report, warnings=(*report.warnings, (
+            "two FP32 runs of the same model on the same samples differ (rel L2 "
+            + ", ".join(f"{k} {v:.3g}" for k, v in repeat.items()) + "): the model is not "
+            "deterministic, so part of any error is not precision")))
     return engine_stage(request, reference, report, constants_plan, engine)
 
 

@@ -10,6 +10,10 @@ Two probes, each compared with the reference outputs (relative L2 error):
 * ``cpu``: when the reference ran on a GPU (``runners.device``: CUDA FP32, TF32 off), ONNX
   Runtime CPU on the first ``CPU_PROBE_SAMPLES`` samples: the CPU reference the GPU one
   stands in for, so the floor covers the difference between the two.
+* ``repeat``: for a model with random operators (``graph.random_ops``; ``diagnose`` seeds
+  them), the same FP32 model run again in a new session: any difference is nondeterminism
+  that the seeds did not remove, and ``nondeterministic`` says so. The ``fp64`` probe is then
+  skipped: a float64 generator draws other numbers than a float32 one from the same seed.
 
 The floor of an output is the largest of the probes that ran. An error at (a small multiple of)
 the floor is the model's conditioning, not a precision problem.
@@ -27,6 +31,7 @@ from onnx import TensorProto, numpy_helper
 from precision_doctor.compare.metrics import relative_l2
 from precision_doctor.errors import BackendError
 from precision_doctor.graph.external import external_bytes, is_external, tensor_array
+from precision_doctor.graph.random_ops import RANDOM_OPS
 from precision_doctor.graph.weight_store import stored_tensor_proto
 from precision_doctor.runners import device
 from precision_doctor.runners.batching import batches_on, run_batched
@@ -58,6 +63,11 @@ class NoiseFloor:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def nondeterministic(self) -> bool:
+        """Whether two FP32 runs of the same model on the same samples differed (``repeat``)."""
+        return any(v != 0 for v in self.probes.get("repeat", {}).values())
 
     @classmethod
     def from_dict(cls, data: Mapping) -> NoiseFloor:
@@ -112,8 +122,14 @@ def measure_noise_floor(model: onnx.ModelProto, samples: Sequence[Mapping[str, n
         skipped["fp64"] = (f"the model has {big / 2**30:.1f} GiB of external weights: a float64 "
                            "copy would double them (limit "
                            f"{FP64_PROBE_MAX_BYTES / 2**30:.0f} GiB)")
-    variants = {} if big > FP64_PROBE_MAX_BYTES else {
+    random = any(n.op_type in RANDOM_OPS for n in model.graph.node)
+    if random:
+        skipped["fp64"] = ("the model draws random numbers: a float64 copy would draw others "
+                           "from the same seed")
+    variants = {} if big > FP64_PROBE_MAX_BYTES or random else {
         "fp64": lambda: OrtRunner(to_float64(model), name="ort-cpu-fp64")}
+    if random:
+        variants["repeat"] = lambda: OrtRunner(model, name="ort-cpu-repeat")
     variants["no-graph-opt"] = lambda: OrtRunner(model, name="ort-cpu-noopt",
                                                  graph_optimization="disable")
     batched = batches_on(device.current().is_cuda, model, len(samples))
