@@ -17,7 +17,7 @@ import precision_doctor as pd
 from precision_doctor.formats import Precision
 from precision_doctor.inputs.feeds import Sample
 from precision_doctor.precision.plan import PrecisionPlan
-from precision_doctor.precision.rewrites import apply_rewrites
+from precision_doctor.precision.rewrites import RewriteReport, apply_rewrites
 from precision_doctor.precision.rewrites.ranges.periodic import phase_limit, reduce_2pi
 from precision_doctor.repair.rewrites_proof import calibrate_rewrites, prove_rewrites
 from precision_doctor.runners.emulator import EmulatorRunner
@@ -95,6 +95,13 @@ def test_onnx_runtime_runs_the_reduction_as_numpy_does() -> None:
     assert len(record.new_nodes) == 6
     assert set(record.keep_fp32) == {*record.new_nodes, "mul", "cast"}  # Sin/Cos stay low
     assert record.details["bound"] == "unknown"
+
+
+def test_the_fp32_request_survives_the_json_report() -> None:
+    _, report = apply_rewrites(timestep_embedding(), [RULE], target=Precision.FP16)
+    again = RewriteReport.from_dict(report.to_dict())
+    assert again == report and again.fp32_decisions() == report.fp32_decisions()
+    assert report.to_dict()["records"][0]["keep_fp32"][-2:] == ["mul", "cast"]
 
 
 def test_fp16_phase_error_drops_with_only_the_reduction_in_fp32() -> None:

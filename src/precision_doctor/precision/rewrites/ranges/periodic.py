@@ -38,6 +38,11 @@ maximum, so that moderate arguments (a Snake activation's sin(a x)) keep their p
 the target format. Beyond |x| = 2^16 * 2 pi = 4.1e5, n * C1 rounds
 (sin is off by 2.6e-6 at 4e5, 0.029 at 1e6: measured); ``fix`` therefore measures the rewrite
 on the calibration data (``repair.rewrites_proof``) and undoes it when an FP32 output moves.
+A model can amplify even the exact reduction: on Kokoro-82M int8 (the zoo's ``kokoro_ja_int8``,
+phrase ``tenki``, 2026-12-06) the sine source's phase reaches 23619 rad (FP16 spacing 16 rad),
+the reduced Sin differs from float64's sin by 2.8e-7 (ONNX Runtime's own: 1.0e-7), and the
+dynamic int8 quantization behind it turns that into 0.066 rel L2 of the FP32 audio: ``fix``
+undoes the rule there (its 50 Snake activations, |x| <= 86, are left alone by the phase limit).
 
 Checks (reasons in the records): the argument is float32 (a float64 one is not rounded by a
 plan), the opset has ``Round`` (>= 11), the argument is not already reduced.
