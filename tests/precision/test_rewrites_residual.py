@@ -171,6 +171,34 @@ def test_instance_and_layer_norm_streams_too() -> None:
                                                      _run(rewritten, samples)))
 
 
+def test_pytorch_groupnorm_before_opset_18_is_a_normalization_too() -> None:
+    """torch.onnx's GroupNorm at opset < 18: Reshape(x, [N, G, -1]) (N from Shape(x)) ->
+    InstanceNormalization(ones, zeros) -> Reshape(x's shape) -> Mul(gamma) -> Add(beta)."""
+    g = _Graph()
+    g.inits += [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+                numpy_helper.from_array(np.array([2, -1], np.int64), "g_rest")]
+    h = g.conv("x", "conv_in", 3, C, 2e4)
+    for i in range(3):
+        shape = g.node("Shape", [h], f"shape{i}")
+        n = g.node("Gather", [shape, "zero"], f"batch{i}", axis=0)
+        grouped = g.node("Reshape", [h, g.node("Concat", [n, "g_rest"], f"gshape{i}", axis=0)],
+                         f"grouped{i}")
+        inorm = g.norm(grouped, f"inorm{i}", "InstanceNormalization", channels=2)
+        back = g.node("Reshape", [inorm, shape], f"back{i}")
+        gamma = g.const(f"gamma{i}", np.ones((C, 1, 1)))
+        beta = g.const(f"beta{i}", np.zeros((C, 1, 1)))
+        n = g.node("Add", [g.node("Mul", [back, gamma], f"scaled{i}"), beta], f"gn{i}")
+        h = g.node("Add", [h, g.conv(n, f"conv{i}", C, C, 2e4 * 1.6 ** i)], f"h{i + 1}")
+    model = g.model(g.conv(g.norm(h, "norm_out"), "conv_out", C, 3, 1.0))
+    samples = _samples(1)
+    rewritten, report = apply_rewrites(model, [RULE], target=Precision.FP16,
+                                       max_abs=stream_maxima(model, samples))
+    [record] = [r for r in report.records if r.applied]
+    assert {"inorm0", "inorm1", "inorm2", "norm_out"} <= set(record.nodes)
+    assert all(np.array_equal(a, b) for a, b in zip(_run(model, samples),
+                                                     _run(rewritten, samples)))
+
+
 def test_a_conv_reading_the_stream_is_part_of_it() -> None:
     model, samples = vae_stream(extra="shortcut"), _samples(1)
     rewritten, report = apply_rewrites(model, [RULE], target=Precision.FP16,

@@ -6,7 +6,9 @@ A stream is the smallest set S of float tensors, grown from the data input of ea
 consumer of a tensor of S is
 
 * such a normalization reading it as its data (input 0; a LayerNormalization whose Mean or
-  InvStdDev output is read blocks), or
+  InvStdDev output is read blocks; PyTorch's export of GroupNorm before opset 18,
+  Reshape -> InstanceNormalization -> Reshape -> Mul -> Add, is one through data movement),
+* ``Shape``/``Size`` (they read its shape only), or
 * a further part of the stream: ``Add``/``Sub``/``Concat``/``Sum`` (their output joins S, and
   so do their other activation operands), a positively homogeneous op of one data input
   (data movement, Resize, MaxPool, AveragePool, Relu, LeakyRelu, a Mul or Div by a constant:
@@ -36,6 +38,7 @@ HOMOGENEOUS_OPS = frozenset({"Reshape", "Transpose", "Identity", "Squeeze", "Uns
                              "LeakyRelu", "DepthToSpace", "SpaceToDepth", "Slice", "Expand",
                              "Tile"})
 LINEAR_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+SHAPE_OPS = frozenset({"Shape", "Size"})
 BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
 MAX_TENSORS = 4096  # a stream larger than this is left alone (bounds the walk)
 Join = Callable[[ir.Value | None], None]
@@ -130,6 +133,8 @@ def _consumers(value: ir.Value, stream: Stream, join: Join) -> str:
         op = _op(node)
         if node.graph is not value.graph:
             return f"'{value.name}' is read inside a subgraph ({op} '{node.name}')"
+        if op in SHAPE_OPS:
+            continue  # reads the shape only (a decomposed GroupNorm's Reshape target)
         if op in NORM_OPS and idx == 0:
             extra = [o for o in node.outputs[1:] if o.uses() or o.is_graph_output()]
             if extra:
