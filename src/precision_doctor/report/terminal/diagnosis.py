@@ -82,17 +82,25 @@ def layers_table(lw: LayerwiseResult, layers: int, width: int | None = None) -> 
     Args:
         lw: The layerwise comparison.
         layers: Rows to show.
-        width: The console's width in characters: tensor names are shortened (``short_name``)
-            so that the table keeps one line per row there (at least ``NAME_LIMIT / 2``
-            characters of a name); None: ``NAME_LIMIT``.
+        width: The console's width in characters: the count columns (ovf, ftz, NaN/Inf) that
+            are 0 in every row shown are left out (the caption says so) and tensor names are
+            shortened (``short_name``, to no fewer than ``NAME_LIMIT / 2`` characters) so that
+            the table keeps one line per row there; None: every column, names of at most
+            ``NAME_LIMIT``.
     """
     rows = layer_rows(lw, layers)
     cells = [[f"#{r.index}", r.tensor, _op(r.op_type), fmt3(r.rel_l2), fmt3(r.ref_max_abs),
               fmt3(r.headroom_bits), fmt_count(r.overflow), fmt_count(r.flush_to_zero),
               f"{r.cand_nan}/{r.cand_inf}"] for r in rows]
-    limit = NAME_LIMIT
+    columns, caption, limit = list(LAYER_COLUMNS), LAYER_CAPTION, NAME_LIMIT
     if width is not None:
-        probe = metric_table(None, LAYER_COLUMNS, [[*c[:1], "", *c[2:]] for c in cells])
+        zero = [i for i in (6, 7, 8) if all(str(c[i]) in ("0", "0/0") for c in cells)]
+        if zero:
+            names = ", ".join(LAYER_COLUMNS[i].header for i in zero)
+            caption += f"; {names}: 0 in every row shown (left out)"
+            columns = [c for i, c in enumerate(LAYER_COLUMNS) if i not in zero]
+            cells = [[v for i, v in enumerate(c) if i not in zero] for c in cells]
+        probe = metric_table(None, columns, [[*c[:1], "", *c[2:]] for c in cells])
         limit = max(NAME_LIMIT // 2,
                     min(NAME_LIMIT, width - probe.table_min_width() + len("tensor")))
     for c in cells:
@@ -100,7 +108,7 @@ def layers_table(lw: LayerwiseResult, layers: int, width: int | None = None) -> 
     styles = ["red" if r.tensor == lw.first_divergence else None for r in rows]
     title = ("Layerwise (around the first divergence)" if lw.first_divergence
              else "Layerwise (largest errors)")
-    return metric_table(title, LAYER_COLUMNS, cells, caption=LAYER_CAPTION, row_styles=styles)
+    return metric_table(title, columns, cells, caption=caption, row_styles=styles)
 
 
 def _op(op_type: str) -> str:
