@@ -243,3 +243,37 @@ def test_fix_measures_the_stream_and_keeps_nothing_in_fp32() -> None:
     assert fixed.passed and fixed.fp32_nodes == []
     assert not np.isfinite(float(fixed.report["before"][out]["rel_l2"]))  # NaN/inf naive
     assert fixed.report["after"][out]["rel_l2"] < 2e-3  # 6.1e-4, the written model
+
+
+def test_an_rms_stream_from_an_embedding_table() -> None:
+    """A T5-like decoder stack: token ids -> Gather(embedding table) -> per block
+    ``h += MatMul(RMSNorm(h), W)``; the stream passes 65504, the table is scaled."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.normal(0, 2e3, (50, 16)).astype(np.float32), "emb")]
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["h0"], name="embed")]
+    for i in range(3):
+        inits += [numpy_helper.from_array(np.ones(16, np.float32), f"g{i}"),
+                  numpy_helper.from_array(rng.normal(0, 6e3, (16, 16)).astype(np.float32),
+                                          f"w{i}")]
+        nodes += [helper.make_node("RMSNormalization", [f"h{i}", f"g{i}"], [f"n{i}"],
+                                   name=f"rms{i}", axis=-1, epsilon=1e-6),
+                  helper.make_node("MatMul", [f"n{i}", f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+                  helper.make_node("Add", [f"h{i}", f"m{i}"], [f"h{i + 1}"], name=f"add{i}")]
+    inits.append(numpy_helper.from_array(np.ones(16, np.float32), "g_out"))
+    nodes.append(helper.make_node("RMSNormalization", ["h3", "g_out"], ["y"], name="rms_out",
+                                  axis=-1))
+    graph = helper.make_graph(
+        nodes, "t5", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12, 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 11
+    samples = [Sample("s", {"ids": rng.integers(0, 50, (1, 12))})]
+    maxima = stream_maxima(model, samples)
+    assert max(maxima.values()) > 65504
+    rewritten, report = apply_rewrites(model, [RULE], target=Precision.FP16, max_abs=maxima)
+    [record] = report.applied(RULE)
+    assert "embed" in record.nodes and record.details["norms"] == 4
+    ref = _run(model, samples)
+    assert all(np.array_equal(a, b) for a, b in zip(ref, _run(rewritten, samples)))
+    assert not np.isfinite(_fp16(model, samples)[0]).all()
+    assert _rel(_fp16(rewritten, samples), ref) < 2e-3

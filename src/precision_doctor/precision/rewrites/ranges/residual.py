@@ -1,14 +1,15 @@
 """``prescale-normalized-residual``: scale a residual stream that only normalizations read by
 2^-k, so that FP16 holds it.
 
-    Norm(x * 2^-k, eps * 2^-2k)  ==  Norm(x, eps)       (GroupNorm, InstanceNorm, LayerNorm)
+    Norm(x * 2^-k, eps * 2^-2k)  ==  Norm(x, eps)     (Group-, Instance-, Layer-, RMSNorm)
 
 Why: the residual stream of a VAE decoder or a U-Net reaches 1e5-1e6 (the reason for the
 "fp16-fix" VAE checkpoints), beyond FP16's largest finite value 65504: stored in FP16 it is
 inf, and the next normalization's output NaN. What reads the stream is a normalization, which
 cannot tell x from x * s: mean and deviation scale with s, the variance with s^2, so
-(s x - s mu) / sqrt(s^2 var + s^2 eps) = (x - mu) / sqrt(var + eps): epsilon is multiplied by
-s^2 = 2^-2k to stay exact, not left alone (which would be a different, larger, regulariser).
+(s x - s mu) / sqrt(s^2 var + s^2 eps) = (x - mu) / sqrt(var + eps) (RMSNorm: mean(x^2) for
+var, no mu): epsilon is multiplied by s^2 = 2^-2k to stay exact, not left alone (which would
+be a different, larger, regulariser).
 
 How: the tensors of the stream and the constants that produce them (``streams``): the weights
 and biases of the Conv/MatMul/Gemm that write into it, a constant it is multiplied by, the
@@ -57,7 +58,7 @@ from precision_doctor.precision.rewrites.ranges.streams import Stream, find_stre
 from precision_doctor.precision.rewrites.report import Detail, RewriteRecord
 
 HEADROOM = 2.0 ** 12  # the stream's largest |x| after scaling: 16x below FP16's 65504
-DEFAULT_EPSILON = 1e-5  # GroupNormalization, InstanceNormalization, LayerNormalization
+DEFAULT_EPSILON = 1e-5  # the ONNX default of all four normalizations
 FLOAT32_MIN_NORMAL = 2.0 ** -126
 
 

@@ -2,7 +2,8 @@
 constants scale them, and what blocks a stream.
 
 A stream is the smallest set S of float tensors, grown from the data input of each
-``GroupNormalization``, ``InstanceNormalization`` and ``LayerNormalization``, such that every
+``GroupNormalization``, ``InstanceNormalization``, ``LayerNormalization`` and
+``RMSNormalization`` (opset 23: x / sqrt(mean(x^2) + eps), as scale-invariant), such that every
 consumer of a tensor of S is
 
 * such a normalization reading it as its data (input 0; a LayerNormalization whose Mean or
@@ -17,8 +18,9 @@ consumer of a tensor of S is
   bias is scaled);
 
 and every tensor of S is produced by a part of the stream or by a *scalable producer*: a
-Conv/ConvTranspose/Gemm/MatMul with constant weights (weights and bias scaled), or a ``Mul``
-by a constant (the constant scaled). Anything else (a graph input or output, a SiLU reading the
+Conv/ConvTranspose/Gemm/MatMul with constant weights (weights and bias scaled), a ``Mul`` by a
+constant (the constant scaled), or a homogeneous op of a constant (a ``Gather`` from an
+embedding table: the table scaled). Anything else (a graph input or output, a SiLU reading the
 stream, a computed weight) blocks the stream, and the reason names it.
 """
 
@@ -31,12 +33,13 @@ import onnx_ir as ir
 
 from precision_doctor.precision.rewrites.graph_edit import constant_array, describe_source
 
-NORM_OPS = frozenset({"GroupNormalization", "InstanceNormalization", "LayerNormalization"})
+NORM_OPS = frozenset({"GroupNormalization", "InstanceNormalization", "LayerNormalization",
+                      "RMSNormalization"})
 SUM_OPS = frozenset({"Add", "Sub", "Concat", "Sum"})
 HOMOGENEOUS_OPS = frozenset({"Reshape", "Transpose", "Identity", "Squeeze", "Unsqueeze",
                              "Flatten", "Resize", "Upsample", "MaxPool", "AveragePool", "Relu",
                              "LeakyRelu", "DepthToSpace", "SpaceToDepth", "Slice", "Expand",
-                             "Tile"})
+                             "Tile", "Gather"})
 LINEAR_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 SHAPE_OPS = frozenset({"Shape", "Size"})
 BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
@@ -204,6 +207,8 @@ def _collect_scaled(stream: Stream, members: set[ir.Value]) -> str:
                 if not _is_const(node.inputs[bias]):
                     return f"{op} '{node.name}' has a computed bias"
                 stream.scaled.append((node, bias))
+        elif op in HOMOGENEOUS_OPS and _is_const(node.inputs[0]):
+            stream.scaled.append((node, 0))  # f(s c) = s f(c): an embedding table, say
         elif op == "Mul" and not any(v in members for v in node.inputs):
             stream.scaled.append(next((node, i) for i, v in enumerate(node.inputs)
                                       if _is_const(v)))
