@@ -24,26 +24,23 @@ from typing import Callable, Sequence
 import onnx
 import onnx_ir as ir
 
-from precision_doctor.diagnosis.causes.cures import expand_with_regions, layerwise_regions
 from precision_doctor.diagnosis.causes.hazards import Hazard, scan_hazards
 from precision_doctor.diagnosis.headroom.probe import fp32_statistics_nodes
 from precision_doctor.diagnosis.lengths.guard import length_guard
 from precision_doctor.errors import PlanError
 from precision_doctor.formats import Precision
 from precision_doctor.graph.external import small_in_memory
-from precision_doctor.graph.outputs import producer_inputs
 from precision_doctor.layerwise.candidates import (
     check_finite_reference,
-    emulated,
     reference_factory,
     run_samples,
 )
-from precision_doctor.layerwise.compare import compare_layerwise
 from precision_doctor.precision.conv_bias import FUSED
 from precision_doctor.precision.plan import NodeDecision, PrecisionPlan, select_nodes
 from precision_doctor.precision.rewrites import RewriteReport, apply_rewrites
 from precision_doctor.precision.writer import PlanWriter, written_opset
 from precision_doctor.precision.writer.validate import inferred_dtypes
+from precision_doctor.repair.ranking import Ranking, rank
 from precision_doctor.repair.rewrites_proof import prove_rewrites
 from precision_doctor.runners.base import Runner
 from precision_doctor.runners.emulator import EmulatorRunner
@@ -58,19 +55,11 @@ from precision_doctor.runners.sessions.cpu_arena import shared_cpu
 from precision_doctor.search.bisection import SearchResult, search_fp32_set
 from precision_doctor.search.cost import compute_nodes
 from precision_doctor.search.incremental import IncrementalEmulation, incremental_scope
-from precision_doctor.search.near_ties import (
-    DECISION_METRICS,
-    NearTie,
-    at_risk_samples,
-    decision_output,
-    find_near_ties,
-)
+from precision_doctor.search.near_ties import NearTie, at_risk_samples, find_near_ties
 from precision_doctor.search.objective import Objective, Outputs, Score
-from precision_doctor.search.ranking import rank_by_sensitivity, upstream_first
 
 Progress = Callable[[str, int, int], None]
 REWRITE_HINT = "(after rewrites: folded BatchNorms and fused LayerNorms are gone)"
-RANKING_SAMPLES = 2  # layerwise ranking uses the worst samples; every evaluation uses all
 
 # The emulated search's sessions use ONNX Runtime's CPU memory arena: without it every large
 # activation is a fresh mmap and half the CPU time is page faults. Measured 2026-11-24 on the
@@ -263,49 +252,6 @@ def keep_for_engine(model: onnx.ModelProto, plan: PrecisionPlan, engine: Engine,
 
 
 @dataclass(frozen=True)
-class Ranking:
-    """Candidate nodes by measured sensitivity, most sensitive first.
-
-    Attributes:
-        nodes: The ranked candidates.
-        samples: Indices of the samples the layerwise comparison ran on.
-        seconds: Wall time of this stage.
-    """
-
-    nodes: tuple[str, ...]
-    samples: tuple[int, ...]
-    seconds: float
-
-
-def rank(request: FixRequest, baseline: Baseline, rewritten: Rewritten, start: StartPlan,
-         start_score: Score) -> Ranking:
-    """Rank the candidates with one layerwise comparison of the start plan.
-
-    Metric objectives rank on the ``RANKING_SAMPLES`` worst-scored samples, tolerance objectives
-    on the first ones (choosing them by error share per element gave det a ranking whose search
-    kept 14 FP32 nodes instead of 9 and a 4x longer layerwise pass, measured 2026-11-24).
-    Decomposed-LayerNorm nodes come first; for a decision metric, the nodes feeding the decision
-    output come before the others (rounding elsewhere cannot flip it).
-    """
-    t0 = time.perf_counter()
-    objective, samples, model = baseline.objective, request.samples, rewritten.model
-    worst = (objective.worst_samples(start_score, RANKING_SAMPLES, len(samples))
-             if objective.metric is not None
-             else list(range(min(RANKING_SAMPLES, len(samples)))))
-    cand = emulated(start.plan, conv_bias_of(request.engine))
-    lw = compare_layerwise(model, [samples[i].feeds for i in worst], reference_factory,
-                           cand.factory, request.target, threshold=1e-2,
-                           candidate_graph=cand.graph)
-    layernorms = [n for h in start.hazards if h.kind == "decomposed-layernorm" for n in h.nodes]
-    ranked = rank_by_sensitivity(lw, list(start.candidates), producer_inputs(model), layernorms)
-    # an overflowing node is cured only with the nodes reading its values (diagnosis.causes.cures)
-    ranked = expand_with_regions(ranked, layerwise_regions(model, lw))
-    if objective.metric is not None and objective.metric.name in DECISION_METRICS:
-        ranked = upstream_first(ranked, model, decision_output(objective, request.output_names))
-    return Ranking(tuple(ranked), tuple(worst), time.perf_counter() - t0)
-
-
-@dataclass(frozen=True)
 class Searched:
     """What the search found.
 
@@ -374,7 +320,9 @@ def search(request: FixRequest, baseline: Baseline, rewritten: Rewritten,
     ranked: list[Ranking] = []
 
     def ranking(start_score: Score) -> list[str]:
-        ranked.append(rank(request, baseline, rewritten, start, start_score))
+        ranked.append(rank(rewritten.model, request.samples, baseline.objective,
+                           request.target, request.engine, start.plan, start.hazards,
+                           start.candidates, request.output_names, start_score))
         return list(ranked[-1].nodes)
 
     def screen(start_outputs: Outputs) -> list[int] | None:
@@ -394,7 +342,8 @@ def search(request: FixRequest, baseline: Baseline, rewritten: Rewritten,
                                             request.keep_io_types, conv_bias, incremental,
                                             writer), request.samples,
                                  baseline.reference, baseline.objective, start.plan, ranking,
-                                 request.max_evals, request.progress, jobs, screen, prefetch)
+                                 request.max_evals, request.progress, jobs, screen, prefetch,
+                                 regions=lambda _: ranked[-1].regions if ranked else None)
     ranking_s = ranked[-1].seconds if ranked else 0.0
     return Searched(result, ranked[-1] if ranked else None,
                     time.perf_counter() - t0 - ranking_s)

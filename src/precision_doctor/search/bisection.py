@@ -4,7 +4,7 @@
    target: done, k = 0.
 2. Rank candidates by measured sensitivity (from one layerwise comparison of the start plan on
    the samples it scores worst: overflow/NaN births first, then local error gain =
-   rel_l2(out) / rel_l2(inputs); ``repair.stages.rank`` makes it margin- and engine-aware for
+   rel_l2(out) / rel_l2(inputs); ``repair.ranking.rank`` makes it margin- and engine-aware for
    decision metrics).
 3. Grow: bisect for the shortest prefix of the ranking that meets the target (log2 N
    evaluations, assuming more FP32 never hurts). Every candidate in FP32 is evaluated only
@@ -41,6 +41,7 @@ from precision_doctor.errors import TargetNotMetError
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.search.evalpool import OpenPlan, SampleRunner
 from precision_doctor.search.objective import SAMPLE_LOAD, Objective, Outputs, Score
+from precision_doctor.search.regions import Region, RegionSearch, search_regions
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class SearchResult:
         ranking: Candidate nodes in sensitivity order (first 50).
         final_outputs: Outputs of ``plan`` on every sample when the search ran them (not in
             reports; ``fix`` reuses them instead of running the plan again).
+        regions: What the region search did (``search.regions``); None for the node search.
     """
 
     plan: PrecisionPlan
@@ -75,6 +77,7 @@ class SearchResult:
     trials: tuple[Trial, ...]
     ranking: tuple[str, ...] = field(default_factory=tuple)
     final_outputs: Outputs | None = field(default=None, compare=False, repr=False)
+    regions: RegionSearch | None = None
 
     @property
     def evaluations(self) -> int:
@@ -82,6 +85,8 @@ class SearchResult:
 
 
 Screen = Callable[[Outputs], "Sequence[int] | None"]
+# ranked candidates -> the top regions to search first (``search.regions``), or None: by nodes
+Regions = Callable[[Sequence[str]], "Sequence[Region] | None"]
 
 
 class _Evaluator:
@@ -184,7 +189,8 @@ def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
                     max_evals: int = 60,
                     progress: Callable[[str, int, int], None] | None = None,
                     jobs: int = 1, screen: Screen | None = None,
-                    prefetch: bool = False, seconds: float | None = None) -> SearchResult:
+                    prefetch: bool = False, seconds: float | None = None,
+                    regions: Regions | None = None) -> SearchResult:
     """Find a small set of ``ranking`` nodes to keep in FP32 so ``objective`` passes.
 
     Args:
@@ -211,6 +217,8 @@ def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
             (``SampleRunner``; two runners alive at once).
         seconds: Wall-time budget: no evaluation starts after it (None: evaluations only).
             Like ``max_evals``, an exhausted budget returns the best passing set so far.
+        regions: The ranking -> the regions to search first (``search.regions``: grow and
+            ddmin over regions, then inside the regions kept), or None to search by nodes.
 
     Returns:
         ``SearchResult``.
@@ -222,12 +230,12 @@ def search_fp32_set(open_plan: OpenPlan, samples: Sequence, reference: Outputs,
         ev = _Evaluator(runner, samples, reference, objective, base, max_evals, progress)
         if seconds is not None:
             ev.deadline = time.perf_counter() + seconds
-        return _search(ev, objective, base, ranking, screen)
+        return _search(ev, objective, base, ranking, screen, regions)
 
 
 def _search(ev: _Evaluator, objective: Objective, base: PrecisionPlan,
             ranking: Sequence[str] | Callable[[Score], Sequence[str]],
-            screen: Screen | None) -> SearchResult:
+            screen: Screen | None, regions: Regions | None = None) -> SearchResult:
     start = ev([], "start", complete=True)
     if start.passed:
         return SearchResult(base, (), start, tuple(ev.trials), (), _outputs_of(ev, []))
@@ -246,7 +254,13 @@ def _search(ev: _Evaluator, objective: Objective, base: PrecisionPlan,
                         + [i for i in at_risk if i not in failing]
                         + [i for i in ev.order if i not in active])
     ranking = list(ranking(start) if callable(ranking) else ranking)
-    kept = _grow_shrink(ranking, ev, objective, start)
+    top = regions(ranking) if regions is not None else None
+    by_regions = None
+    if top:
+        kept, by_regions = search_regions(
+            ev, top, ranking, lambda nodes: _all_fp32(nodes, ev, objective, start))
+    else:
+        kept = _grow_shrink(ranking, ev, objective, start)
     score = ev(kept, "final", complete=True)
     if not score.passed and ev.active is not None:
         # a screened-out sample fails after all: search again on every sample, from there
@@ -258,7 +272,7 @@ def _search(ev: _Evaluator, objective: Objective, base: PrecisionPlan,
         score = ev(kept, "final", complete=True)
     plan = base.keep_fp32(kept, "search", "needed to meet the target (accuracy search)")
     return SearchResult(plan, tuple(kept), score, tuple(ev.trials), tuple(ranking[:50]),
-                        _outputs_of(ev, kept))
+                        _outputs_of(ev, kept), by_regions)
 
 
 def _grow_shrink(ranking: list[str], ev: _Evaluator, objective: Objective, start: Score
@@ -277,17 +291,26 @@ def _grow_shrink(ranking: list[str], ev: _Evaluator, objective: Objective, start
         else:
             lo = mid
     if hi == len(ranking):  # no shorter prefix passed: everything in FP32 must
-        full = ev(list(ranking), "all-fp32", complete=True)
-        if not full.passed:
-            best = full if objective.better(full, start) else start
-            raise TargetNotMetError(
-                f"the target ({objective.describe()}) is not met even with all {len(ranking)} "
-                f"candidate nodes in FP32: best score {best.value:.4g}. Either nodes excluded "
-                "from the search (--force-low, or kept low by the plan) break it, or the "
-                "evaluating engine differs from the FP32 reference beyond the target in FP32 "
-                "itself (e.g. TF32 on, other kernels): loosen the target or check the engine.",
-                best=best.value)
+        _all_fp32(list(ranking), ev, objective, start)
     return _ddmin(list(ranking[:hi]), ev)
+
+
+def _all_fp32(nodes: list[str], ev: _Evaluator, objective: Objective, start: Score) -> None:
+    """Evaluate every candidate in FP32 on every sample.
+
+    Raises:
+        TargetNotMetError: Even that fails.
+    """
+    full = ev(nodes, "all-fp32", complete=True)
+    if not full.passed:
+        best = full if objective.better(full, start) else start
+        raise TargetNotMetError(
+            f"the target ({objective.describe()}) is not met even with all {len(nodes)} "
+            f"candidate nodes in FP32: best score {best.value:.4g}. Either nodes excluded "
+            "from the search (--force-low, or kept low by the plan) break it, or the "
+            "evaluating engine differs from the FP32 reference beyond the target in FP32 "
+            "itself (e.g. TF32 on, other kernels): loosen the target or check the engine.",
+            best=best.value)
 
 
 def _complements(nodes: list[str], n: int) -> list[list[str]]:

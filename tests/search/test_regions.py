@@ -1,0 +1,108 @@
+"""Region-first search (``search.regions``) on a fake engine shaped like a range-bound UNet:
+16 blocks of 20 nodes, where 12 blocks each hold one overflow region of 8 nodes that only
+cures whole (96 needed nodes)."""
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from precision_doctor.compare.tasks.registry import get_metric
+from precision_doctor.formats import Precision
+from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.runners.base import TensorMeta
+from precision_doctor.runners.fake import FakeRunner
+from precision_doctor.search.bisection import search_fp32_set
+from precision_doctor.search.objective import Objective
+from precision_doctor.search.regions import Region, region_tree
+
+BLOCKS, PER_BLOCK, HOT = 16, 20, range(0, 16, 4)  # 4 blocks not hot: 12 hot below
+NODES = [f"/blocks.{b}/sub.{j // 5}/Op_{j}" for b in range(BLOCKS) for j in range(PER_BLOCK)]
+MODULES = {n: n[1:].rsplit("/", 1)[0].replace("/", ".") for n in NODES}
+HOT_BLOCKS = [b for b in range(BLOCKS) if b not in HOT]
+ATOMS = {b: tuple(f"/blocks.{b}/sub.{j // 5}/Op_{j}" for j in range(4, 12))
+         for b in HOT_BLOCKS}  # an overflow region across sub.0, sub.1 and sub.2
+NEEDED = {n for atom in ATOMS.values() for n in atom}
+
+
+def _setup():
+    samples = [SimpleNamespace(feeds={"x": np.full((1, 4), float(i), np.float32)})
+               for i in range(2)]
+
+    def open_plan(plan: PrecisionPlan) -> FakeRunner:
+        fp32 = set(plan.fp32_nodes())
+
+        def fn(feeds):
+            logits = np.zeros((1, 3), np.float32)
+            logits[0, 0 if NEEDED <= fp32 else 1] = 1.0  # NaN everywhere unless all cured
+            return {"y": logits}
+        return FakeRunner([TensorMeta("x", np.dtype(np.float32), (1, 4))], ["y"], fn)
+
+    reference = {"y": [np.array([[1.0, 0.0, 0.0]], np.float32) for _ in samples]}
+    return samples, open_plan, reference
+
+
+def _ranking() -> list[str]:
+    """Overflow regions first (``repair.ranking`` expands them), then the rest in graph
+    order, as the layerwise ranking puts +inf sensitivities first."""
+    hot = [n for b in HOT_BLOCKS for n in ATOMS[b]]
+    return hot + [n for n in NODES if n not in NEEDED]
+
+
+def _overflow() -> dict[str, tuple[str, ...]]:
+    return {n: atom for atom in ATOMS.values() for n in atom}
+
+
+def test_region_tree_groups_by_module_and_keeps_overflow_regions_whole():
+    top = region_tree(_ranking(), MODULES, _overflow())
+    # the root module "blocks" has 16 children: the tree starts at the blocks
+    assert [r.name for r in top[:3]] == ["blocks.1", "blocks.2", "blocks.3"]
+    assert len(top) == BLOCKS and all(isinstance(r, Region) for r in top)
+    block1 = top[0]
+    assert len(block1.nodes) == PER_BLOCK and block1.depth == 2
+    (atom,) = [c for c in block1.children if c.name.startswith("overflow:")]
+    assert atom.nodes == ATOMS[1] and not atom.children  # at the innermost common module
+    # nodes without a module path are atoms at the root
+    bare = region_tree(["a", "b"], {}, {})
+    assert [r.name for r in bare] == ["node:a", "node:b"]
+
+
+def _search(regions):
+    samples, open_plan, reference = _setup()
+    objective = Objective(metric=get_metric("top1"), threshold=1.0)
+    top = region_tree(_ranking(), MODULES, _overflow()) if regions else None
+    return search_fp32_set(open_plan, samples, reference, objective,
+                           PrecisionPlan(Precision.FP16), _ranking(), max_evals=150,
+                           regions=(lambda _: top) if regions else None)
+
+
+def test_regions_first_finds_the_exact_set_within_budget_where_nodes_exhaust_it():
+    by_nodes = _search(regions=False)
+    assert by_nodes.regions is None
+    assert by_nodes.evaluations >= 150  # ddmin over 96 needed nodes spends the budget
+    by_regions = _search(regions=True)
+    assert set(by_regions.kept) == NEEDED and by_regions.score.passed
+    assert by_regions.evaluations < 60, by_regions.evaluations
+    done = by_regions.regions
+    assert done is not None and done.regions == BLOCKS and not done.stopped
+    assert set(done.kept) == {f"overflow:{ATOMS[b][0]}" for b in HOT_BLOCKS}
+    stages = {t.stage for t in by_regions.trials}
+    assert {"grow-regions", "shrink-regions-1"} <= stages
+
+
+def test_region_search_is_deterministic():
+    a, b = _search(regions=True), _search(regions=True)
+    assert a.kept == b.kept
+    assert [(t.stage, t.fp32_nodes, t.passed) for t in a.trials] == \
+        [(t.stage, t.fp32_nodes, t.passed) for t in b.trials]
+
+
+def test_a_level_out_of_its_share_keeps_its_regions_whole_and_passes():
+    samples, open_plan, reference = _setup()
+    objective = Objective(metric=get_metric("top1"), threshold=1.0)
+    top = region_tree(_ranking(), MODULES, _overflow())
+    result = search_fp32_set(open_plan, samples, reference, objective,
+                             PrecisionPlan(Precision.FP16), _ranking(), max_evals=20,
+                             regions=lambda _: top)
+    assert result.score.passed and NEEDED <= set(result.kept)
+    assert result.evaluations <= 20  # inside the budget, the final evaluation included
+    assert result.regions is not None and result.regions.stopped
