@@ -168,3 +168,37 @@ def test_the_html_shows_no_statistics_of_a_nan_output(unet):
     page = render_html(unet)
     assert "not computed: 256 NaN, 0 Inf of 256 values" in page
     assert "not measured: " in page or all(f.impact is not None for f in unet.findings)
+
+
+class _Timed:
+    """A measure with a budget of ``calls`` new measurements (as ``ImpactTrials.affordable``
+    reads its wall time)."""
+
+    seconds = 60.0
+
+    def __init__(self, calls: int) -> None:
+        self.left, self.errors = calls, {}
+
+    def affordable(self, nodes) -> bool:
+        return frozenset(nodes) in self.errors or self.left > 0
+
+    def __call__(self, nodes) -> float:
+        key = frozenset(nodes)
+        if key not in self.errors:
+            self.left -= 1
+            self.errors[key] = 0.0 if "a" in key else 1.0
+        return self.errors[key]
+
+
+def test_findings_beyond_the_budget_say_where_it_went():
+    from dataclasses import replace
+
+    from precision_doctor.diagnosis.causes.trials import rank_findings
+
+    findings = [replace(_f(n), impact=None) for n in ("a", "b", "c", "d")]
+    ranked = rank_findings(findings, _Timed(2), 1.0)
+    measured = [f for f in ranked if f.impact is not None]
+    assert [f.node for f in measured] == ["a", "b"] and measured[0].impact == 1.0
+    for f in ranked[2:]:
+        assert f.impact is None
+        assert f.not_measured == "the 60 s findings budget went to the 2 findings measured before"

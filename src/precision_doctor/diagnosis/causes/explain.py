@@ -49,7 +49,9 @@ from precision_doctor.diagnosis.causes.joint import (
 from precision_doctor.diagnosis.causes.mechanisms import ORDER, name_mechanism, remedy
 from precision_doctor.diagnosis.causes.operands import measure_operands
 from precision_doctor.diagnosis.causes.trials import (
+    FINDINGS_MIN_SECONDS,
     ImpactTrials,
+    affordable,
     group_findings,
     measured_first,
     rank_findings,
@@ -117,6 +119,9 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
         progress: ``progress(stage, done, total)``.
         budget_s: Wall-time budget of the attribution search (``attribution.MIN_SECONDS`` at
             least); ``diagnose`` gives it 4x the time of its plain runs and layerwise pass.
+            The findings' own measurements (impacts, joint cause, residual shares, groups)
+            have as much again, at least ``trials.FINDINGS_MIN_SECONDS``; what is left
+            unmeasured says so (``Finding.not_measured``).
         measure_impact: Measure impacts (emulated candidates only); False: findings and names
             from the measurements already made, no extra evaluation and no attribution.
 
@@ -132,7 +137,8 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     plan = candidate.plan if measure_impact and failing else None
     measure = None
     if plan is not None:
-        measure = ImpactTrials(model, plan, candidate.conv_bias, samples, reference, names)
+        measure = ImpactTrials(model, plan, candidate.conv_bias, samples, reference, names,
+                               max(FINDINGS_MIN_SECONDS, budget_s))
         # what rank_findings and _joint will ask, at once (shape by shape on a GPU)
         measure.prefetch([findings[i].nodes for i in measured_first(findings)]
                          + [_remedy_nodes(findings)])
@@ -144,7 +150,8 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     explained = _joint(findings, measure, baseline)
     seconds["findings"] = time.perf_counter() - t0
     if measure is not None and layerwise is not None and math.isinf(baseline) \
-            and (explained or 0.0) < 0.5:  # causes masked by the ones found (joint.unmask)
+            and (explained or 0.0) < 0.5 and affordable(measure, ()):
+        # causes masked by the ones found (joint.unmask)
         t0 = time.perf_counter()
         first = worst_samples(reference, cand, list(failing), 1)[0]
         masked = unmask(model, samples[first].feeds, candidate, findings, measure, baseline,

@@ -136,6 +136,7 @@ class Finding:
 # Why a finding's impact is None: a short phrase, rendered after "not measured: ".
 NOT_MEASURED = {
     "limit": "beyond the first {limit} findings measured one by one (errors first)",
+    "budget": "the {seconds:.0f} s findings budget went to the {done} findings measured before",
     "engine": "a real engine is the candidate: cures are measured in the emulation only",
     "off": "impact measurement was turned off",
     "passed": "every output meets its tolerance: there is nothing to cure",

@@ -315,19 +315,21 @@ def pattern_groups(findings: Sequence[Finding],
     budget = MAX_MEASURED
     for members, by_region in _buckets(rest, regions):
         group = _make(members, None, regions, by_region)
+        nodes = list(dict.fromkeys(n for f in members for n in f.nodes))
+        timely = measure is None or getattr(measure, "affordable", lambda _: True)(nodes)
         if (measure is not None and baseline > 0 and budget > 0 and group.group == "main"
-                and any(f.impact is not None for f in members)):
+                and any(f.impact is not None for f in members) and timely):
             budget -= 1
-            nodes = list(dict.fromkeys(n for f in members for n in f.nodes))
             group = replace(group, impact=share_removed(baseline, measure(nodes)))
         else:
             group = replace(group, not_measured=_why(group, members, measure is not None
-                                                     and baseline > 0, budget))
+                                                     and baseline > 0, budget, timely))
         made.append((order[id(members[0])], group))
     return tuple(g for _, g in sorted(made, key=lambda x: x[0]))
 
 
-def _why(group: FindingGroup, members: Sequence[Finding], measuring: bool, budget: int) -> str:
+def _why(group: FindingGroup, members: Sequence[Finding], measuring: bool, budget: int,
+         timely: bool = True) -> str:
     """Why a group's joint impact was not measured."""
     reason = next((f.not_measured for f in members if f.not_measured), "")
     if not measuring:
@@ -338,6 +340,8 @@ def _why(group: FindingGroup, members: Sequence[Finding], measuring: bool, budge
             reason or "a minor group of unmeasured warnings")
     if budget <= 0:
         return f"beyond the first {MAX_MEASURED} groups measured jointly"
+    if not timely and group.group == "main":
+        return "the findings' wall-time budget ran out before this group"
     return reason or "no member's own cure was measured"
 
 

@@ -136,7 +136,8 @@ def find_joint_cause(findings: Sequence[Finding], measure: Callable[[Sequence[st
     ran_out = [False]
 
     def passes(subset: Sequence[int]) -> bool:
-        if calls[0] >= MAX_EVALS:
+        nodes = list(dict.fromkeys(n for i in subset for n in findings[i].nodes))
+        if calls[0] >= MAX_EVALS or not _affordable(measure, nodes):
             ran_out[0] = True
             return False  # untested: keep it (the set stays sufficient)
         return share(subset) >= need
@@ -149,6 +150,12 @@ def find_joint_cause(findings: Sequence[Finding], measure: Callable[[Sequence[st
     return JointCause(tuple((findings[i].kind, findings[i].node) for i in kept), nodes, joint,
                       tuple(findings[i].impact or 0.0 for i in kept), calls[0],
                       not ran_out[0])
+
+
+def _affordable(measure: Callable[[Sequence[str]], float], nodes: Sequence[str]) -> bool:
+    """``trials.affordable`` (kept here: trials imports this module's neighbours)."""
+    check = getattr(measure, "affordable", None)
+    return True if check is None else bool(check(nodes))
 
 
 def _rank(kind: str) -> int:
@@ -212,7 +219,7 @@ def unmask(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], candidate: C
     limit = FORMATS[plan.default].max
     found: list[Finding] = []
     for _ in range(rounds):
-        if np.isfinite(measure(nodes)):  # the output is no longer destroyed
+        if not _affordable(measure, ()) or np.isfinite(measure(nodes)):  # no time, or cured
             break
         cured = emulated(plan.keep_fp32(nodes, "diagnose"), candidate.conv_bias)
         lw = compare_layerwise(model, [dict(feeds)], reference_factory, cured.factory,
@@ -267,7 +274,10 @@ def residual_shares(findings: Sequence[Finding], joint: JointCause | None,
     out = list(findings)
     for i in todo:
         f = findings[i]
-        after = measure(list(dict.fromkeys((*joint.nodes, *f.nodes))))
+        nodes = list(dict.fromkeys((*joint.nodes, *f.nodes)))
+        if not _affordable(measure, nodes):
+            break
+        after = measure(nodes)
         out[i] = replace(f, evidence={**f.evidence, "residual_share": share_removed(left, after),
                                       "residual_before": left, "residual_after": after})
     return out

@@ -23,6 +23,7 @@ the first segment whose decisions no earlier trial's kept state shares.
 from __future__ import annotations
 
 import math
+import time
 from contextlib import ExitStack
 from dataclasses import replace
 from typing import Callable, Iterable, Mapping, Sequence
@@ -47,6 +48,10 @@ from precision_doctor.runners.sessions import switched
 from precision_doctor.search.incremental import IncrementalEmulation, incremental_scope
 
 Outputs = Mapping[str, Sequence[np.ndarray]]
+# Wall time of the findings' measurements, at least: 60 s is about 12 emulated evaluations of
+# a model whose plain run takes 5 s on the CPU (MAX_FINDINGS impacts), and more than every
+# tiny or OCR model's whole diagnosis takes (PP-OCRv4 det: about 34 s on 2 cores)
+FINDINGS_MIN_SECONDS = 60.0
 
 
 class ImpactTrials:
@@ -62,8 +67,11 @@ class ImpactTrials:
     """
 
     def __init__(self, model: onnx.ModelProto, plan: PrecisionPlan, conv_bias: str,
-                 samples: Sequence, reference: Outputs, names: Sequence[str]) -> None:
+                 samples: Sequence, reference: Outputs, names: Sequence[str],
+                 seconds: float | None = None) -> None:
         self.model, self.plan, self.conv_bias = model, plan, conv_bias
+        self.seconds = seconds
+        self._deadline = None if seconds is None else time.perf_counter() + seconds
         self.samples, self.reference, self.names = samples, reference, list(names)
         self.errors: dict[frozenset[str], float] = {}
         self.evaluations = 0
@@ -107,6 +115,12 @@ class ImpactTrials:
                                           self.conv_bias, cache_bytes=LAYERWISE_BUDGET)
                 self._scope = scope if isinstance(scope, IncrementalEmulation) else None
         return self._scope
+
+    def affordable(self, nodes: Sequence[str]) -> bool:
+        """Whether measuring ``nodes`` fits the wall-time budget (``seconds`` from the
+        trials' creation): already measured, no budget, or time left."""
+        return (frozenset(nodes) in self.errors or self._deadline is None
+                or time.perf_counter() < self._deadline)
 
     def close(self) -> None:
         """Close the incremental evaluation's sessions (the measured errors stay)."""
@@ -165,6 +179,14 @@ class ImpactTrials:
         return run_checked(runner, feeds, self.names, self.model, probed)
 
 
+def affordable(measure: Callable[[Sequence[str]], float], nodes: Sequence[str]) -> bool:
+    """Whether ``measure`` (``ImpactTrials`` or any callable) can still measure ``nodes``
+    within its wall-time budget (a callable without one always can; ``nodes`` empty: whether
+    any time is left)."""
+    check = getattr(measure, "affordable", None)
+    return True if check is None else bool(check(nodes))
+
+
 def measured_first(findings: Sequence[Finding], limit: int = MAX_FINDINGS) -> list[int]:
     """Indices of the findings ``rank_findings`` measures, in its order: errors first, then
     warnings, then info, each in detection order; at most ``limit``."""
@@ -193,8 +215,15 @@ def rank_findings(findings: Sequence[Finding],
             if findings[i].impact is None:
                 ranked[i] = replace(findings[i], not_measured=NOT_MEASURED["limit"].format(
                     limit=limit))
+        done = 0
         for i in chosen:
             f = findings[i]
+            if not affordable(measure, f.nodes):
+                if f.impact is None:
+                    ranked[i] = replace(f, not_measured=NOT_MEASURED["budget"].format(
+                        seconds=getattr(measure, "seconds", 0.0) or 0.0, done=done))
+                continue
+            done += 1
             after = measure(f.nodes)
             if math.isinf(baseline_error):
                 impact = 1.0 if math.isfinite(after) else 0.0
