@@ -42,11 +42,6 @@ class Net(torch.nn.Module):
         return self.stats(self.proj(x))
 
 
-def net() -> Net:
-    """The CLI's factory (``tests.api.test_pytorch:net``)."""
-    return Net()
-
-
 def samples(scale: float = 1000.0) -> list[tuple[torch.Tensor]]:
     """Three samples of different lengths; at scale 1000, h is ~500 and h * h ~2.5e5 overflows
     FP16 (max 65504) while every input fits it."""
@@ -95,23 +90,40 @@ def test_module_errors_are_input_errors() -> None:
         export_module("model.onnx", samples())
 
 
+NET_FILE = """
+import torch
+
+
+class Stats(torch.nn.Module):
+    def forward(self, h):
+        return (h * h).mean(-1)
+
+
+def make():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 16), Stats())
+"""
+
+
 def test_cli_diagnoses_a_module_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(HERE.parents[2]))
+    (tmp_path / "pd_cli_net.py").write_text(NET_FILE)
+    monkeypatch.syspath_prepend(str(tmp_path))
     data = tmp_path / "samples.pt"
     torch.save(samples(), data)
     runner = CliRunner()
-    res = runner.invoke(app, ["diagnose", "tests.api.test_pytorch:net", "--data", str(data),
+    res = runner.invoke(app, ["diagnose", "pd_cli_net:make", "--data", str(data),
                               "--no-noise", "-q"])
     assert res.exit_code == 1, res.output
-    assert res.output.startswith("FAIL: tests.api.test_pytorch:net in FP16")
-    res = runner.invoke(app, ["diagnose", "tests.api.test_pytorch:nothing", "--data", str(data)])
+    assert res.output.startswith("FAIL: pd_cli_net:make in FP16")
+    res = runner.invoke(app, ["diagnose", "pd_cli_net:nothing", "--data", str(data)])
     assert res.exit_code == 2 and "has no attribute nothing" in res.output
-    res = runner.invoke(app, ["diagnose", "tests.api.test_pytorch:net"])
+    res = runner.invoke(app, ["diagnose", "pd_cli_net:make"])
     assert res.exit_code == 2 and "--data" in res.output
     (tmp_path / "bad.pt").write_text("not a torch file")
-    res = runner.invoke(app, ["diagnose", "tests.api.test_pytorch:net", "--data",
-                              str(tmp_path / "bad.pt")])
+    res = runner.invoke(app, ["diagnose", "pd_cli_net:make", "--data", str(tmp_path / "bad.pt")])
     assert res.exit_code == 2 and "not a torch.save file" in res.output
+    res = runner.invoke(app, ["diagnose", "pd_cli_absent:make", "--data", str(data)])
+    assert res.exit_code == 2 and "cannot import pd_cli_absent" in res.output
 
 
 def test_without_torch_a_module_spec_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,7 +131,7 @@ def test_without_torch_a_module_spec_says_how_to_install(monkeypatch: pytest.Mon
 
     monkeypatch.setitem(sys.modules, "torch", None)
     with pytest.raises(pd.InputError, match=r'pip install "precision-doctor\[torch\]"'):
-        load_module("tests.api.test_pytorch:net")
+        load_module("mynet:make")
 
 
 @pytest.mark.slow
