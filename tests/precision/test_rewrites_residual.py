@@ -277,3 +277,56 @@ def test_an_rms_stream_from_an_embedding_table() -> None:
     assert all(np.array_equal(a, b) for a, b in zip(ref, _run(rewritten, samples)))
     assert not np.isfinite(_fp16(model, samples)[0]).all()
     assert _rel(_fp16(rewritten, samples), ref) < 2e-3
+
+
+def test_t5s_decomposed_rmsnorm_reads_the_stream_too() -> None:
+    """T5's export of ``x * rsqrt(x.to(float32).pow(2).mean(-1) + eps)`` in three spellings
+    (Reciprocal, Div(1, r), Div(x, r)) behind a Gather; epsilon is a constant input."""
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.normal(0, 2e3, (50, 16)).astype(np.float32), "emb"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(np.array(1e-6, np.float32), "eps")]
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["h0"], name="embed")]
+
+    def rms(x: str, i: str, spelling: str) -> str:
+        nodes.extend([
+            helper.make_node("Cast", [x], [f"c{i}"], name=f"cast{i}", to=TensorProto.FLOAT),
+            helper.make_node("Pow", [f"c{i}", "two"], [f"p{i}"], name=f"pow{i}"),
+            helper.make_node("ReduceMean", [f"p{i}"], [f"m{i}"], name=f"mean{i}", axes=[-1]),
+            helper.make_node("Add", [f"m{i}", "eps"], [f"a{i}"], name=f"add_eps{i}"),
+            helper.make_node("Sqrt", [f"a{i}"], [f"r{i}"], name=f"sqrt{i}")])
+        if spelling == "div":
+            nodes.append(helper.make_node("Div", [x, f"r{i}"], [f"n{i}"], name=f"norm{i}"))
+            return f"n{i}"
+        nodes.append(helper.make_node("Reciprocal", [f"r{i}"], [f"q{i}"], name=f"inv{i}")
+                     if spelling == "reciprocal" else
+                     helper.make_node("Div", ["one", f"r{i}"], [f"q{i}"], name=f"inv{i}"))
+        nodes.append(helper.make_node("Mul", [x, f"q{i}"], [f"n{i}"], name=f"norm{i}"))
+        return f"n{i}"
+
+    h = "h0"
+    for i, spelling in enumerate(("reciprocal", "one_over", "div")):
+        inits.append(numpy_helper.from_array(rng.normal(0, 6e3, (16, 16)).astype(np.float32),
+                                             f"w{i}"))
+        n = rms(h, str(i), spelling)
+        nodes += [helper.make_node("MatMul", [n, f"w{i}"], [f"f{i}"], name=f"mm{i}"),
+                  helper.make_node("Add", [h, f"f{i}"], [f"h{i + 1}"], name=f"res{i}")]
+        h = f"h{i + 1}"
+    y = rms(h, "_out", "reciprocal")
+    graph = helper.make_graph(
+        nodes, "t5", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 12])],
+        [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, 12, 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    samples = [Sample("s", {"ids": rng.integers(0, 50, (1, 12))})]
+    maxima = stream_maxima(model, samples)
+    assert max(maxima.values()) > 65504
+    rewritten, report = apply_rewrites(model, [RULE], target=Precision.FP16, max_abs=maxima)
+    [record] = report.applied(RULE)
+    assert {"norm0", "norm1", "norm2", "norm_out"} <= set(record.nodes)
+    assert record.details["max_abs_after"] <= 128  # the squares stay in FP16's range
+    ref = _run(model, samples)
+    assert all(np.array_equal(a, b) for a, b in zip(ref, _run(rewritten, samples)))
+    assert _rel(_fp16(model, samples), ref) == 1.0  # x^2 = inf in FP16: every output 0
+    assert _rel(_fp16(rewritten, samples), ref) < 2e-3

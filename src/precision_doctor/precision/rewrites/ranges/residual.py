@@ -14,7 +14,8 @@ be a different, larger, regulariser).
 How: the tensors of the stream and the constants that produce them (``streams``): the weights
 and biases of the Conv/MatMul/Gemm that write into it, a constant it is multiplied by, the
 constant operands of its Adds, the biases of linear ops it flows through, all multiplied by
-s = 2^-k; every normalization's ``epsilon`` by 2^-2k. No node is added or kept in FP32.
+s = 2^-k; every normalization's ``epsilon`` by 2^-2k (a decomposed RMSNorm's epsilon constant
+too). No node is added or kept in FP32.
 Scaling by a power of two is exact in IEEE-754 arithmetic (it changes the exponent only), and
 every product, sum, square root and quotient of the scaled operands is the scaled result of
 the original ones, so the FP32 outputs are bit-identical unless a value leaves the normal
@@ -24,7 +25,9 @@ activation of the stream below 2^(k-126), about 1e-32 for k = 20, is negligible)
 k: the smallest k that puts the stream's largest |x| on the calibration data (``max_abs``:
 tensor name -> largest finite |x| in FP32, which ``fix`` measures, ``repair.rewrites_proof``)
 at or below ``HEADROOM`` = 2^12 = 4096, 16x below 65504, so that inputs up to 16x larger than
-the calibration data still fit (a margin of our choosing). A stream below it is left alone. The
+the calibration data still fit (a margin of our choosing); at or below ``SQUARED_HEADROOM`` =
+2^7 when a decomposed RMSNorm reads the stream, whose squares are computed in the model's
+format (|x| <= 2^7: squares and their mean <= 2^14). A stream below it is left alone. The
 cost: the scaled weights lose FP16 precision where they become subnormal (below 2^-14), which
 the record reports (``weight_fp16_subnormal_fraction``).
 
@@ -54,10 +57,14 @@ from precision_doctor.precision.rewrites.graph_edit import (
     taken_names,
     unique_name,
 )
+from precision_doctor.precision.rewrites.ranges.rms import epsilon_of
 from precision_doctor.precision.rewrites.ranges.streams import Stream, find_streams
 from precision_doctor.precision.rewrites.report import Detail, RewriteRecord
 
 HEADROOM = 2.0 ** 12  # the stream's largest |x| after scaling: 16x below FP16's 65504
+# With a decomposed RMSNorm reading the stream, its squares are computed in the model's format:
+# |x| <= 2^7 keeps them (<= 2^14) and their mean 4x below 65504.
+SQUARED_HEADROOM = 2.0 ** 7
 DEFAULT_EPSILON = 1e-5  # the ONNX default of all four normalizations
 FLOAT32_MIN_NORMAL = 2.0 ** -126
 
@@ -122,8 +129,8 @@ class PrescaleNormalizedResidual(ir.passes.InPlacePass):
 
     def _try(self, graph: ir.Graph, stream: Stream, taken: set[str]) -> RewriteRecord:
         assert self.target is not None  # call() records nothing without a target
-        norms = tuple(n.name or "" for n in stream.norms)
-        size: dict[str, Detail] = {"tensors": len(stream.tensors), "norms": len(stream.norms)}
+        norms = tuple(n.name or "" for n in [*stream.norms, *(r.tail for r in stream.rms)])
+        size: dict[str, Detail] = {"tensors": len(stream.tensors), "norms": len(norms)}
         if stream.blocked:
             return RewriteRecord(self.rule, False, norms, (), stream.blocked, size)
         if self.target is not Precision.FP16:
@@ -138,24 +145,35 @@ class PrescaleNormalizedResidual(ir.passes.InPlacePass):
             return RewriteRecord(self.rule, False, norms, (), "no calibration maximum for any "
                                  f"of the stream's {len(stream.tensors)} tensors", size)
         peak = max(seen)
-        k = shift_for(peak)
+        headroom = SQUARED_HEADROOM if stream.rms else HEADROOM
+        k = shift_for(peak, headroom)
         size["max_abs"] = peak
         if k == 0:
             return RewriteRecord(self.rule, False, norms, (), f"the stream's largest |x| "
-                                 f"{peak:.3g} is within the headroom {HEADROOM:g}", size)
+                                 f"{peak:.3g} is within the headroom {headroom:g}", size)
         tiny = _smallest_constant(stream)
         if tiny * 2.0 ** -k < FLOAT32_MIN_NORMAL:
             return RewriteRecord(self.rule, False, norms, (), f"a constant of the stream "
                                  f"({tiny:.3g}) * 2^-{k} would leave float32's normal range",
                                  {**size, "shift": k})
         eps = [_epsilon(n) for n in stream.norms]
-        if min(eps, default=1.0) * 2.0 ** (-2 * k) < FLOAT32_MIN_NORMAL:
-            return RewriteRecord(self.rule, False, norms, (), f"epsilon {min(eps):g} * 2^-{2 * k}"
+        rms_eps = [epsilon_of(r) for r in stream.rms]
+        smallest = min([*eps, *rms_eps], default=1.0)
+        if smallest * 2.0 ** (-2 * k) < FLOAT32_MIN_NORMAL:
+            return RewriteRecord(self.rule, False, norms, (), f"epsilon {smallest:g} * 2^-{2 * k}"
                                  " would leave float32's normal range", {**size, "shift": k})
         scaled = self._scale(graph, stream, k, taken)
         for node, e in zip(stream.norms, eps):
             node.attributes["epsilon"] = ir.AttrFloat32("epsilon", float(
                 np.ldexp(np.float32(e), -2 * k)))
+        for rms in stream.rms:  # a decomposed RMSNorm's epsilon is a constant input
+            value = rms.add.inputs[rms.eps_index]
+            array = constant_array(value)
+            assert array is not None and value is not None  # rms.from_head checked it
+            name = unique_name(f"{value.name or rms.add.name}_prescaled", taken)
+            rms.add.replace_input_with(rms.eps_index, add_initializer(
+                graph, np.ldexp(array, -2 * k).astype(array.dtype), name))
+            remove_dead_constants(graph, [value])
         details: dict[str, Detail] = {**size, "shift": k, "scale": 2.0 ** -k,
                                       "max_abs_after": peak * 2.0 ** -k, **scaled}
         producers = tuple(dict.fromkeys(n.name or "" for n, _ in stream.scaled))

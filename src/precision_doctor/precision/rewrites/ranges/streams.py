@@ -9,13 +9,14 @@ consumer of a tensor of S is
 * such a normalization reading it as its data (input 0; a LayerNormalization whose Mean or
   InvStdDev output is read blocks; PyTorch's export of GroupNorm before opset 18,
   Reshape -> InstanceNormalization -> Reshape -> Mul -> Add, is one through data movement),
+* a decomposed RMSNorm (``rms``: T5's and LLaMA's export of x * rsqrt(mean(x^2) + eps)),
 * ``Shape``/``Size`` (they read its shape only), or
 * a further part of the stream: ``Add``/``Sub``/``Concat``/``Sum`` (their output joins S, and
   so do their other activation operands), a positively homogeneous op of one data input
-  (data movement, Resize, MaxPool, AveragePool, Relu, LeakyRelu, a Mul or Div by a constant:
-  f(s x) = s f(x) for s > 0; output joins S), or a Conv/ConvTranspose/MatMul/Gemm with
-  constant weights reading it as data (W (s x) + s b = s (W x + b): output joins S, only its
-  bias is scaled);
+  (data movement, a Cast to a float type, Resize, MaxPool, AveragePool, Relu, LeakyRelu, a Mul
+  or Div by a constant: f(s x) = s f(x) for s > 0; output joins S), or a
+  Conv/ConvTranspose/MatMul/Gemm with constant weights reading it as data
+  (W (s x) + s b = s (W x + b): output joins S, only its bias is scaled);
 
 and every tensor of S is produced by a part of the stream or by a *scalable producer*: a
 Conv/ConvTranspose/Gemm/MatMul with constant weights (weights and bias scaled), a ``Mul`` by a
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 import onnx_ir as ir
 
 from precision_doctor.precision.rewrites.graph_edit import constant_array, describe_source
+from precision_doctor.precision.rewrites.ranges.rms import DecomposedRms, from_head, rms_reading
 
 NORM_OPS = frozenset({"GroupNormalization", "InstanceNormalization", "LayerNormalization",
                       "RMSNormalization"})
@@ -42,6 +44,7 @@ HOMOGENEOUS_OPS = frozenset({"Reshape", "Transpose", "Identity", "Squeeze", "Uns
                              "Tile", "Gather"})
 LINEAR_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 SHAPE_OPS = frozenset({"Shape", "Size"})
+FLOAT_CASTS = frozenset({1, 10, 11, 16})  # Cast to float, float16, double, bfloat16: s x -> s x
 BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
 MAX_TENSORS = 4096  # a stream larger than this is left alone (bounds the walk)
 Join = Callable[[ir.Value | None], None]
@@ -54,12 +57,14 @@ class Stream:
     Attributes:
         tensors: The values of S, in discovery order.
         norms: The normalizations reading S (their epsilon gets scaled by s^2).
+        rms: The decomposed RMSNorms reading S (``rms``; their epsilon constant too).
         scaled: (node, input index) of every constant to multiply by s.
         blocked: Why the stream cannot be scaled (empty when it can).
     """
 
     tensors: list[ir.Value] = field(default_factory=list)
     norms: list[ir.Node] = field(default_factory=list)
+    rms: list[DecomposedRms] = field(default_factory=list)
     scaled: list[tuple[ir.Node, int]] = field(default_factory=list)
     blocked: str = ""
 
@@ -74,6 +79,14 @@ def _op(node: ir.Node) -> str:
 
 def _is_const(value: ir.Value | None) -> bool:
     return value is not None and constant_array(value) is not None
+
+
+def _homogeneous(node: ir.Node) -> bool:
+    """f(s x) = s f(x) for s > 0 in the op's data input (input 0)."""
+    if node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
+        to = node.attributes.get("to")
+        return to is not None and to.as_int() in FLOAT_CASTS
+    return _op(node) in HOMOGENEOUS_OPS
 
 
 def _weight_index(node: ir.Node) -> int | None:
@@ -97,9 +110,12 @@ def find_streams(graph: ir.Graph) -> list[Stream]:
     owner: dict[ir.Value, Stream] = {}
     streams: list[Stream] = []
     for node in graph:
-        if _op(node) in NORM_OPS and node.inputs and node.inputs[0] is not None \
-                and node.inputs[0] not in owner:
-            stream = _grow(node.inputs[0])
+        seed = node.inputs[0] if _op(node) in NORM_OPS and node.inputs else None
+        if node.op_type in ("Pow", "Mul"):
+            rms = from_head(node)
+            seed = rms.source if rms is not None else None
+        if seed is not None and seed not in owner:
+            stream = _grow(seed)
             streams.append(stream)
             owner.update(dict.fromkeys(stream.tensors, stream))
     return streams
@@ -138,6 +154,11 @@ def _consumers(value: ir.Value, stream: Stream, join: Join) -> str:
             return f"'{value.name}' is read inside a subgraph ({op} '{node.name}')"
         if op in SHAPE_OPS:
             continue  # reads the shape only (a decomposed GroupNorm's Reshape target)
+        rms = rms_reading(node, value)
+        if rms is not None:
+            if all(r.head is not rms.head for r in stream.rms):
+                stream.rms.append(rms)
+            continue
         if op in NORM_OPS and idx == 0:
             extra = [o for o in node.outputs[1:] if o.uses() or o.is_graph_output()]
             if extra:
@@ -145,7 +166,7 @@ def _consumers(value: ir.Value, stream: Stream, join: Join) -> str:
                         "which scale with the stream")
             if node not in stream.norms:
                 stream.norms.append(node)
-        elif op in SUM_OPS or (op in HOMOGENEOUS_OPS and idx == 0):
+        elif op in SUM_OPS or (_homogeneous(node) and idx == 0):
             join(node.outputs[0])
         elif op in ("Mul", "Div") and idx in (0, 1 if op == "Mul" else 0) \
                 and _is_const(node.inputs[1 - idx]):
@@ -168,7 +189,7 @@ def _producer(value: ir.Value, join: Join) -> str:
             if v is not None and not _is_const(v):
                 join(v)
         return ""
-    if op in HOMOGENEOUS_OPS:
+    if _homogeneous(node):
         if node.inputs and node.inputs[0] is not None and not _is_const(node.inputs[0]):
             join(node.inputs[0])
         return ""
@@ -207,7 +228,7 @@ def _collect_scaled(stream: Stream, members: set[ir.Value]) -> str:
                 if not _is_const(node.inputs[bias]):
                     return f"{op} '{node.name}' has a computed bias"
                 stream.scaled.append((node, bias))
-        elif op in HOMOGENEOUS_OPS and _is_const(node.inputs[0]):
+        elif _homogeneous(node) and _is_const(node.inputs[0]):
             stream.scaled.append((node, 0))  # f(s c) = s f(c): an embedding table, say
         elif op == "Mul" and not any(v in members for v in node.inputs):
             stream.scaled.append(next((node, i) for i, v in enumerate(node.inputs)
