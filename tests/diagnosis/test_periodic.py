@@ -202,3 +202,17 @@ def test_findings_beyond_the_budget_say_where_it_went():
     for f in ranked[2:]:
         assert f.impact is None
         assert f.not_measured == "the 60 s findings budget went to the 2 findings measured before"
+
+
+def test_what_one_cure_leaves_of_a_destroyed_output_is_measured_too():
+    """One overflowing block: its cure alone makes the output finite (100% of an infinite
+    error); the lost phase behind it is measured on top of that cure."""
+    from periodic_models import diffusion_unet, unet_samples
+
+    d = pd.diagnose(diffusion_unet(inputs=0, outputs=0), [s.feeds for s in unet_samples()],
+                    target="fp16", quiet=True, device="cpu")
+    assert d.assessment.kind == "defect" and d.joint_cause is None
+    (periodic,) = [f for f in d.findings if f.kind == "periodic-argument"]
+    assert periodic.group == "main" and periodic.evidence["residual_share"] > 0.9
+    assert periodic.evidence["residual_cure"].startswith("activation-overflow at ")
+    assert "What its cure leaves" in d.assessment.summary

@@ -155,7 +155,8 @@ def _defect(x: AssessmentInputs, ev: dict, share, rw_note: str, rw_remedy: str
                         "where the values grow")
     rest = _residual(x, ev)
     if rest is not None:
-        summary += (f" What their cure leaves (rel L2 {_g(rest.evidence['residual_before'])}) is "
+        summary += (f" What {'their' if isinstance(group, dict) else 'its'} cure leaves (rel "
+                    f"L2 {_g(rest.evidence['residual_before'])}) is "
                     f"{rest.kind} at {rest.op_type} {rest.node}: its cure removes "
                     f"{rest.evidence['residual_share']:.1%} of that.")
         nodes = tuple(dict.fromkeys((*nodes, *rest.nodes)))
@@ -169,7 +170,7 @@ def _defect(x: AssessmentInputs, ev: dict, share, rw_note: str, rw_remedy: str
 
 
 def _residual(x: AssessmentInputs, ev: dict):
-    """The finding that removes most of what a joint cure leaves (``joint.residual_shares``:
+    """The finding that removes most of what the main cure leaves (``joint.residual_shares``:
     at least half of it), or None; its share goes into ``ev``."""
     best = max((f for f in x.findings if isinstance(f.evidence.get("residual_share"), float)),
                key=lambda f: f.evidence["residual_share"], default=None)

@@ -182,7 +182,7 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     if measure is not None:  # independent causes: each cure alone leaves the output destroyed
         t0 = time.perf_counter()
         joint = find_joint_cause(findings, measure, baseline, explained)
-        findings = residual_shares(mark_members(findings, joint), joint, measure)
+        findings = residual_shares(mark_members(findings, joint), joint, measure, baseline)
         seconds["joint"] = time.perf_counter() - t0
     if layerwise is not None:
         findings = [_with_absorber(f, layerwise, inputs_of) for f in findings]

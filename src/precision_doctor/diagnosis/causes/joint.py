@@ -246,27 +246,36 @@ def unmask(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], candidate: C
 
 
 def residual_shares(findings: Sequence[Finding], joint: JointCause | None,
-                    measure: Callable[[Sequence[str]], float]) -> list[Finding]:
-    """What each other cause removes of the error the joint cure leaves.
+                    measure: Callable[[Sequence[str]], float], baseline: float = 0.0
+                    ) -> list[Finding]:
+    """What each other cause removes of the error the main cure leaves.
 
     With a destroyed output (infinite baseline) any finite result counts as 100% removed, so
     a cause that only matters once the output is finite again (a timestep embedding's lost
     phase behind 25 overflowing blocks) measures 0% alone and plays no part in the joint
-    cause. Here the joint cure's own error is the baseline: for at most ``RESIDUAL_MEASURED``
-    other cause findings (errors first, in their order), one evaluation each of the joint
-    cure plus theirs. Each measured one gets ``evidence["residual_share"]`` (0..1),
-    ``residual_before`` and ``residual_after`` (rel L2).
+    cause. Here the main cure's own error is the baseline: the joint cause's cure, or, on a
+    destroyed output without one, the cure of the finding that alone removes at least
+    ``JOINT_MIN_SHARE``. For at most ``RESIDUAL_MEASURED`` other cause findings (errors first,
+    in their order), one evaluation each of the main cure plus theirs. Each measured one gets
+    ``evidence["residual_share"]`` (0..1), ``residual_before`` and ``residual_after`` (rel L2)
+    and ``residual_cure`` (``joint cause`` or ``<kind> at <node>``).
 
     Returns:
-        ``findings`` with those measurements; unchanged without a joint cause or when the
-        joint cure leaves no finite error.
+        ``findings`` with those measurements; unchanged without a main cure or when it leaves
+        no finite error.
     """
-    if joint is None:
-        return list(findings)
-    left = measure(list(joint.nodes))
+    if joint is not None:
+        members, cure, name = set(joint.members), tuple(joint.nodes), "joint cause"
+    else:
+        top = max((f for f in findings if f.impact is not None and f.nodes),
+                  key=lambda f: f.impact or 0.0, default=None)
+        if top is None or not math.isinf(baseline) or (top.impact or 0.0) < JOINT_MIN_SHARE:
+            return list(findings)
+        members, cure, name = {(top.kind, top.node)}, top.nodes, f"{top.kind} at {top.node}"
+    left = measure(list(cure))
     if not (math.isfinite(left) and left > 0):
         return list(findings)
-    members, cured = set(joint.members), set(joint.nodes)
+    cured = set(cure)
     todo = sorted((i for i, f in enumerate(findings)
                    if (f.kind, f.node) not in members and f.kind in CAUSE_KINDS and f.nodes
                    and not set(f.nodes) <= cured),
@@ -274,12 +283,13 @@ def residual_shares(findings: Sequence[Finding], joint: JointCause | None,
     out = list(findings)
     for i in todo:
         f = findings[i]
-        nodes = list(dict.fromkeys((*joint.nodes, *f.nodes)))
+        nodes = list(dict.fromkeys((*cure, *f.nodes)))
         if not _affordable(measure, nodes):
             break
         after = measure(nodes)
         out[i] = replace(f, evidence={**f.evidence, "residual_share": share_removed(left, after),
-                                      "residual_before": left, "residual_after": after})
+                                      "residual_before": left, "residual_after": after,
+                                      "residual_cure": name})
     return out
 
 

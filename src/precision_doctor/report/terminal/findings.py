@@ -58,11 +58,12 @@ def short_pattern(pattern: str, parts: int = SHOWN_PARTS) -> str:
 
 def impact_text(e: Finding | FindingGroup) -> str:
     """The measured share of an entry, or why it has none: ``impact 99%``, ``98% of what the
-    joint cure leaves (rel L2 0.0488 -> 0.000827)``, ``not measured: <reason>``."""
+    joint cause's cure leaves (rel L2 4.88e-02 -> 8.27e-04)``, ``not measured: <reason>``."""
     residual = e.evidence.get("residual_share") if isinstance(e, Finding) else None
     after = ""
     if isinstance(e, Finding) and isinstance(residual, (int, float)):
-        after = (f"{fmt_share(residual)} of what the joint cure leaves (rel L2 "
+        after = (f"{fmt_share(residual)} of what the "
+                 f"{e.evidence.get('residual_cure', 'joint cause')}'s cure leaves (rel L2 "
                  f"{fmt3(e.evidence.get('residual_before'))} -> "
                  f"{fmt3(e.evidence.get('residual_after'))})")
     if e.impact is not None:
