@@ -330,3 +330,25 @@ def test_t5s_decomposed_rmsnorm_reads_the_stream_too() -> None:
     assert all(np.array_equal(a, b) for a, b in zip(ref, _run(rewritten, samples)))
     assert _rel(_fp16(model, samples), ref) == 1.0  # x^2 = inf in FP16: every output 0
     assert _rel(_fp16(rewritten, samples), ref) < 2e-3
+
+
+def test_a_stream_is_one_whatever_the_order_of_its_norms() -> None:
+    """The norm of a Conv reading the stream comes first in node order: the stream grown from
+    it meets the one grown later from the stream itself, and they are one stream, whose
+    reading Conv keeps its weights (only its bias is scaled)."""
+    g = _Graph()
+    h = g.conv("x", "conv_in", 3, C, 2e5)
+    shortcut = g.conv(h, "shortcut", C, C, 1.0)
+    late = g.norm(shortcut, "norm_b")  # listed before norm_a
+    early = g.norm(h, "norm_a")
+    y = g.conv(g.node("Add", [early, late], "both"), "conv_out", C, 3, 1.0)
+    model, samples = g.model(y), _samples(1)
+    assert [n.name for n in model.graph.node][:4] == ["conv_in", "shortcut", "norm_b", "norm_a"]
+    rewritten, report = apply_rewrites(model, [RULE], target=Precision.FP16,
+                                       max_abs=stream_maxima(model, samples))
+    [record] = report.records
+    assert record.applied and {"norm_a", "norm_b"} <= set(record.nodes)
+    weights = {i.name for i in rewritten.graph.initializer}
+    assert "shortcut_w" in weights and "conv_in_w" not in weights
+    assert all(np.array_equal(a, b) for a, b in zip(_run(model, samples),
+                                                     _run(rewritten, samples)))

@@ -132,7 +132,7 @@ def rms_reading(node: ir.Node, value: ir.Value) -> DecomposedRms | None:
         if mean is not None and mean.inputs and mean.inputs[0] is not None:
             head = mean.inputs[0].producer()
             found = from_head(head) if head is not None else None
-            if found is not None and found.tail is node:
+            if found is not None and found.tail is node and found.source is value:
                 return found
     return None
 

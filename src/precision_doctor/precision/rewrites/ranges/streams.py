@@ -56,6 +56,7 @@ class Stream:
 
     Attributes:
         tensors: The values of S, in discovery order.
+        seeds: The normalized values it was grown from.
         norms: The normalizations reading S (their epsilon gets scaled by s^2).
         rms: The decomposed RMSNorms reading S (``rms``; their epsilon constant too).
         scaled: (node, input index) of every constant to multiply by s.
@@ -63,6 +64,7 @@ class Stream:
     """
 
     tensors: list[ir.Value] = field(default_factory=list)
+    seeds: list[ir.Value] = field(default_factory=list)
     norms: list[ir.Node] = field(default_factory=list)
     rms: list[DecomposedRms] = field(default_factory=list)
     scaled: list[tuple[ir.Node, int]] = field(default_factory=list)
@@ -115,14 +117,21 @@ def find_streams(graph: ir.Graph) -> list[Stream]:
             rms = from_head(node)
             seed = rms.source if rms is not None else None
         if seed is not None and seed not in owner:
-            stream = _grow(seed)
-            streams.append(stream)
+            stream = _grow([seed])
+            # a walk that meets an earlier stream (stopped early by a block, or reaching it
+            # through a linear consumer) is one stream with it: grown again from both seeds
+            met = next((owner[v] for v in stream.tensors if v in owner), None)
+            if met is not None:
+                stream = _grow([*met.seeds, seed])
+                streams[streams.index(met)] = stream
+            else:
+                streams.append(stream)
             owner.update(dict.fromkeys(stream.tensors, stream))
     return streams
 
 
-def _grow(seed: ir.Value) -> Stream:
-    stream = Stream()
+def _grow(seeds: list[ir.Value]) -> Stream:
+    stream = Stream(seeds=list(seeds))
     members: set[ir.Value] = set()
     work: list[ir.Value] = []
 
@@ -132,7 +141,8 @@ def _grow(seed: ir.Value) -> Stream:
             stream.tensors.append(value)
             work.append(value)
 
-    join(seed)
+    for seed in seeds:
+        join(seed)
     while work and not stream.blocked:
         if len(members) > MAX_TENSORS:
             stream.blocked = f"the stream has more than {MAX_TENSORS} tensors"
