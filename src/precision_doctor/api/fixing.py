@@ -40,6 +40,7 @@ from precision_doctor.report.files import (
     write_text_atomic,
 )
 from precision_doctor.report.notebook import fix_summary
+from precision_doctor.report.terminal.fix import fp32_groups
 from precision_doctor.runners.device import use as use_device
 from precision_doctor.runners.kernels.engines import engine_of_runner, parse_engine
 from precision_doctor.runners.kernels.registry import refuse_cpu_bf16
@@ -256,7 +257,8 @@ def _fix_html(fixed: Fix, command: str | None) -> str:
                "model": (fixed.report.get("model") or {}).get("output"),
                "objective": objective_summary(result),
                "resolved": [c.to_dict() for c in resolved],
-               "verification": result.verification}
+               "verification": result.verification,
+               "plan_groups": fp32_groups(result), "range_bound": result.range_bound}
     return render_html(after, fix=summary, command=command)
 
 

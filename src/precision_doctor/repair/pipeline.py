@@ -26,6 +26,11 @@ from precision_doctor.formats import Precision
 from precision_doctor.graph.random_ops import seed_random_ops, seeded_note, unseed_random_ops
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.precision.writer.report import WriterReport
+from precision_doctor.repair.range_bound import (
+    bf16_alternative,
+    is_range_bound,
+    range_bound_report,
+)
 from precision_doctor.repair.recheck import Rechecked, recheck
 from precision_doctor.repair.result import FixResult
 from precision_doctor.repair.stages import (
@@ -147,6 +152,7 @@ def _result(request: FixRequest, baseline: Baseline, rewritten: Rewritten, searc
                         f"the {len(result.kept)} nodes it kept in FP32 meet the target but may "
                         "not all be needed; raise --max-evals for a smaller set")
     warnings.extend(noise_warnings(request, baseline, searched, share))
+    bound = range_bound(request, baseline, rewritten, searched, share)
     notes = []
     if any(r.rule == "fuse-layernorm" and r.applied for r in rewritten.report.records):
         low = request.target.value.upper()
@@ -166,7 +172,26 @@ def _result(request: FixRequest, baseline: Baseline, rewritten: Rewritten, searc
                      tuple(notes), baseline.near_ties, objective.score_label(),
                      objective.pass_mark(),
                      _resources(result, time.perf_counter() - t_start, request.jobs),
-                     verified.verified_by.to_dict(), engine=request.engine or "")
+                     verified.verified_by.to_dict(), engine=request.engine or "",
+                     range_bound=bound)
+
+
+def range_bound(request: FixRequest, baseline: Baseline, rewritten: Rewritten,
+                searched: Searched, share: Mapping[str, float]) -> dict:
+    """The ``range_bound`` section (``repair.range_bound``): {} unless the FP16 cure keeps many
+    nodes in FP32 for range; then BF16's emulated error on every sample, measured here.
+
+    Raises:
+        BackendError: ONNX Runtime fails on the rewritten model.
+    """
+    ranking, kept = searched.ranking, searched.result.kept
+    if ranking is None or not is_range_bound(request.target, ranking.peak, kept,
+                                             ranking.overflow, share["flops"]):
+        return {}
+    bf16 = bf16_alternative(rewritten.model, request.samples, baseline.reference,
+                            baseline.objective, conv_bias_of(request.engine))
+    return range_bound_report(int(share["fp32_nodes"]), sum(n in ranking.overflow for n in kept),
+                              share["flops"], ranking.peak, bf16)
 
 
 def noise_warnings(request: FixRequest, baseline: Baseline, searched: Searched,

@@ -39,6 +39,7 @@ from precision_doctor.search.regions import Region, region_tree
 
 RANKING_SAMPLES = 2  # layerwise ranking uses the worst samples; every evaluation uses all
 REGION_MIN_OVERFLOW = 16  # candidate nodes in overflow regions from which regions go first
+REGION_SEARCH = True  # False: always the node search (benchmarks/search_regions.py compares)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def search_regions_of(model: onnx.ModelProto, ranked: Sequence[str],
     """The top-level regions to search first, or ``[]`` for the node search (module
     docstring: at least ``REGION_MIN_OVERFLOW`` candidates in overflow regions, and module
     paths that split the candidates into at least 2 regions)."""
-    if len(overflow) < REGION_MIN_OVERFLOW:
+    if not REGION_SEARCH or len(overflow) < REGION_MIN_OVERFLOW:
         return []
     modules = node_modules(model)
     if sum(modules.get(n) is not None for n in ranked) < len(ranked) / 2:

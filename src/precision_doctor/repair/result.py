@@ -16,7 +16,9 @@ the fixed model as ``*.report.json``:
       "score_before": {"passed", "value", "detail"}, "score_after": {...},
       "search": {"evaluations", "kept": [node], "ranking_head": [node], "samples_run",
                  "trials": [{"stage", "fp32_nodes", "passed", "value", "seconds",
-                             "samples"}]},
+                             "samples"}],
+                 "regions": null | {"regions", "kept": [name], "levels", "stopped": [name]}},
+                                            # additive: the region search (search.regions)
       "rewrites": {"schema_version", "rules", "opset_before", "opset_after", "counts",
                    "records": [{"rule", "applied", "nodes", "new_nodes", "reason",
                                 "details"}]},
@@ -29,7 +31,11 @@ the fixed model as ``*.report.json``:
                     "peak_rss_workers_mb", "jobs"},
       "verification": {"runner", "spec", "reason", "skipped": [{"runner", "reason"}],
                        "engine"},
-      "engine": null | "ort-cuda"           # the deployment engine written for (--engine)
+      "engine": null | "ort-cuda",          # the deployment engine written for (--engine)
+      "range_bound": null | {"fp32_nodes", "for_range", "flops", "peak", "format_max",
+                             "bf16": {"rel_l2", "output", "tolerance", "passed",
+                                      "objective_passed", "score"}, "message"}
+                                            # additive: repair.range_bound
     }
 
 ``<metrics>`` is ``compare.metrics.OutputMetrics.to_dict`` (max/mean/median/p99 absolute
@@ -89,6 +95,8 @@ class FixResult:
             precision model and the fixed model (``compare.tasks.accuracy.task_accuracy``).
         engine: The deployment engine the model was written for (``ort-cuda``: nodes without
             a kernel there are FP32, reason ``engine``); "" for none.
+        range_bound: Where the FP16 cure keeps many nodes FP32 for range, what it keeps and
+            BF16's measured alternative (``repair.range_bound``); {} otherwise.
     """
 
     model: onnx.ModelProto
@@ -115,6 +123,7 @@ class FixResult:
     verification: dict = field(default_factory=dict)
     accuracy: dict = field(default_factory=dict)
     engine: str = ""
+    range_bound: dict = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -134,13 +143,16 @@ class FixResult:
             "search": {"evaluations": self.search.evaluations, "kept": list(self.search.kept),
                        "ranking_head": list(self.search.ranking[:20]),
                        "samples_run": sum(t.samples for t in self.search.trials),
-                       "trials": [t.__dict__ for t in self.search.trials]},
+                       "trials": [t.__dict__ for t in self.search.trials],
+                       "regions": (self.search.regions.to_dict()
+                                   if self.search.regions is not None else None)},
             "rewrites": self.rewrites, "writer": self.writer, "seconds": self.seconds,
             "warnings": list(self.warnings), "notes": list(self.notes),
             "near_ties": [t.to_dict() for t in self.near_ties],
             "resources": self.resources, "verification": self.verification,
             "accuracy": self.accuracy,
             "engine": self.engine or None,
+            "range_bound": self.range_bound or None,
         }
 
 

@@ -14,6 +14,7 @@ from precision_doctor.runners.verify import VerifiedBy
 
 FIX_METRICS = ("rel_l2", "max_abs", "p99_abs", "mean_abs", "cosine", "snr_db", "nan", "inf",
                "argmax_agreement")  # shown per output in the fix's before/after table
+MAX_GROUPS = 30  # rows of the FP32 regions table (report.terminal.fix.MAX_PLAN_LINES)
 
 
 def render_fix_section(fix_summary: Mapping[str, Any]) -> Section:
@@ -31,7 +32,9 @@ def render_fix_section(fix_summary: Mapping[str, Any]) -> Section:
             page is headlined by ``fix_verdict_section``); ``resolved``: list of
             ``ResolvedCause.to_dict()`` (causes the fix removed); ``verification``:
             ``FixResult.verification`` (the runner that verified the written model, why, and
-            why not the others).
+            why not the others); ``plan_groups``: the FP32 nodes by region
+            (``report.terminal.fix.fp32_groups``), shown in at most ``MAX_GROUPS`` rows above
+            the full plan; ``range_bound``: ``FixResult.range_bound`` (its ``message``).
 
     Returns:
         The section (id ``fix``).
@@ -42,8 +45,13 @@ def render_fix_section(fix_summary: Mapping[str, Any]) -> Section:
              6 if k.endswith(("cosine", "agreement")) else 3)
             for k in list(before) + [k for k in after if k not in before]]
     plan = [dict(p) for p in fix_summary.get("plan") or ()]
+    groups = [dict(g) for g in fix_summary.get("plan_groups") or ()]
+    more = groups[MAX_GROUPS - 1:] if len(groups) > MAX_GROUPS else []
     return Section("fix", "Fix", render(
         "fix.j2", rows=rows, plan=plan, collapse=len(plan) > COLLAPSE_ROWS,
+        groups=groups[:MAX_GROUPS - 1] if more else groups,
+        more_groups=(len(more), sum(len(g["nodes"]) for g in more)),
+        range_bound=(fix_summary.get("range_bound") or {}).get("message", ""),
         share_nodes=fix_summary.get("fp32_share_nodes"),
         share_flops=fix_summary.get("fp32_share_flops"),
         recipes=dict(fix_summary.get("recipes") or {}), verdict=fix_summary.get("verdict"),

@@ -11,12 +11,15 @@ from rich.console import Console
 from rich.text import Text
 
 from precision_doctor.compare.tasks.accuracy import accuracy_line
+from precision_doctor.formats import Precision
+from precision_doctor.graph.source import group_by_module, node_modules
 from precision_doctor.numbers import fmt3, fmt_vs
 from precision_doctor.repair.result import FixResult
 from precision_doctor.report.terminal.diagnosis import verdict_tag
 from precision_doctor.report.terminal.tables import Col, MetricTable, metric_table
 from precision_doctor.runners.verify import VerifiedBy
 
+MAX_PLAN_LINES = 30  # the plan's lines in the terminal; the plan JSON lists every node
 BEFORE_AFTER_COLUMNS = (Col("output", "key"), Col("before"), Col("after"),
                         Col("after emu", label="after (emulated)"))
 BEFORE_AFTER_CAPTION = ("before = original model, naive {target} (emulated); after = the written "
@@ -68,8 +71,12 @@ def render_fix(result: FixResult, console: Console) -> None:
     applied = applied_rewrites(result)
     if applied:
         console.print("rewrites: " + ", ".join(f"{k} x{v}" for k, v in sorted(applied.items())))
-    for name, d in result.plan.overrides.items():
-        console.print(Text(f"  FP32 {name}: {d.reason} {d.detail}"))
+    if result.search.regions is not None:
+        console.print(Text(regions_line(result.search.regions.to_dict())))
+    if result.range_bound:
+        console.print(Text(result.range_bound["message"], style="yellow"))
+    for line in plan_lines(result):
+        console.print(Text(line))
     for t in result.near_ties:
         console.print(Text(f"near-tie (left out of the target): {t.sample}: FP32 top-1 vs top-2 "
                            f"margin {fmt3(t.margin)} < 2 x FP32 noise {fmt3(t.noise)}"))
@@ -109,3 +116,74 @@ def resources_line(r: dict) -> str:
     return (f"{r['evaluations']} evaluations ({r['samples_run']} sample runs), "
             f"{r['wall_s']:.1f} s wall ({r['cpu_s']:.1f} s CPU), peak RSS "
             f"{r['peak_rss_mb']:.0f} MiB{workers}")
+
+
+def fp32_groups(result: FixResult) -> list[dict]:
+    """The plan's FP32 nodes grouped by the module regions that hold them
+    (``graph.source.group_by_module``: ``output_blocks.*.out_layers`` where every such module
+    is kept); nodes without a module path grouped by op type.
+
+    Returns:
+        ``[{"region", "nodes", "reasons": {reason: n}, "ops": {op_type: n}}]`` in plan
+        order; ``region`` is ``""`` for the top-level module, ``"(op) Conv"`` for unplaced
+        nodes.
+    """
+    fp32 = {n: d for n, d in result.plan.overrides.items() if d.precision is Precision.FP32}
+    modules = node_modules(result.rewritten)
+    op_of = {n.name: n.op_type for n in result.rewritten.graph.node}
+    groups = dict(group_by_module(fp32, modules))
+    placed = {n for names in groups.values() for n in names}
+    for name in fp32:
+        if name not in placed:
+            groups.setdefault(f"(op) {op_of.get(name, '?')}", []).append(name)
+    order = {n: i for i, n in enumerate(fp32)}
+    out = []
+    for region, names in sorted(groups.items(), key=lambda kv: min(order[n] for n in kv[1])):
+        reasons: dict[str, int] = {}
+        ops: dict[str, int] = {}
+        for n in names:
+            reasons[fp32[n].reason] = reasons.get(fp32[n].reason, 0) + 1
+            ops[op_of.get(n, "?")] = ops.get(op_of.get(n, "?"), 0) + 1
+        out.append({"region": region, "nodes": names, "reasons": reasons, "ops": ops})
+    return out
+
+
+def plan_lines(result: FixResult, limit: int = MAX_PLAN_LINES) -> list[str]:
+    """The plan in at most ``limit`` lines: one per override when they fit, else the FP32
+    nodes by region (``fp32_groups``), the regions that do not fit counted on the last line."""
+    overrides = result.plan.overrides
+    if len(overrides) <= limit:
+        return [f"  {d.precision.value.upper()} {name}: {d.reason} {d.detail}".rstrip()
+                for name, d in overrides.items()]
+    groups = fp32_groups(result)
+    others = len(overrides) - sum(len(g["nodes"]) for g in groups)
+    lines = [f"FP32 nodes by region ({sum(len(g['nodes']) for g in groups)}; every node with "
+             "its reason in the plan JSON):"]
+    room = limit - 1 - (others > 0)
+    shown = groups if len(groups) <= room else groups[:room - 1]
+    for g in shown:
+        reasons = ", ".join(f"{r} {k}" for r, k in g["reasons"].items())
+        ops = ", ".join(f"{op} x{k}" for op, k in sorted(g["ops"].items(),
+                                                          key=lambda kv: (-kv[1], kv[0]))[:3])
+        lines.append(f"  {g['region'] or '(top level)'}: {len(g['nodes'])} ({reasons}; {ops})")
+    if len(shown) < len(groups):
+        rest = groups[len(shown):]
+        lines.append(f"  ... {len(rest)} more regions, {sum(len(g['nodes']) for g in rest)} "
+                     "nodes")
+    if others:
+        lines.append(f"  {others} nodes with another explicit precision (plan JSON)")
+    return lines
+
+
+def regions_line(regions: dict) -> str:
+    """``searched by regions first (...): 16 top regions, refined over 2 levels to 12 kept``
+    (``search.regions``), with the regions kept whole where a level ran out of its budget
+    share."""
+    line = (f"searched by regions first (range needs many FP32 nodes): {regions['regions']} "
+            f"top regions, refined over {regions['levels']} levels to {len(regions['kept'])} "
+            "kept")
+    stopped = regions.get("stopped") or []
+    if stopped:
+        line += (f"; {len(stopped)} kept whole (their level's budget share was spent; "
+                 "--max-evals refines them)")
+    return line
