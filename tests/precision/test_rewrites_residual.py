@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import precision_doctor as pd
@@ -350,5 +352,34 @@ def test_a_stream_is_one_whatever_the_order_of_its_norms() -> None:
     assert record.applied and {"norm_a", "norm_b"} <= set(record.nodes)
     weights = {i.name for i in rewritten.graph.initializer}
     assert "shortcut_w" in weights and "conv_in_w" not in weights
+    assert all(np.array_equal(a, b) for a, b in zip(_run(model, samples),
+                                                     _run(rewritten, samples)))
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["GroupNormalization", "InstanceNormalization"]),
+                          st.sampled_from(["conv", "layer_scale", "shortcut", "relu"])),
+                min_size=1, max_size=4),
+       st.integers(0, 2 ** 16))
+def test_any_applied_prescale_is_bit_exact_in_fp32(blocks: list, seed: int) -> None:
+    """Random streams of residual blocks (a Conv, a Conv times a constant layer scale, a Conv
+    shortcut reading the stream, a Relu in the stream): where the rule applies, the FP32
+    outputs are bit-identical."""
+    g = _Graph(seed)
+    h = g.conv("x", "conv_in", 3, C, 2e5)
+    for i, (op, kind) in enumerate(blocks):
+        r = g.conv(g.norm(h, f"norm{i}", op), f"conv{i}", C, C, 2e5)
+        if kind == "layer_scale":
+            r = g.node("Mul", [r, g.const(f"gamma{i}", g.rng.uniform(0.5, 2, (C, 1, 1)))],
+                       f"scaled{i}")
+        elif kind == "shortcut":
+            h = g.conv(h, f"shortcut{i}", C, C, 1.0)
+        elif kind == "relu":
+            h = g.node("Relu", [h], f"relu{i}")
+        h = g.node("Add", [h, r], f"h{i + 1}")
+    model, samples = g.model(g.conv(g.norm(h, "norm_out"), "conv_out", C, 3, 1.0)), _samples(1)
+    rewritten, report = apply_rewrites(model, [RULE], target=Precision.FP16,
+                                       max_abs=stream_maxima(model, samples))
+    assert report.applied(RULE)
     assert all(np.array_equal(a, b) for a, b in zip(_run(model, samples),
                                                      _run(rewritten, samples)))
