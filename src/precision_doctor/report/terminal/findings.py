@@ -24,6 +24,7 @@ from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.numbers import fmt3, fmt_share
 
 NAME_LIMIT = 36  # characters of an ONNX name in the terminal (longer: its tail, ``short_name``)
+HAZARD_CHARS = 200  # of a hazard's sentence in a failing report (3 lines at 80 columns)
 SHOWN_HAZARDS = 5  # kinds of medium/high hazards listed (they follow the measured findings)
 FULL_ENTRIES = 3  # main entries shown with their evidence and remedy
 SHOWN_ENTRIES = 10  # main entries shown at all (the rest are counted)
@@ -71,17 +72,19 @@ def impact_text(e: Finding | FindingGroup) -> str:
     return after or f"not measured: {e.not_measured or 'no reason recorded (an older report)'}"
 
 
-def group_line(g: FindingGroup) -> str:
+def group_line(g: FindingGroup, remedy: bool = True) -> str:
     """One sentence for a group: kind, op and pattern, blocks, magnitudes, joint impact (or why
-    it was not measured), remedy (``FindingGroup.describe`` with the pattern shortened)."""
+    it was not measured), and (``remedy``) the remedy (``FindingGroup.describe`` with the
+    pattern shortened)."""
     why = f"; not measured: {g.not_measured}" if g.impact is None and g.not_measured else ""
-    return f"{g.kind}: {g.describe(short_pattern(g.pattern))}{why}; remedy: {g.remedy}"
+    return (f"{g.kind}: {g.describe(short_pattern(g.pattern))}{why}"
+            + (f"; remedy: {g.remedy}" if remedy else ""))
 
 
 def _entry(i: int, e: Finding | FindingGroup, full: bool) -> list[Text]:
     color = _COLORS.get(e.severity, "")
     if isinstance(e, FindingGroup):
-        return [Text.assemble(f"#{i} ", (group_line(e), color))]
+        return [Text.assemble(f"#{i} ", (group_line(e, full), color))]
     head = Text.assemble(f"#{i} ", (e.kind, color),
                          f": {e.op_type} {short_name(e.node)} ({impact_text(e)})")
     return [head, Text(e.summary), Text(f"remedy: {e.remedy}")] if full else [head]
@@ -144,7 +147,8 @@ def render_hazards(report: DiagnosisReport, console: Console) -> None:
     grouped = _hazard_groups(hazards)
     for h, n in grouped[:SHOWN_HAZARDS]:
         more = f" (and {n - 1} more like it)" if n > 1 else ""
-        console.print(Text(f"  - [{h.severity}] {h.detail}{more}"))
+        detail = h.detail if len(h.detail) <= HAZARD_CHARS else h.detail[:HAZARD_CHARS] + "..."
+        console.print(Text(f"  - [{h.severity}] {detail}{more}"))
     if len(grouped) > SHOWN_HAZARDS:
         console.print(f"  ({len(grouped) - SHOWN_HAZARDS} more kinds in the JSON and "
                       "HTML reports)")
