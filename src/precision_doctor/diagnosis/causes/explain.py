@@ -5,14 +5,18 @@ Stages (each measured, none by pattern alone):
 1. Findings from the hazard scan and the layerwise table (``diagnosis.causes.findings``); an
    overflow's cure is its overflow region (``diagnosis.causes.cures``).
 2. Impact of each finding: the share of the output error removed when its nodes run in FP32
-   (one emulated evaluation each), then all findings jointly (``explained_share``).
+   (one emulated evaluation each, at most ``findings.MAX_FINDINGS``, within the wall-time
+   budget of ``trials.ImpactTrials``), then all findings jointly (``explained_share``). A
+   finding left without one says why (``Finding.not_measured``).
 3. Attribution (``diagnosis.causes.attribution``) when the findings explain less than half of a
    failing output's error, the error is beyond ``ROUNDING_FACTOR`` x the rounding expectation
    and no benign decision flips account for it: the small FP32 set that removes >= 90%.
    Before it, the all-FP32 invariant (``search.invariant``) is checked once: a node the plan
    cannot reach is a tool defect (``InvariantError``), never "unexplained".
 3b. Joint causes (``diagnosis.causes.joint``): when the cures together remove the error and
-   none does alone, the minimal set that does, reported as one group.
+   none does alone, the minimal set that does, reported as one group; then what the main cure
+   (the joint one, or on a destroyed output the one finding that makes it finite) leaves,
+   each other cause measured on top of it (``joint.residual_shares``).
 4. Names: every amplifier and every attributed group gets its mechanism from the operands
    measured on the worst sample (``diagnosis.causes.mechanisms``), or ``unnamed-mechanism``.
 """

@@ -39,6 +39,7 @@ from precision_doctor.diagnosis.causes.findings import (
     SEVERITY_RANK,
     Finding,
 )
+from precision_doctor.errors import BackendError
 from precision_doctor.layerwise.candidates import emulated, float32_outputs, run_samples
 from precision_doctor.layerwise.compare import LAYERWISE_BUDGET
 from precision_doctor.precision.plan import PrecisionPlan
@@ -64,6 +65,8 @@ class ImpactTrials:
         samples: Objects with ``.feeds``.
         reference: The FP32 reference outputs, one array per sample.
         names: The outputs compared.
+        seconds: Wall-time budget of the measurements, from now (None: none); ``affordable``
+            says whether a new one still fits. Measurements already made are always free.
     """
 
     def __init__(self, model: onnx.ModelProto, plan: PrecisionPlan, conv_bias: str,
@@ -84,24 +87,34 @@ class ImpactTrials:
     def __call__(self, nodes: Sequence[str]) -> float:
         """The largest relative L2 error of the outputs with ``nodes`` in FP32.
 
+        A trial whose run fails after an earlier one ran (a plan whose data-dependent shapes
+        break the graph, e.g. an empty tensor a Reshape cannot take) has an infinite error.
+
         Raises:
-            BackendError: The emulation fails.
+            BackendError: The emulation fails, and no earlier trial ran.
         """
         key = frozenset(nodes)
         if key not in self.errors:
-            plan = self._plan(nodes)
-            incremental = self._incremental()
-            if incremental is not None:  # from the first segment the trial changes
-                with incremental.runner(plan) as runner:
-                    got = [float32_outputs(runner.run_sample(i, s.feeds), self.names)
-                           for i, s in enumerate(self.samples)]
-                outs = {n: [g[n] for g in got] for n in self.names}
-            else:
-                trial = emulated(plan, self.conv_bias)
-                outs = run_samples(trial.factory(self.model), self.samples, self.names)
-            self.errors[key] = max(relative_l2(self.reference[n], outs[n]) for n in self.names)
+            try:
+                self.errors[key] = self._measure(self._plan(nodes))
+            except BackendError:
+                if not any(math.isfinite(e) for e in self.errors.values()):
+                    raise
+                self.errors[key] = math.inf
             self.evaluations += 1
         return self.errors[key]
+
+    def _measure(self, plan: PrecisionPlan) -> float:
+        incremental = self._incremental()
+        if incremental is not None:  # from the first segment the trial changes
+            with incremental.runner(plan) as runner:
+                got = [float32_outputs(runner.run_sample(i, s.feeds), self.names)
+                       for i, s in enumerate(self.samples)]
+            outs = {n: [g[n] for g in got] for n in self.names}
+        else:
+            trial = emulated(plan, self.conv_bias)
+            outs = run_samples(trial.factory(self.model), self.samples, self.names)
+        return max(relative_l2(self.reference[n], outs[n]) for n in self.names)
 
     def _incremental(self) -> IncrementalEmulation | None:
         """The trials' incremental evaluation on the CPU (``search.incremental``; its kept
