@@ -95,3 +95,35 @@ def test_the_set_found_passes_and_no_single_node_can_go(alternatives, rnd):
     assert result.score.passed and passes(kept)
     assert all(not passes([n for n in kept if n != node]) for node in kept)
     assert kept == sorted(kept, key=ranking.index)  # in ranking order
+
+
+def test_a_plan_whose_run_fails_is_a_failed_evaluation_once_a_plan_ran():
+    """A plan that breaks the graph at run time (rounded durations that leave a Reshape an
+    empty tensor) fails its evaluation instead of ending the search; a runner that fails on
+    the first plan is broken and raises."""
+    from precision_doctor.errors import BackendError
+
+    samples, open_plan, reference, _ = _setup()
+
+    def breaking(plan: PrecisionPlan) -> FakeRunner:
+        fp32 = set(plan.fp32_nodes())
+        if fp32 and "n7" in fp32 and "n23" not in fp32:  # such plans break the graph
+            def fail(feeds):
+                raise BackendError("emulate-fp16: run failed: Reshape", runner="fake")
+            return FakeRunner([TensorMeta("x", np.dtype(np.float32), (1, 4))], ["y"], fail)
+        return open_plan(plan)
+
+    objective = Objective(metric=get_metric("top1"), threshold=1.0)
+    result = search_fp32_set(breaking, samples, reference, objective,
+                             PrecisionPlan(Precision.FP16), NODES, max_evals=100)
+    assert set(result.kept) == NEEDED and result.score.passed
+    assert any(t.value == float("inf") and not t.passed for t in result.trials)
+
+    def broken(plan: PrecisionPlan) -> FakeRunner:
+        def fail(feeds):
+            raise BackendError("no session", runner="fake")
+        return FakeRunner([TensorMeta("x", np.dtype(np.float32), (1, 4))], ["y"], fail)
+
+    with pytest.raises(BackendError, match="no session"):
+        search_fp32_set(broken, samples, reference, objective, PrecisionPlan(Precision.FP16),
+                        NODES)

@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from precision_doctor.errors import TargetNotMetError
+from precision_doctor.errors import BackendError, TargetNotMetError
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.search.evalpool import OpenPlan, SampleRunner
 from precision_doctor.search.objective import SAMPLE_LOAD, Objective, Outputs, Score
@@ -118,15 +118,25 @@ class _Evaluator:
         t0 = time.perf_counter()
         plan = self.base.keep_fp32(nodes, "search")
         cand: Outputs | None
-        if complete:
-            outputs = self.runner.run(plan, range(len(self.samples)))
-            self._prepare(then)
-            outs = dict(outputs)
-            cand = {k: [outs[i][k] for i in range(len(self.samples))] for k in self.reference}
-            s, runs = self.objective.score(self.reference, cand, self.norms), len(self.samples)
-            self.last_complete = cand
-        else:
-            s, runs, cand = self._fail_fast(plan, then)
+        try:
+            if complete:
+                outputs = self.runner.run(plan, range(len(self.samples)))
+                self._prepare(then)
+                outs = dict(outputs)
+                cand = {k: [outs[i][k] for i in range(len(self.samples))]
+                        for k in self.reference}
+                s, runs = (self.objective.score(self.reference, cand, self.norms),
+                           len(self.samples))
+                self.last_complete = cand
+            else:
+                s, runs, cand = self._fail_fast(plan, then)
+        except BackendError as exc:
+            # a plan whose data-dependent shapes break the graph (an empty tensor a Reshape
+            # cannot take, after rounded durations changed) fails; a runner that never ran
+            # any plan is broken, and says so
+            if not any(t.samples for t in self.trials):
+                raise
+            s, runs, cand = Score(False, math.inf, {"error": str(exc).splitlines()[0]}), 0, None
         if s.passed and cand is not None:
             self.last_passing = (key, cand)
         self.trials.append(Trial(stage, len(key), s.passed, s.value, time.perf_counter() - t0,
