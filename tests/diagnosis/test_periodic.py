@@ -216,3 +216,20 @@ def test_what_one_cure_leaves_of_a_destroyed_output_is_measured_too():
     assert periodic.group == "main" and periodic.evidence["residual_share"] > 0.9
     assert periodic.evidence["residual_cure"].startswith("activation-overflow at ")
     assert "What its cure leaves" in d.assessment.summary
+
+
+def test_twelve_overflowing_residual_blocks_are_one_joint_entry():
+    from periodic_models import destroyed_residual, noise_samples
+    from rich.console import Console
+
+    from precision_doctor.report.terminal.diagnosis import render_diagnosis
+
+    d = pd.diagnose(destroyed_residual(), [s.feeds for s in noise_samples()], target="fp16",
+                    quiet=True, device="cpu")
+    assert d.assessment.kind == "defect" and len(d.joint_cause["members"]) == 12
+    console = Console(width=80, record=True, color_system=None)
+    render_diagnosis(d, console)
+    text = console.export_text()
+    assert "12 independent causes" in text
+    assert "/output_blocks.*/branch/MatMul in blocks 0-11 (12 nodes)" in text.replace("\n", " ")
+    assert max(len(line) for line in text.splitlines()) <= 80
