@@ -118,7 +118,7 @@ def test_other_export_failures_give_the_exporter_s_first_line() -> None:
 
 def test_is_torch_module_and_the_package_imports_without_torch() -> None:
     assert is_torch_module(Masked()) and not is_torch_module(object())
-    code = ("import sys, precision_doctor as pd; pd.diagnose; pd.sources; "
-            "import precision_doctor.graph.torch_export; "
+    code = ("import sys, precision_doctor as pd; pd.diagnose; "
+            "import precision_doctor.api.pytorch, precision_doctor.graph.torch_export; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
