@@ -228,10 +228,11 @@ def test_checks_name_what_blocks_the_stream() -> None:
     _, report = apply_rewrites(model, [RULE], target=Precision.FP16, max_abs={"conv_in": 100.0})
     assert "within the headroom" in report.skipped(RULE)[0].reason
     assert apply_rewrites(model, [RULE])[1].records == ()
-    g = _Graph()  # a norm of the graph input: no constant to scale
-    g.norm("x", "y", "InstanceNormalization", channels=3)
+    g = _Graph()  # a stream a Sigmoid writes: nothing scales it
+    g.norm(g.node("Sigmoid", ["x"], "gate"), "y", "InstanceNormalization", channels=3)
     _, report = apply_rewrites(g.model("y"), [RULE], target=Precision.FP16)
-    assert report.skipped(RULE)[0].reason.startswith("the stream starts at graph input 'x'")
+    assert report.skipped(RULE)[0].reason == ("Sigmoid 'gate' produces 'gate' and has no "
+                                              "constant to scale it by")
 
 
 def test_fix_measures_the_stream_and_keeps_nothing_in_fp32() -> None:
@@ -383,3 +384,37 @@ def test_any_applied_prescale_is_bit_exact_in_fp32(blocks: list, seed: int) -> N
     assert report.applied(RULE)
     assert all(np.array_equal(a, b) for a, b in zip(_run(model, samples),
                                                      _run(rewritten, samples)))
+
+
+def test_post_norm_blocks_from_a_graph_input() -> None:
+    """``h = InstanceNorm(h + MatMul(h, W))`` from the graph input (a U-Net's noisy latent):
+    each block's stream starts at the previous norm's output (its scale and bias scaled) and
+    the first at the input (a Mul inserted); no node in FP32."""
+    rng = np.random.default_rng(5)
+    inits, nodes, h = [], [], "x"
+    for i in range(4):
+        inits += [numpy_helper.from_array(rng.normal(0, 1e4, (16, 16)).astype(np.float32),
+                                          f"w{i}"),
+                  numpy_helper.from_array(np.ones(8, np.float32), f"s{i}"),
+                  numpy_helper.from_array(np.zeros(8, np.float32), f"b{i}")]
+        nodes += [helper.make_node("MatMul", [h, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+                  helper.make_node("Add", [h, f"m{i}"], [f"a{i}"], name=f"add{i}"),
+                  helper.make_node("InstanceNormalization", [f"a{i}", f"s{i}", f"b{i}"],
+                                   [f"h{i}"], name=f"norm{i}")]
+        h = f"h{i}"
+    nodes.append(helper.make_node("Identity", [h], ["y"], name="out"))
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8, 16]) for n in ("x", "y")]
+    model = helper.make_model(helper.make_graph(nodes, "unet", io[:1], io[1:], inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    samples = [Sample(f"s{i}", {"x": (80 * rng.standard_normal((1, 8, 16))).astype(np.float32)})
+               for i in range(2)]
+    maxima = stream_maxima(model, samples)
+    assert maxima["x"] < 65504 < maxima["a0"]  # the input fits FP16; the first Add does not
+    rewritten, report = apply_rewrites(model, [RULE], target=Precision.FP16, max_abs=maxima)
+    records = report.applied(RULE)
+    assert len(records) == 4 and records[0].new_nodes == ("x/prescale",)
+    assert all(set(r.nodes) >= {f"norm{i - 1}"} for i, r in enumerate(records) if i)
+    ref = _run(model, samples)
+    assert all(np.array_equal(a, b) for a, b in zip(ref, _run(rewritten, samples)))
+    assert np.isnan(_rel(_fp16(model, samples), ref))  # inf - inf in the first norm
+    assert _rel(_fp16(rewritten, samples), ref) < 2e-3

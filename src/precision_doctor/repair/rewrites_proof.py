@@ -53,7 +53,7 @@ def tensor_maxima(model: onnx.ModelProto, names: Sequence[str], samples: Sequenc
 
     Args:
         model: The FP32 model.
-        names: Tensor names (node outputs; others are left out).
+        names: Tensor names (node outputs and graph inputs; others are left out).
         samples: Calibration samples (``.feeds``).
         budget_bytes: Estimated bytes of tensors marked as outputs per run (chunks of tensors
             run one after another, each on every sample).
@@ -70,6 +70,11 @@ def tensor_maxima(model: onnx.ModelProto, names: Sequence[str], samples: Sequenc
     shapes = {k: np.asarray(v).shape for k, v in samples[0].feeds.items()}
     sites = [s for s in float_activations(model, shapes) if s.name in wanted_names]
     maxima: dict[str, float] = {}
+    for sample in samples:  # graph inputs: the feeds themselves
+        for name in wanted_names & set(sample.feeds):
+            a = np.abs(np.asarray(sample.feeds[name], np.float64))
+            finite = a[np.isfinite(a)]
+            maxima[name] = max(maxima.get(name, 0.0), float(finite.max()) if finite.size else 0.0)
     for chunk in chunk_sites(sites, budget_bytes):
         wanted = [s.name for s in chunk]
         with reference_factory(mark_outputs(model, wanted)) as runner:

@@ -41,7 +41,7 @@ maxima for its tensors, epsilon not representable after scaling.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 import numpy as np
@@ -176,15 +176,36 @@ class PrescaleNormalizedResidual(ir.passes.InPlacePass):
             remove_dead_constants(graph, [value])
         details: dict[str, Detail] = {**size, "shift": k, "scale": 2.0 ** -k,
                                       "max_abs_after": peak * 2.0 ** -k, **scaled}
+        new = tuple(self._scale_inputs(graph, stream, k, taken))
         producers = tuple(dict.fromkeys(n.name or "" for n, _ in stream.scaled))
         return RewriteRecord(
-            self.rule, True, producers + norms, (),
+            self.rule, True, producers + norms, new,
             f"residual stream of {len(stream.tensors)} tensors read by {len(norms)} "
             f"normalization(s): largest |x| {peak:.3g} -> {peak * 2.0 ** -k:.3g} (FP16 max "
             f"65504) by 2^-{k} through {len(stream.scaled)} constant(s) of {len(producers)} "
             f"producer(s); epsilon * 2^-{2 * k}; "
             f"{100 * float(scaled['weight_fp16_subnormal_fraction']):.1f}% of the scaled "
             "constants are FP16-subnormal", details)
+
+    @staticmethod
+    def _scale_inputs(graph: ir.Graph, stream: Stream, k: int, taken: set[str]) -> list[str]:
+        """Insert ``Mul(x, 2^-k)`` after every graph input of the stream; its readers read it."""
+        names = []
+        for x in stream.inputs:
+            readers = [(u.node, u.idx) for u in x.uses()]
+            dtype = x.dtype.numpy() if x.dtype is not None else np.float32
+            s = add_initializer(graph, np.asarray(2.0 ** -k, dtype),
+                                unique_name(f"{x.name}_prescale", taken))
+            mul = ir.Node("", "Mul", [x, s], name=unique_name(f"{x.name}/prescale", taken))
+            mul.outputs[0].name = unique_name(f"{x.name}_prescaled", taken)
+            if x.dtype is not None:
+                mul.outputs[0].dtype = x.dtype
+            mul.outputs[0].shape = x.shape
+            graph.insert_before(min((n for n, _ in readers), key=_position(graph)), mul)
+            for node, idx in readers:
+                node.replace_input_with(idx, mul.outputs[0])
+            names.append(mul.name or "")
+        return names
 
     @staticmethod
     def _scale(graph: ir.Graph, stream: Stream, k: int, taken: set[str]) -> dict[str, Detail]:
@@ -223,3 +244,9 @@ def _smallest_constant(stream: Stream) -> float:
             if nonzero.size:
                 smallest = min(smallest, float(nonzero.min()))
     return smallest
+
+
+def _position(graph: ir.Graph) -> Callable[[ir.Node], int]:
+    """Node -> its index in ``graph``'s order."""
+    order = {id(n): i for i, n in enumerate(graph)}
+    return lambda node: order[id(node)]

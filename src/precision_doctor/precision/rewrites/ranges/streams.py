@@ -20,8 +20,10 @@ consumer of a tensor of S is
 
 and every tensor of S is produced by a part of the stream or by a *scalable producer*: a
 Conv/ConvTranspose/Gemm/MatMul with constant weights (weights and bias scaled), a ``Mul`` by a
-constant (the constant scaled), or a homogeneous op of a constant (a ``Gather`` from an
-embedding table: the table scaled). Anything else (a graph input or output, a SiLU reading the
+constant (the constant scaled), a homogeneous op of a constant (a ``Gather`` from an
+embedding table: the table scaled), a normalization (gamma x_hat + beta: its constant scale
+and bias scaled; a post-norm block's h = Norm(h + f(h)) starts the next stream there), or a
+graph input (a ``Mul`` by s inserted). Anything else (a graph output, a SiLU reading the
 stream, a computed weight) blocks the stream, and the reason names it.
 """
 
@@ -59,6 +61,7 @@ class Stream:
         seeds: The normalized values it was grown from.
         norms: The normalizations reading S (their epsilon gets scaled by s^2).
         rms: The decomposed RMSNorms reading S (``rms``; their epsilon constant too).
+        inputs: Graph inputs in S (each gets a ``Mul`` by s: nothing else can scale them).
         scaled: (node, input index) of every constant to multiply by s.
         blocked: Why the stream cannot be scaled (empty when it can).
     """
@@ -67,6 +70,7 @@ class Stream:
     seeds: list[ir.Value] = field(default_factory=list)
     norms: list[ir.Node] = field(default_factory=list)
     rms: list[DecomposedRms] = field(default_factory=list)
+    inputs: list[ir.Value] = field(default_factory=list)
     scaled: list[tuple[ir.Node, int]] = field(default_factory=list)
     blocked: str = ""
 
@@ -192,8 +196,12 @@ def _consumers(value: ir.Value, stream: Stream, join: Join) -> str:
 def _producer(value: ir.Value, join: Join) -> str:
     node = value.producer()
     if node is None:
+        if value.is_graph_input():
+            return ""  # scaled by an inserted Mul (``Stream.inputs``)
         return f"the stream starts at {describe_source(value)}: no constant to scale"
     op = _op(node)
+    if op in NORM_OPS:  # its output scale * x_hat + bias: scale and bias scaled
+        return ""
     if op in SUM_OPS:
         for v in node.inputs:
             if v is not None and not _is_const(v):
@@ -220,8 +228,16 @@ def _collect_scaled(stream: Stream, members: set[ir.Value]) -> str:
     for value in stream.tensors:
         node = value.producer()
         if node is None:
+            stream.inputs.append(value)  # a graph input (``_producer`` let nothing else by)
             continue
         op = _op(node)
+        if op in NORM_OPS:
+            for i in range(1, min(len(node.inputs), 3)):
+                if node.inputs[i] is not None and not _is_const(node.inputs[i]):
+                    return f"{op} '{node.name}' has a computed scale or bias"
+                if node.inputs[i] is not None:
+                    stream.scaled.append((node, i))
+            continue
         if op in SUM_OPS:
             stream.scaled.extend((node, i) for i, v in enumerate(node.inputs) if _is_const(v))
             if op == "Concat" and any(v not in members for v in node.inputs if v is not None
