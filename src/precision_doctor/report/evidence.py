@@ -73,6 +73,8 @@ def _rewritten(e: Mapping[str, Any], target: str) -> str:
 
 def _defect(e: Mapping[str, Any], target: str) -> str:
     what = " ".join(str(e[k]) for k in ("defect_kind",) if e.get(k))
+    if what == "union":  # assess._union_defect: all findings' cures together
+        what = "the union of all findings' cures"
     node = f" at node {e['defect_node']}" if e.get("defect_node") else ""
     share = (f"; the defect candidates' cure removes {fmt_share(e['defect_share'])} of the error"
              if e.get("defect_share") is not None else "")
@@ -85,6 +87,12 @@ def _joint(e: Mapping[str, Any], target: str) -> str:
     return (f"{e.get('joint_members')} independent causes together remove "
             f"{fmt_share(e.get('joint_share'))} of the error; each alone at most "
             f"{fmt_share(e.get('joint_alone'))}")
+
+
+def _residual(e: Mapping[str, Any], target: str) -> str:
+    return (f"what the main cure leaves (relative L2 error {fmt3(e.get('residual_rel_l2'))}) "
+            f"is {e.get('residual_kind')} at node {e.get('residual_node')}: its cure removes "
+            f"{fmt_share(e.get('residual_share'))} of that")
 
 
 def _decision(e: Mapping[str, Any], target: str) -> str:
@@ -116,6 +124,7 @@ RULES: tuple[Rule, ...] = (
     (("rewritten_verdict", "rewritten_worst_rel_l2", "rewritten_share"), _rewritten),
     (("defect_kind", "defect_node", "defect_share", "defect_findings"), _defect),
     (("joint_members", "joint_share", "joint_alone"), _joint),
+    (("residual_kind", "residual_node", "residual_share", "residual_rel_l2"), _residual),
     (("output_nonfinite",), lambda e, t: f"{e['output_nonfinite']} NaN/Inf value(s) in the "
                                          "outputs"),
     (("decision_output", "flips", "positions", "flip_error_share"), _decision),
