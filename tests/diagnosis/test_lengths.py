@@ -95,7 +95,8 @@ def test_decision_sites_and_their_rounding_boundaries() -> None:
     f, i64 = TensorProto.FLOAT, TensorProto.INT64
     n = helper.make_node
     model = make_model(
-        [n("Round", ["x"], ["r"], name="round"), n("Cast", ["r"], ["ri"], name="cast", to=i64),
+        [n("Round", ["x"], ["r0"], name="round"), n("Clip", ["r0", "zero"], ["r"], name="clip"),
+         n("Cast", ["r"], ["ri"], name="cast", to=i64),
          n("ArgMax", ["x"], ["am"], name="argmax", axis=1),
          n("Greater", ["x", "zero"], ["gt"], name="gt"),
          n("NonZero", ["gt"], ["nz"], name="nonzero"),
@@ -108,7 +109,7 @@ def test_decision_sites_and_their_rounding_boundaries() -> None:
     assert set(sites) == {"cast", "argmax", "gt"}
     assert sites["cast"].rounding == "Round" and sites["cast"].source == "x"
     assert sites["gt"].sets_shape and not sites["cast"].sets_shape
-    assert input_cone(model, ["r"]) == ["round"]
+    assert input_cone(model, ["r"]) == ["round", "clip"]
     assert boundary(np.array([2.4, 2.6]), "Round").tolist() == [2.5, 2.5]
     assert boundary(np.array([2.999, -1.2]), "Ceil").tolist() == [3.0, -1.0]
     assert ulp(np.array([3.0]), Precision.FP16)[0] == 2.0 ** -9  # 10 fraction bits, 2^1

@@ -33,9 +33,11 @@ def at_risk(site: DecisionSite, ref: dict, cand: dict) -> int:
         x_r = np.asarray(ref[site.source][i], np.float64)
         x_c = np.asarray(cand[site.source][i], np.float64)
         c_int = cand[site.tensor][i]
-        if np.shape(r_int) != np.shape(c_int) or x_r.shape != x_c.shape:
+        if np.shape(r_int) != np.shape(c_int) or x_r.size != np.size(r_int) \
+                or x_c.size != x_r.size:
             count += max(int(np.size(r_int)), 1)
             continue
+        x_r, x_c = x_r.reshape(np.shape(r_int)), x_c.reshape(np.shape(r_int))
         err = np.abs(np.where(np.isfinite(x_c), x_c - x_r, np.inf))
         near = np.abs(x_r - boundary(x_r, site.rounding)) <= NEAR_TIE * err
         count += int(np.count_nonzero(near | (np.asarray(r_int) != np.asarray(c_int))))

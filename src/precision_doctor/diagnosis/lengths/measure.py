@@ -109,7 +109,8 @@ def measure_site(site: DecisionSite, ref: Outputs, cand: Outputs, target: Precis
         down += int((diff < 0).sum())
         steps.append(float(np.abs(diff[moved]).max()))
         src_r = np.asarray(ref[site.source][i], np.float64)
-        if scalar and src_r.shape == r.shape and src_c.shape == r.shape:
+        if scalar and src_r.size == r.size and src_c.size == r.size:  # reshapes keep order
+            src_r, src_c = src_r.reshape(r.shape), src_c.reshape(r.shape)
             b = boundary(src_r, site.rounding)
             spacing = ulp(b, target)
             dist.extend((np.abs(src_r - b) / spacing)[moved].tolist())

@@ -8,7 +8,9 @@ the float value; once it crosses a rounding boundary the integer changes, and so
 output's length. A site is one of:
 
 * ``Cast``/``CastLike`` from a float to an integer or bool type; when its input comes from
-  ``Ceil``, ``Floor`` or ``Round`` the site's *source* is that op's float input and its rounding
+  ``Ceil``, ``Floor`` or ``Round`` (directly, or through ops that keep integers integers and
+  each element in place: ``Clip``, ``Max``/``Min``, ``Relu``, reshapes; Kokoro writes
+  Round -> Clip -> Cast) the site's *source* is that op's float input and its rounding
   boundary is the op's (integers for Ceil/Floor, half-integers for Round; a plain Cast
   truncates toward zero: integers);
 * ``ArgMax``/``ArgMin``, the indices of ``TopK`` and ``NonMaxSuppression`` on float inputs;
@@ -32,6 +34,10 @@ from precision_doctor.graph.shapes import infer_types
 from precision_doctor.precision.plan import FLOAT_ELEM_TYPES
 
 ROUNDING_OPS = ("Ceil", "Floor", "Round")
+# ops between a rounding op and its Cast that keep integer values integer and elements in
+# order (the first input is the data)
+KEEP_INTEGERS = ("Clip", "Max", "Min", "Relu", "Identity", "Reshape", "Squeeze", "Unsqueeze",
+                 "Flatten")
 INDEX_OPS = ("ArgMax", "ArgMin")
 COMPARISONS = ("Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal")
 COUNT_OPS = ("NonZero", "Compress", "NonMaxSuppression")
@@ -113,6 +119,8 @@ def _site(n: onnx.NodeProto, is_float, is_int, producer, readers
     first = n.input[0]
     if op in ("Cast", "CastLike") and is_float(first) and is_int(n.output[0]):
         before = producer.get(first)
+        while before is not None and before.op_type in KEEP_INTEGERS and before.input:
+            before = producer.get(before.input[0])
         if before is not None and before.op_type in ROUNDING_OPS and before.input:
             return n.output[0], before.input[0], before.op_type
         return n.output[0], first, "Cast"
