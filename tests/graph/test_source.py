@@ -18,6 +18,7 @@ from precision_doctor.graph.source import (
     Source,
     group_by_module,
     in_module,
+    inherit_metadata,
     is_torch_file,
     module_classes,
     module_from_name,
@@ -189,3 +190,15 @@ def test_in_module_matches_prefixes_by_component() -> None:
     assert not in_module("encoder.layers", "encoder.layer")
     assert in_module("", "") and in_module("a", "")
     assert not in_module("", "a")
+
+
+def test_nodes_a_rewrite_made_inherit_the_metadata_of_the_nodes_they_replace() -> None:
+    scopes = {NAME_SCOPES: "['', 'norm', 'mean']", STACK_TRACE: STACK}
+    original = _model([_node("Relu", "first"), _node("ReduceMean", "mean", scopes),
+                       _node("Sqrt", "sqrt", {NAME_SCOPES: "['', 'norm', 'sqrt']"})])
+    fused = _model([_node("Relu", "first"), _node("Softmax", "mean/LN"),
+                    _node("Relu", "own", {NAME_SCOPES: "['', 'head', 'relu']"})])
+    origins = {"mean/LN": ["gone", "first", "mean", "sqrt"], "own": ["sqrt"]}
+    assert inherit_metadata(fused, origins, original) == 1
+    assert node_modules(fused) == {"first": None, "mean/LN": "norm", "own": "head"}
+    assert source_of(fused.graph.node[1]).line == 4

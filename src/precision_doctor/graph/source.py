@@ -228,6 +228,36 @@ def node_modules(model: onnx.ModelProto) -> dict[str, str | None]:
     return result
 
 
+def inherit_metadata(model: onnx.ModelProto, origins: Mapping[str, Iterable[str]],
+                     original: onnx.ModelProto) -> int:
+    """Give nodes a rewrite made the exporter's metadata of the nodes they replace, in place.
+
+    A rewrite (a fused ``LayerNormalization`` replacing ``ReduceMean ... Div``) makes nodes
+    without ``metadata_props``; each new node takes those of its first origin node that has
+    any, so that it still leads to the Python line and module (the first replaced node's).
+
+    Args:
+        model: The rewritten model (changed in place).
+        origins: New node name -> the names of the nodes it replaced, in ``original``
+            (a ``RewriteRecord``'s ``new_nodes`` and ``nodes``).
+        original: The model before the rewrite.
+
+    Returns:
+        How many nodes received metadata (a node that has some already keeps its own).
+    """
+    before = {n.name: n for n in original.graph.node}
+    given = 0
+    for node in model.graph.node:
+        if node.metadata_props or node.name not in origins:
+            continue
+        donor = next((before[o] for o in origins[node.name]
+                      if o in before and before[o].metadata_props), None)
+        if donor is not None:
+            node.metadata_props.extend(donor.metadata_props)
+            given += 1
+    return given
+
+
 def _pattern(path: str) -> str:
     return ".".join("*" if p.isdigit() else p for p in path.split(".")) if path else path
 
