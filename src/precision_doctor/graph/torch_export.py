@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import logging
 import re
 import sys
 import time
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -111,7 +114,7 @@ def export_module(module: Any, samples: Any, max_samples: int | None = None) -> 
     start = time.perf_counter()
     try:
         module.eval()
-        with torch.no_grad():
+        with torch.no_grad(), _exporter_quiet():
             program = torch.onnx.export(module, args, kwargs=kwargs or None, dynamo=True,
                                         dynamic_shapes=shapes, verbose=False, report=False)
     except Exception as exc:  # the exporter raises many types; one InputError names the cause
@@ -127,6 +130,21 @@ def export_module(module: Any, samples: Any, max_samples: int | None = None) -> 
                         if len({f[n].shape[ax] for f in feeds}) > 1) for n in names}
     return ExportedModule(model, feeds, {k: v for k, v in dynamic.items() if v}, seconds,
                           str(torch.__version__))
+
+
+@contextmanager
+def _exporter_quiet() -> Iterator[None]:
+    """The exporter's notes about itself off (torchvision ops it skips, torch's own
+    deprecations inside it); its errors still raise."""
+    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def export_error(exc: BaseException, module_name: str) -> InputError:
