@@ -15,6 +15,7 @@ import pytest
 import precision_doctor as pd
 from precision_doctor.formats import Precision
 from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.precision.rewrites import REWRITES
 from precision_doctor.repair import ranking
 from precision_doctor.repair.range_bound import is_range_bound, range_bound_report
 from precision_doctor.report.terminal.fix import MAX_PLAN_LINES, plan_lines
@@ -33,6 +34,9 @@ def _fix(regions: bool, monkeypatch) -> dict:
 @pytest.fixture(scope="module")
 def both():
     with pytest.MonkeyPatch.context() as mp:
+        # prescale-normalized-residual scales these streams into FP16's range (the cure is then
+        # the periodic reduction's 7 nodes): the searches are measured on the model without it
+        mp.delitem(REWRITES, "prescale-normalized-residual")
         return _fix(False, mp), _fix(True, mp)
 
 
