@@ -59,7 +59,10 @@ KEEP_SHARE = 0.9  # the minimal set keeps >= 90% of what the union removes
 MAX_EVALS = 32
 MAX_UNITS = 24
 UNMASK_ROUNDS = 4
-RESIDUAL_MEASURED = 4  # other causes measured on top of the joint cure (one evaluation each)
+# Other causes measured on top of the main cure, one evaluation each: 4 is a third of the
+# findings measured one by one (findings.MAX_FINDINGS), enough for the distinct mechanisms a
+# destroyed output hides (a lost phase, a cancellation), errors first
+RESIDUAL_MEASURED = 4
 # Findings that can be a cause, in the order the reduction prefers them; a tensor with little
 # headroom in FP32 can overflow in the emulation (its inputs already rounded): last.
 CAUSE_KINDS = (*HARD_KINDS, *MECHANISM_KINDS, "underflow", "accumulated-rounding", "headroom")

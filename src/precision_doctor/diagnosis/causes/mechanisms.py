@@ -84,7 +84,10 @@ ORDER = ("periodic-argument", "saturation", "tf32", "cancellation", "small-divis
 DOT_OPS = frozenset({"MatMul", "Gemm"})
 PERIODIC_OPS = frozenset({"Sin", "Cos", "Tan"})
 PHASE_SPACING = 2.0 ** -4  # rad: a larger spacing of the argument loses the phase (docstring)
-MAX_CONE = 16  # producers of a periodic argument its cure keeps in FP32 (nearest first)
+# Producers of a periodic argument its cure keeps in FP32, nearest first: a timestep
+# embedding's argument has 1-6 (Cast, Unsqueeze, Mul, and Range/Mul/Exp of the frequencies when
+# the exporter computes them); 16 keeps the cure local when the argument comes from deep inside
+MAX_CONE = 16
 
 REMEDIES = {
     "cancellation":
