@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import sys
 from pathlib import Path
@@ -124,6 +125,12 @@ def test_cli_diagnoses_a_module_factory(tmp_path: Path, monkeypatch: pytest.Monk
     assert res.exit_code == 2 and "not a torch.save file" in res.output
     res = runner.invoke(app, ["diagnose", "pd_cli_absent:make", "--data", str(data)])
     assert res.exit_code == 2 and "cannot import pd_cli_absent" in res.output
+    fixed = tmp_path / "net_fp16.onnx"
+    res = runner.invoke(app, ["fix", "pd_cli_net:make", "--data", str(data), "-o", str(fixed),
+                              "-q"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(fixed.with_suffix(".report.json").read_text())
+    assert report["verdict"] == "pass" and report["model"]["exported_from"] == "Sequential"
 
 
 def test_without_torch_a_module_spec_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,8 @@ def module_input(model: Any, data: Any, max_samples: int | None
 
 def load_module(spec: str) -> Any:
     """The module named by ``package.module:factory`` (the CLI's MODEL): ``factory`` is a
-    ``torch.nn.Module`` or a callable returning one (called without arguments).
+    ``torch.nn.Module`` or a callable returning one (called without arguments). The current
+    folder is searched too, as ``python -m`` does.
 
     Raises:
         InputError: torch missing, the module cannot be imported, no such attribute, or it
@@ -102,11 +104,13 @@ def load_module(spec: str) -> Any:
     """
     import_torch()
     name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: the folder it runs in
     try:
         module = importlib.import_module(name)
     except ImportError as exc:
         raise InputError(f"{spec}: cannot import {name} ({exc}); run from the folder that "
-                         "holds it or install it") from None
+                         "holds it, or install it or add its folder to PYTHONPATH") from None
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):
