@@ -335,9 +335,13 @@ def _why(group: FindingGroup, members: Sequence[Finding], measuring: bool, budge
     if not measuring:
         return reason or "impacts are not measured in this diagnosis"
     if group.group != "main":
-        return "a minor group: every member's own cure measured below 1%" \
-            if all(f.impact is not None for f in members) else (
-            reason or "a minor group of unmeasured warnings")
+        measured = sum(f.impact is not None for f in members)
+        if measured == len(members):
+            return "a minor group: every member's own cure measured below 1%"
+        if measured:
+            return (f"a minor group: {measured} of {len(members)} members measured below 1% "
+                    f"alone, the others not ({reason or 'unmeasured warnings'})")
+        return reason or "a minor group of unmeasured warnings"
     if budget <= 0:
         return f"beyond the first {MAX_MEASURED} groups measured jointly"
     if not timely and group.group == "main":

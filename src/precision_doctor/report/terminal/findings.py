@@ -114,10 +114,12 @@ def render_findings(report: DiagnosisReport, console: Console) -> None:
         return
     count: Counter[str] = Counter()
     why: Counter[str] = Counter()
+    by_node = {f.node: f for f in report.findings}
     for e in minor:
         count[e.kind] += len(e.members) if isinstance(e, FindingGroup) else 1
-        if e.impact is None and e.not_measured:
-            why[e.not_measured] += len(e.members) if isinstance(e, FindingGroup) else 1
+        members = ([by_node[m] for m in e.members if m in by_node]
+                   if isinstance(e, FindingGroup) else [e])
+        why.update(f.not_measured for f in members if f.impact is None and f.not_measured)
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(count.items()))
     groups = sum(isinstance(e, FindingGroup) for e in minor)
     if groups:
