@@ -82,6 +82,11 @@ def test_fix_a_module_keeps_the_stats_module_in_fp32() -> None:
     assert list(group_by_module(f.fp32_nodes, modules)) == ["stats"]
 
 
+def test_quantized_diagnosis_takes_a_module_too() -> None:
+    q = pd.diagnose_quantized(Net(), samples(1.0), target="int8", quiet=True)
+    assert q.verdict in ("pass", "fail") and q.to_dict()
+
+
 def test_module_errors_are_input_errors() -> None:
     with pytest.raises(pd.InputError, match="does not fit Net.forward"):
         pd.diagnose(Net(), [(torch.ones(1, 2, 16), torch.ones(1))], quiet=True)

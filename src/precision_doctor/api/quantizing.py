@@ -18,6 +18,7 @@ from precision_doctor.api.options import (
     as_samples,
     progress_reporter,
 )
+from precision_doctor.api.pytorch import module_input
 from precision_doctor.errors import InputError
 from precision_doctor.formats import Precision
 from precision_doctor.graph.upcast import upcast
@@ -130,6 +131,7 @@ def _inputs(model: ModelLike, data: DataLike, target: str,
     if fmt is None:
         raise InputError(f"{target!r} is not a quantized format: use int8, fp8 or fp8e5m2")
 
+    model, data, _exported = module_input(model, data, max_samples)  # a torch.nn.Module too
     proto, path = as_model(model)
     proto, _shipped = upcast(proto)
     samples = as_samples(data, proto, preprocess, max_samples)

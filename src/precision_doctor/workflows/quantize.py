@@ -7,6 +7,7 @@ from typing import Sequence
 
 from rich.console import Console
 
+from precision_doctor.api.pytorch import cli_model
 from precision_doctor.api.quantizing import (
     QuantizedDiagnosis,
     QuantizedFix,
@@ -37,7 +38,7 @@ def run_quant_diagnose(model_path: Path, *, data: str | None, preprocess: str | 
     if html_path is not None:
         raise InputError(f"--html is not available for --target {target} yet: use --json")
     with progress_bar(console, enabled=not quiet and console.is_terminal) as progress:
-        report = diagnose_quantized(model_path, data, target=target,
+        report = diagnose_quantized(*cli_model(model_path, data), target=target,
                                           preprocess=preprocess, tolerance=list(tolerances),
                                           calibrator=calibrator, max_samples=max_samples,
                                           progress=progress, quiet=progress is None)
@@ -69,7 +70,7 @@ def run_quant_fix(model_path: Path, output: Path, *, data: str, preprocess: str 
     side = [Path(f"{stem}.report.json"), Path(f"{stem}.recipes.md")]
     check_writable([output, *side], force, inputs=[model_path, data])
     with progress_bar(console, enabled=not quiet and console.is_terminal) as progress:
-        fixed = fix_quantized(model_path, data, target=target, preprocess=preprocess,
+        fixed = fix_quantized(*cli_model(model_path, data), target=target, preprocess=preprocess,
                                     tolerance=list(tolerances), metric=metric,
                                     threshold=threshold, calibrator=calibrator,
                                     rewrites=not no_rewrites, max_samples=max_samples,
