@@ -7,20 +7,23 @@ A text-to-speech voice rounds a predicted duration per phoneme (``Ceil`` or ``Ro
 the float value; once it crosses a rounding boundary the integer changes, and so may the
 output's length. A site is one of:
 
-* ``Cast``/``CastLike`` from a float to an integer or bool type; when its input comes from
-  ``Ceil``, ``Floor`` or ``Round`` (directly, or through ops that keep integers integers and
-  each element in place: ``Clip``, ``Max``/``Min``, ``Relu``, reshapes; Kokoro writes
-  Round -> Clip -> Cast) the site's *source* is that op's float input and its rounding
-  boundary is the op's (integers for Ceil/Floor, half-integers for Round; a plain Cast
-  truncates toward zero: integers);
+* ``Ceil``, ``Floor`` and ``Round``: their float output holds integers, which later ops add
+  up exactly (Piper sums and accumulates its ceil'd durations in float32 before one
+  ``Cast``); the *source* is the op's input and the rounding boundary is the op's (integers
+  for Ceil/Floor, half-integers for Round);
+* ``Cast``/``CastLike`` from a float to an integer or bool type that no rounding op feeds
+  (directly, or through ops that keep integers integer and each element in place: ``Clip``,
+  ``Max``/``Min``, ``Relu``, reshapes; Kokoro writes Round -> Clip -> Cast, whose site is the
+  Round): a truncation toward zero, boundaries at the integers;
 * ``ArgMax``/``ArgMin``, the indices of ``TopK`` and ``NonMaxSuppression`` on float inputs;
 * ``NonZero`` of a float tensor, and a float comparison (``Greater``, ``Less``, ...) whose
   boolean reaches ``NonZero`` or ``Compress``.
 
-``sets_shape`` says whether the integer reaches, through integer arithmetic, an input that sets
-a shape (``Range``, ``Expand``'s shape, ``Tile``'s repeats, ``ConstantOfShape``, ``Reshape``'s
-shape, ``Slice``'s bounds, ``Resize``'s sizes, ``Pad``'s pads, ``OneHot``'s depth) or is a
-count (``NonZero``, ``NonMaxSuppression``).
+``sets_shape`` says whether the integer reaches (through integer arithmetic; from a rounding
+op, through any op within ``REACH`` steps) an input that sets a shape (``Range``,
+``Expand``'s shape, ``Tile``'s repeats, ``ConstantOfShape``, ``Reshape``'s shape, ``Slice``'s
+bounds, ``Resize``'s sizes, ``Pad``'s pads, ``OneHot``'s depth) or is a count (``NonZero``,
+``NonMaxSuppression``).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
     "Range": (0, 1, 2), "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,),
     "Reshape": (1,), "Slice": (1, 2, 3, 4), "Resize": (3,), "Pad": (1,), "OneHot": (1,),
     "TopK": (1,), "Upsample": (1,)}
+REACH = 8  # ops a rounding op's integers may pass through before they set a shape
 _INT_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32,
                         onnx.TensorProto.INT64, onnx.TensorProto.UINT8, onnx.TensorProto.UINT16,
                         onnx.TensorProto.UINT32, onnx.TensorProto.UINT64,
@@ -106,7 +110,8 @@ def decision_sites(model: onnx.ModelProto) -> list[DecisionSite]:
         if found is not None:
             tensor, source, rounding = found
             sites.append(DecisionSite(n.name, n.op_type, tensor, source, rounding, index,
-                                      _sets_shape(tensor, readers, elem)))
+                                      _sets_shape(tensor, readers, elem,
+                                                  n.op_type in ROUNDING_OPS)))
     return sites
 
 
@@ -117,12 +122,14 @@ def _site(n: onnx.NodeProto, is_float, is_int, producer, readers
     if not n.input or not n.output:
         return None
     first = n.input[0]
+    if op in ROUNDING_OPS and is_float(first):
+        return n.output[0], first, op
     if op in ("Cast", "CastLike") and is_float(first) and is_int(n.output[0]):
         before = producer.get(first)
         while before is not None and before.op_type in KEEP_INTEGERS and before.input:
             before = producer.get(before.input[0])
-        if before is not None and before.op_type in ROUNDING_OPS and before.input:
-            return n.output[0], before.input[0], before.op_type
+        if before is not None and before.op_type in ROUNDING_OPS:
+            return None  # the rounding op is the site
         return n.output[0], first, "Cast"
     if op in INDEX_OPS and is_float(first):
         return n.output[0], first, ""
@@ -152,11 +159,12 @@ def _reaches_count(tensor: str, readers) -> bool:
     return False
 
 
-def _sets_shape(tensor: str, readers, elem) -> bool:
-    """Whether an integer tensor reaches a shape-setting input through integer values."""
-    todo, seen = deque([tensor]), {tensor}
+def _sets_shape(tensor: str, readers, elem, any_type: bool = False) -> bool:
+    """Whether an integer tensor reaches a shape-setting input through integer values (with
+    ``any_type``: through any values, at most ``REACH`` ops away)."""
+    todo, seen = deque([(tensor, 0)]), {tensor}
     while todo:
-        name = todo.popleft()
+        name, depth = todo.popleft()
         for r in readers.get(name, ()):
             if r.op_type in COUNT_OPS:
                 return True
@@ -164,9 +172,10 @@ def _sets_shape(tensor: str, readers, elem) -> bool:
             if any(i < len(r.input) and r.input[i] == name for i in positions):
                 return True
             for o in r.output:
-                if o and o not in seen and elem.get(o) in _INT_TYPES:
+                follow = depth < REACH if any_type else elem.get(o) in _INT_TYPES
+                if o and o not in seen and follow:
                     seen.add(o)
-                    todo.append(o)
+                    todo.append((o, depth + 1))
     return False
 
 
