@@ -126,7 +126,7 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
     read = read_decisions(request, reference, cand, compared)
     lengths = read_lengths(request, reference, cand)
     localized = localize(request, read)
-    causes = find_causes(request, reference, cand, compared, read, localized)
+    causes = find_causes(request, reference, cand, compared, read, localized, lengths)
     assessed = assess_stage(request, reference, compared, read, causes, lengths)
     report = build_report(request, reference, cand, compared, read, localized, causes,
                           assessed, lengths)

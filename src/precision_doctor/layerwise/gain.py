@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Collection, Mapping, Sequence
 
+from precision_doctor.graph.random_ops import RANDOM_OPS
 from precision_doctor.layerwise.stats import LayerRecord
 
 
@@ -70,7 +71,9 @@ def local_gains(records: Sequence[LayerRecord], inputs_of: Mapping[str, Sequence
         unit_roundoff: ``u`` of the target format (``FloatFormat.unit_roundoff``), > 0.
 
     Returns:
-        One ``Gain`` per record. Records whose reference is non-finite get gain 0.
+        One ``Gain`` per record. Records whose reference is non-finite get gain 0, and so do
+        random operators (``graph.random_ops.RANDOM_OPS``): their values do not depend on
+        their input's, so no error grows there.
     """
     by_name = {r.tensor: r for r in records}
     gains = []
@@ -81,7 +84,8 @@ def local_gains(records: Sequence[LayerRecord], inputs_of: Mapping[str, Sequence
         born = _nonfinite(r) and not r.ref_nonfinite and not inherited
         if born:
             gain = math.inf
-        elif r.ref_nonfinite or not math.isfinite(r.rel_l2) or inherited:
+        elif r.ref_nonfinite or not math.isfinite(r.rel_l2) or inherited \
+                or r.op_type in RANDOM_OPS:
             gain = 0.0
         else:
             gain = r.rel_l2 / max(upstream, unit_roundoff)

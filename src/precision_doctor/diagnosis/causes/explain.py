@@ -107,7 +107,8 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
             decisions: Sequence[DecisionSummary], inputs_of: Mapping[str, Sequence[str]],
             regions: Mapping[str, tuple[str, ...]], expected: float,
             progress: Callable[[str, int, int], None] | None = None,
-            budget_s: float = 0.0, measure_impact: bool = True) -> Explanation:
+            budget_s: float = 0.0, measure_impact: bool = True,
+            explained_elsewhere: bool = False) -> Explanation:
     """Findings with measured impacts, attribution when they fall short, mechanism names.
 
     Args:
@@ -128,6 +129,8 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
             unmeasured says so (``Finding.not_measured``).
         measure_impact: Measure impacts (emulated candidates only); False: findings and names
             from the measurements already made, no extra evaluation and no attribution.
+        explained_elsewhere: A measured cure outside the findings already explains the error
+            (a near-tie length decision, ``diagnosis.lengths``): no unmasking, no attribution.
 
     Returns:
         The ``Explanation``.
@@ -154,7 +157,8 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
     explained = _joint(findings, measure, baseline)
     seconds["findings"] = time.perf_counter() - t0
     if measure is not None and layerwise is not None and math.isinf(baseline) \
-            and (explained or 0.0) < 0.5 and affordable(measure, ()):
+            and (explained or 0.0) < 0.5 and affordable(measure, ()) \
+            and not explained_elsewhere:
         # causes masked by the ones found (joint.unmask)
         t0 = time.perf_counter()
         first = worst_samples(reference, cand, list(failing), 1)[0]
@@ -166,7 +170,7 @@ def explain(model: onnx.ModelProto, samples: Sequence, target: Precision, candid
         seconds["unmasking"] = time.perf_counter() - t0
     attribution = None
     worst = max(failing.values(), default=0.0)
-    if (plan is not None and layerwise is not None
+    if (plan is not None and layerwise is not None and not explained_elsewhere
             and (explained or 0.0) < 0.5 and not decisions_explain(decisions, failing)
             and _suspicious(worst, expected, decisions, failing, layerwise, inputs_of,
                             target)):

@@ -44,16 +44,16 @@ def with_lengths(result: Assessment, lengths: LengthReport | None) -> Assessment
     if lengths.cure_rel_l2 is not None:
         ev["length_cure_rel_l2"] = lengths.cure_rel_l2
     head = lengths.summary
+    share = 1.0 if lengths.cured else result.explained_share
     if lengths.reading == "near-tie":
-        return Assessment("decision-flips", head, ev, NEAR_TIE_REMEDY, result.explained_share)
+        return Assessment("decision-flips", head, ev, NEAR_TIE_REMEDY, share)
     if result.kind == "defect":
         return replace(result, summary=f"{head} {result.summary}", evidence=ev)
     if lengths.cured:
         remedy = (f"keep the {len(lengths.cure_nodes)} nodes before "
                   f"{', '.join(lengths.roots)} in FP32 (`precision-doctor fix` finds the "
                   "fewest of them that keep the reference's shapes)")
-        return Assessment("defect", head, ev, remedy, result.explained_share,
-                          tuple(lengths.cure_nodes))
+        return Assessment("defect", head, ev, remedy, share, tuple(lengths.cure_nodes))
     return replace(result, summary=f"{head} {result.summary}", evidence=ev)
 
 

@@ -13,6 +13,7 @@ from precision_doctor.diagnosis.causes.cures import layerwise_regions
 from precision_doctor.diagnosis.causes.engine_constants import engine_verdicts
 from precision_doctor.diagnosis.causes.explain import Explanation, explain
 from precision_doctor.diagnosis.causes.hazards import Hazard, scan_hazards
+from precision_doctor.diagnosis.lengths.records import LengthReport
 from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.diagnosis.stages.comparing import Compared, Read
 from precision_doctor.diagnosis.stages.localizing import Localized
@@ -49,7 +50,8 @@ class Causes:
 
 
 def find_causes(request: DiagnoseRequest, reference: Reference, candidate: CandidateRun,
-                compared: Compared, read: Read, localized: Localized) -> Causes:
+                compared: Compared, read: Read, localized: Localized,
+                lengths: LengthReport | None = None) -> Causes:
     """The causes of the candidate's error, each established by a measured cure.
 
     Before any cure is measured on a failing emulated candidate, the plan with every candidate
@@ -83,7 +85,9 @@ def find_causes(request: DiagnoseRequest, reference: Reference, candidate: Candi
                           {o.name: (o.metrics.rel_l2, o.passed) for o in read.outputs},
                           reference.outputs, candidate.outputs, read.summaries, inputs_of,
                           regions, compared.expected, request.progress, budget,
-                          request.measure_impact)
+                          request.measure_impact,
+                          lengths is not None and lengths.reading == "near-tie"
+                          and lengths.cured)
     seconds.update(explanation.seconds)
     jump = None
     if lw is not None:  # an Inf birth measured harmless (minor) is not the jump

@@ -33,6 +33,9 @@ def build_report(request: DiagnoseRequest, reference: Reference, candidate: Cand
     if lengths is not None:
         timings["lengths"] = lengths.seconds
     explanation, jump, model = causes.explanation, causes.jump, request.model
+    explained = explanation.explained
+    if lengths is not None and lengths.cured:  # its measured cure restores every shape
+        explained = 1.0
     return DiagnosisReport(
         verdict=compared.verdict, model=model_info(model, request.model_path),
         target=request.target.value, reference=reference_name(),
@@ -43,7 +46,7 @@ def build_report(request: DiagnoseRequest, reference: Reference, candidate: Cand
         layerwise=localized.layerwise, noise=compared.floor,
         emulation=emulation_info(request.candidate, model),
         timings_s={k: round(v, 3) for k, v in timings.items()}, warnings=assessed.warnings,
-        assessment=assessed.assessment, explained_share=explanation.explained,
+        assessment=assessed.assessment, explained_share=explained,
         decision_flips=read.flips, decisions=read.summaries, rewritten=assessed.rewritten,
         largest_jump=jump.record.tensor if jump is not None else None,
         recording=localized.recording, transformer=causes.transformer,

@@ -41,7 +41,9 @@ def render_assessment(report: DiagnosisReport, console: Console) -> None:
     console.print(f"  [bold]Remedy:[/] {escape(a.remedy)}")
     if report.explained_share is not None:
         share = report.explained_share
-        console.print(f"  All findings' remedies together remove {fmt_share(share, 1)} of the "
+        what = ("The length cure and the findings' remedies" if report.lengths is not None
+                and report.lengths.cured else "All findings' remedies together")
+        console.print(f"  {what} remove {fmt_share(share, 1)} of the "
                       f"output error; unexplained: {fmt_share(1 - share, 1)}.")
     if a.nodes:
         shown = ", ".join(short_name(n, LONG_NAME) for n in a.nodes[:SHOWN_NODES])
