@@ -57,13 +57,13 @@ def test_regions_first_keeps_the_same_nodes_in_a_third_of_the_evaluations(both):
 
 def test_the_range_bound_report_measures_bf16(both):
     bound = both[1]["report"]["range_bound"]
-    assert bound["fp32_nodes"] == 82 and bound["for_range"] == 75
+    assert bound["fp32_nodes"] == 82 and bound["in_overflow"] == 75
     assert bound["peak"] > 65504 and bound["flops"] > 0.9
     bf16 = bound["bf16"]
     assert bf16["tolerance"] == 0.08 and bf16["rel_l2"] > bf16["tolerance"]
     assert not bf16["passed"]
     assert bound["message"].startswith("range-bound: the FP16 cure keeps 82 nodes (99.6% of "
-                                       "FLOPs) in FP32, 75 of them for values up to")
+                                       "FLOPs) in FP32 (75 in overflow regions, values up to")
     assert "BF16 alone does not meet its tolerance either" in bound["message"]
 
 
@@ -90,19 +90,18 @@ def test_small_plans_keep_one_line_per_node():
 def test_range_bound_is_defined_by_measured_quantities():
     overflow = {f"n{i}": (f"n{i}",) for i in range(20)}
     kept = [f"n{i}" for i in range(20)]
-    assert is_range_bound(Precision.FP16, 1e6, kept, overflow, 0.01)  # 20 nodes for range
+    assert is_range_bound(Precision.FP16, 1e6, kept, overflow, 0.01)  # 20 nodes kept
     assert not is_range_bound(Precision.FP16, 6e4, kept, overflow, 0.5)  # inside 65504
+    assert not is_range_bound(Precision.FP16, 1e6, kept, {}, 0.5)  # no overflow region
     assert not is_range_bound(Precision.BF16, 1e6, kept, overflow, 0.5)  # BF16 has the range
     assert not is_range_bound(Precision.FP16, 1e6, kept[:3], overflow, 0.05)  # small cure
     assert is_range_bound(Precision.FP16, 1e6, kept[:3], overflow, 0.2)  # 20% of FLOPs
-    rounding = kept[:5] + [f"r{i}" for i in range(10)]  # most kept nodes cure rounding
-    assert not is_range_bound(Precision.FP16, 1e6, rounding, overflow, 0.5)
     bf16 = {"rel_l2": 0.0425, "output": "y", "tolerance": 0.08, "passed": True,
             "objective_passed": False, "score": 0.0425}
     msg = range_bound_report(369, 300, 0.349, 3.1e6, bf16)["message"]
-    assert msg == ("range-bound: the FP16 cure keeps 369 nodes (34.9% of FLOPs) in FP32, 300 "
-                   "of them for values up to 3.1e+06 > 65504; BF16 alone meets its tolerance "
-                   "(rel L2 0.0425 <= 0.08)")
+    assert msg == ("range-bound: the FP16 cure keeps 369 nodes (34.9% of FLOPs) in FP32 (300 "
+                   "in overflow regions, values up to 3.1e+06 > 65504); BF16 alone meets its "
+                   "tolerance (rel L2 0.0425 <= 0.08)")
 
 
 def test_the_html_fix_section_lists_regions_and_the_range_bound_line(both):

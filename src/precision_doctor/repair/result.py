@@ -32,7 +32,7 @@ the fixed model as ``*.report.json``:
       "verification": {"runner", "spec", "reason", "skipped": [{"runner", "reason"}],
                        "engine"},
       "engine": null | "ort-cuda",          # the deployment engine written for (--engine)
-      "range_bound": null | {"fp32_nodes", "for_range", "flops", "peak", "format_max",
+      "range_bound": null | {"fp32_nodes", "in_overflow", "flops", "peak", "format_max",
                              "bf16": {"rel_l2", "output", "tolerance", "passed",
                                       "objective_passed", "score"}, "message"}
                                             # additive: repair.range_bound

@@ -13,7 +13,8 @@ hierarchical delta debugging"), coarse to fine:
    one level per path component, chains of one child collapsed. Its leaves are *atoms*:
    single nodes, or an overflow region (``diagnosis.causes.cures.overflow_regions``: an
    out-of-range tensor's producer and readers, which only cure together), placed at the
-   innermost module holding all of its nodes.
+   innermost module holding all of its nodes. The first level opens the largest region while
+   it holds more than 1/8 of the candidates (``LARGEST_SHARE``, up to ``MAX_TOP`` regions).
 2. Grow: bisect for the shortest passing prefix of the top regions, ordered by their best
    ranked node (log2 R evaluations). Every candidate in FP32 is checked only when no shorter
    prefix passes, exactly as the node search does.
@@ -34,6 +35,12 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
 from precision_doctor.search.objective import Score
+
+# The first level: no region above 1/8 of the candidates (so the grow's bisection halves real
+# work, and a model whose modules all sit under one `network` starts inside it), at most 64
+# regions (ddmin over k needed of R regions costs O(k log R) evaluations).
+LARGEST_SHARE = 8
+MAX_TOP = 64
 
 
 @dataclass(frozen=True)
@@ -102,9 +109,9 @@ def region_tree(ranking: Sequence[str], modules: Mapping[str, str | None],
             ``ranking`` are dropped from an atom.
 
     Returns:
-        The outermost level with more than one region (a model wrapped in one module starts
-        inside it), ordered by their first ranked node; a node without a module path is an
-        atom at the root.
+        The first level: the root's children, the largest opened while it holds more than
+        1/``LARGEST_SHARE`` of the nodes and there are fewer than ``MAX_TOP`` regions, ordered
+        by their first ranked node; a node without a module path is an atom at the root.
     """
     rank = {n: i for i, n in enumerate(ranking)}
     groups: dict[str, tuple[str, ...]] = {}
@@ -126,9 +133,15 @@ def region_tree(ranking: Sequence[str], modules: Mapping[str, str | None],
         kind = "overflow" if len(group) > 1 else "node"
         branch.setdefault(None, []).append(Region(f"{kind}:{first}", group))
     top = _build(tree, "", rank)
-    while len(top) == 1 and top[0].children:  # one enclosing module: start inside it
-        top = list(top[0].children)
-    return top
+    # a balanced first level: open the largest region while it holds more than 1/8 of the
+    # nodes (a model wrapped in one module, `network.*`, starts inside it)
+    while len(top) < MAX_TOP:
+        big = max((r for r in top if r.children), key=lambda r: len(r.nodes), default=None)
+        if big is None or len(big.nodes) * LARGEST_SHARE <= len(rank):
+            break
+        i = top.index(big)
+        top[i:i + 1] = big.children
+    return sorted(top, key=lambda r: rank[r.nodes[0]])
 
 
 def _common_path(paths: Sequence[str | None]) -> tuple[str, ...]:
@@ -242,4 +255,5 @@ def _ddmin(units: list[Region], ev: Evaluate, rank: Mapping[str, int], cap: int,
     return units, True
 
 
-__all__ = ["Region", "RegionSearch", "region_tree", "search_regions"]
+__all__ = ["LARGEST_SHARE", "MAX_TOP", "Region", "RegionSearch", "region_tree",
+           "search_regions"]
