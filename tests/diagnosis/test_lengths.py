@@ -171,3 +171,11 @@ def test_the_noise_floor_repeats_a_model_with_random_operators() -> None:
     assert not floor.nondeterministic  # seeded: the same draws in a new session
     again = {"audio": [session.run(None, f)[0] for f in feeds]}  # the session's next draws
     assert measure_noise_floor(model, feeds, again).nondeterministic
+
+
+def test_the_html_report_shows_the_lengths_escaped(near_tie, tmp_path) -> None:
+    path = tmp_path / "d.html"
+    near_tie.to_html(path)
+    page = path.read_text()
+    assert 'id="lengths"' in page and "dp/ceil" in page and "near-tie" in page
+    assert "shape changed on 1 sample(s)" in page

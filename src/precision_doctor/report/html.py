@@ -105,6 +105,13 @@ def outputs_section(report: DiagnosisReport) -> Section:
     return Section("outputs", "Outputs", render("outputs.j2", outputs=report.outputs))
 
 
+def lengths_section(report: DiagnosisReport) -> Section | None:
+    """Outputs of another shape than the reference's, the decisions behind them, the cure."""
+    if report.lengths is None:
+        return None
+    return Section("lengths", "Lengths", render("lengths.j2", l=report.lengths))
+
+
 def recording_html_section(report: DiagnosisReport) -> Section | None:
     """The recorded candidate: who recorded it, what is missing, emulated vs recorded error."""
     rec = report.recording
@@ -214,10 +221,10 @@ def report_sections(report: DiagnosisReport, fix: Mapping[str, Any] | None = Non
     if fix is not None and fix.get("objective"):
         head = [fix_verdict_section(report, fix), render_fix_section(fix),
                 verdict_section(report, secondary=True), assessment_section(report),
-                outputs_section(report)]
+                outputs_section(report), lengths_section(report)]
     else:
         head = [verdict_section(report), assessment_section(report), outputs_section(report),
-                recording_html_section(report),
+                lengths_section(report), recording_html_section(report),
                 render_fix_section(fix) if fix is not None else None]
     sections = [*head,
                 findings_section(report), plots_section(report), hazards_section(report),

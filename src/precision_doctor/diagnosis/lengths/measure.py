@@ -146,7 +146,7 @@ def _reading(site: DecisionSite, positions: int, changed: int, max_step: float |
 
 
 def _with_detail(d: DecisionChange, target: Precision) -> DecisionChange:
-    what = (f"{d.rounding} -> {d.op}" if d.rounding and d.rounding != "Cast" else d.op)
+    what = d.op if d.rounding in ("", "Cast", d.op) else f"{d.rounding} -> {d.op}"
     fmt = target.value.upper()
     noun = "lengths" if d.sets_shape else "values"
     head = f"{d.node} ({what})"

@@ -34,6 +34,7 @@ OUTPUT_COLUMNS = (Col("output", "key"), Col("verdict", "tag"), Col("rel L2"), Co
 OUTPUT_CAPTION = ("rel L2 = |c - r| / |r|; 1-cos = 1 - cosine similarity; argmax = share of "
                   "positions with the same argmax; x noise = rel L2 / FP32 noise floor")
 NOT_COMPUTED = "n/a"  # a statistic of an output with NaN/Inf
+SHAPE_CHANGED = "shape"  # the rel L2 of an output whose shape changed (not reproduced)
 OP_LIMIT = 16  # characters of an op type in the layerwise table (longer: cut with "~")
 LAYER_COLUMNS = (Col("#", "tag"), Col("tensor", "key"), Col("op", "name"), Col("rel L2"),
                  Col("max|x|", label="ref max|x|"), Col("bits", label="headroom bits"),
@@ -55,15 +56,22 @@ def outputs_table(outputs: tuple[OutputResult, ...] | list[OutputResult],
         m = o.metrics
         one_minus_cos = None if m.cosine is None else 1.0 - m.cosine
         stats = [fmt3(m.max_abs), fmt3(m.p99_abs), fmt3(one_minus_cos), fmt3(m.snr_db)]
-        if m.nan or m.inf:  # computed without the NaN/Inf, they would look finite (max abs 0)
+        if m.nan or m.inf or (m.shape_changed and not m.numel):
+            # computed without the NaN/Inf (or without any sample), they would look finite
             stats = [NOT_COMPUTED] * len(stats)
-        rows.append([o.name, verdict_tag(o.passed), fmt3(m.rel_l2), *stats,
+        elif m.shape_changed:  # over the samples that kept their shape; SNR follows rel L2
+            stats[-1] = NOT_COMPUTED
+        rel: Cell = Text(SHAPE_CHANGED, style="red") if m.shape_changed else fmt3(m.rel_l2)
+        rows.append([o.name, verdict_tag(o.passed), rel, *stats,
                      Text(f"{m.nan}/{m.inf}", style="red") if m.nan or m.inf
                      else f"{m.nan}/{m.inf}", fmt3(m.argmax_agreement),
                      fmt3(o.noise_multiple)])
     nonfinite = any(o.metrics.nan or o.metrics.inf for o in outputs)
+    reshaped = any(o.metrics.shape_changed for o in outputs)
     return metric_table(title, OUTPUT_COLUMNS, rows, caption=OUTPUT_CAPTION + (
-        f"; {NOT_COMPUTED} = not computed: the output has NaN/Inf" if nonfinite else ""))
+        f"; {NOT_COMPUTED} = not computed: the output has NaN/Inf" if nonfinite else "") + (
+        f"; {SHAPE_CHANGED} = another shape than the reference's on some sample: the "
+        "statistics cover the others (the length report says which)" if reshaped else ""))
 
 
 def layer_rows(lw: LayerwiseResult, layers: int) -> list[LayerRecord]:
