@@ -143,12 +143,20 @@ def _defect(x: AssessmentInputs, ev: dict, share, rw_note: str, rw_remedy: str
         kinds = Counter(f.kind for f in members)
         ev.update(joint_members=group["members"], joint_share=group["share"],
                   joint_alone=group["alone"])
-        summary = (f"A defect with {group['members']} independent causes ("
-                   + ", ".join(f"{n} {k}" for k, n in kinds.most_common())
-                   + f"), the first at {top.op_type} {top.node}. Their cures together remove "
-                   f"{group['share']:.1%} of the output error; each alone at most "
-                   f"{group['alone']:.1%}: each one alone still leaves the output destroyed."
-                   + rw_note)
+        counted = ", ".join(f"{n} {k}" for k, n in kinds.most_common())
+        if group.get("minimal", True):
+            summary = (f"A defect with {group['members']} independent causes ({counted}), the "
+                       f"first at {top.op_type} {top.node}. Their cures together remove "
+                       f"{group['share']:.1%} of the output error; each alone at most "
+                       f"{group['alone']:.1%}: each one alone still leaves the output "
+                       "destroyed." + rw_note)
+        else:  # joint.find_joint_cause ran out of evaluations or budget before it was minimal
+            summary = (f"A defect: the cures of {group['members']} findings together "
+                       f"({counted}, the first at {top.op_type} {top.node}) remove "
+                       f"{group['share']:.1%} of the output error; each alone at most "
+                       f"{group['alone']:.1%}. The set was not narrowed further (the "
+                       "measurements ran out first): some members may not be needed; "
+                       "`precision-doctor fix` searches the smallest set." + rw_note)
         cure = len(dict.fromkeys(n for f in members for n in f.nodes))
         first_remedy = (f"keep the cures of all {group['members']} causes in FP32 together "
                         f"({cure} nodes, each cause's own: the findings list them), or rescale "

@@ -199,12 +199,25 @@ def _regions(findings: Sequence[Finding], modules: Mapping[str, str | None] | No
     return out
 
 
+def _label(place: str, blocks: Sequence[int | None]) -> str:
+    """A place of a group's members as shown: a region with its blocks (``input_blocks.*
+    (0-7)``, ``middle_block.0`` for one), or a module or node name with its count."""
+    numeric = sorted({b for b in blocks if b is not None})
+    if len(numeric) > 1:
+        return f"{place} ({block_ranges(numeric)})"
+    if numeric:
+        return place[:-1] + str(numeric[0])
+    return f"{place} ({len(blocks)})" if len(blocks) > 1 else place
+
+
 def _make(members: Sequence[Finding], joint_share: float | None = None,
           regions: Mapping[str, tuple[str, int] | None] | None = None,
-          by_region: bool = False) -> FindingGroup:
+          by_region: bool = False, modules: Mapping[str, str] | None = None
+          ) -> FindingGroup:
     """The group of ``members``: by name pattern, or (``by_region``, and for a joint cause
-    where the members have one) by region."""
-    regions = regions or {}
+    where some members have one) by region; a joint cause's members without a region by
+    their module path (``modules``), else their name."""
+    regions, modules = regions or {}, modules or {}
     patterns: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
     for f in members:
         p, runs = name_pattern(f.node)
@@ -212,16 +225,17 @@ def _make(members: Sequence[Finding], joint_share: float | None = None,
     texts: list[str] = []
     blocks: set[int] = set()
     if (by_region or joint_share is not None) and len(patterns) > 1 \
-            and all(regions.get(f.node) for f in members):
-        named: dict[str, list[int]] = {}
+            and any(regions.get(f.node) for f in members):
+        named: dict[str, list[int | None]] = {}
         for f in members:
-            region, block = regions[f.node]  # type: ignore[misc]
-            named.setdefault(region, []).append(block)
-        if len(named) == 1:  # one region: its blocks are the group's
-            texts, blocks = list(named), {b for bs in named.values() for b in bs}
+            where = regions.get(f.node)
+            place, block = where if where else (modules.get(f.node) or f.node, None)
+            named.setdefault(place, []).append(block)
+        only = next(iter(named.items())) if len(named) == 1 else None
+        if only is not None and None not in only[1]:  # one region: its blocks are the group's
+            texts, blocks = [only[0]], {b for b in only[1] if b is not None}
         else:  # several: each with its own blocks ("input_blocks.* (0-7)")
-            texts = [f"{region} ({block_ranges(bs)})" if len(set(bs)) > 1
-                     else region[:-1] + str(bs[0]) for region, bs in named.items()]
+            texts = [_label(p, b) for p, b in named.items()]
     else:
         for p, pairs in patterns.items():
             if len(pairs) == 1:  # one member of this pattern: its own name
@@ -311,7 +325,10 @@ def pattern_groups(findings: Sequence[Finding],
     made: list[tuple[int, FindingGroup]] = []
     order = {id(f): i for i, f in enumerate(findings)}
     if joint is not None and len(joint_members) > 1:
-        made.append((order[id(joint_members[0])], _make(joint_members, joint.share, regions)))
+        paths = {f.node: (modules.get(f.node) if modules is not None else None)
+                 or module_from_name(f.node) or "" for f in joint_members}
+        made.append((order[id(joint_members[0])],
+                     _make(joint_members, joint.share, regions, modules=paths)))
     budget = MAX_MEASURED
     for members, by_region in _buckets(rest, regions):
         group = _make(members, None, regions, by_region)

@@ -14,8 +14,11 @@ them together remove it all. Then:
    QuickXplain's divide and conquer
    (``_reduce``): findings that play no part go by halves. When the first ``MAX_UNITS`` fall
    short (a UNet with 25 blocks that each overflow), every finding with a cure takes part;
-   when the evaluations run out first, the reduction keeps what it could not test
-   (``minimal`` False: sufficient, measured, not proven minimal);
+   when the range events among them (``HARD_KINDS``) suffice alone, only they do (one
+   measurement, made even when the findings' budget is spent: on a real diffusion UNet it
+   leaves the lost timestep phase out of a joint cause of overflows). When the evaluations
+   or the budget run out first, the reduction keeps what it could not test (``minimal``
+   False: sufficient, measured, not proven minimal);
 3. that set is one ``JointCause``: its members, their joint share and each one's share alone.
 
 So a union of cures that removes the error always ends as a measured joint cause (or as one
@@ -56,7 +59,7 @@ from precision_doctor.layerwise.compare import compare_layerwise
 
 JOINT_MIN_SHARE = DEFECT_MIN_SHARE  # the union must remove at least half of the error
 KEEP_SHARE = 0.9  # the minimal set keeps >= 90% of what the union removes
-MAX_EVALS = 32
+MAX_EVALS = 64  # new measurements of one reduction (each also within the findings budget)
 MAX_UNITS = 24
 UNMASK_ROUNDS = 4
 # Other causes measured on top of the main cure, one evaluation each: 4 is a third of the
@@ -136,6 +139,9 @@ def find_joint_cause(findings: Sequence[Finding], measure: Callable[[Sequence[st
     need = KEEP_SHARE * union_share
     if len(units) < 2 or share(units) < need:
         units = every  # the first cause findings fall short: every finding with a cure
+    hard = [i for i in units if findings[i].kind in HARD_KINDS]
+    if 2 <= len(hard) < len(units) and share(hard) >= need:
+        units = hard  # the range events alone suffice: one measurement, even past the budget
     ran_out = [False]
 
     def passes(subset: Sequence[int]) -> bool:
@@ -259,7 +265,8 @@ def residual_shares(findings: Sequence[Finding], joint: JointCause | None,
     cause. Here the main cure's own error is the baseline: the joint cause's cure, or, on a
     destroyed output without one, the cure of the finding that alone removes at least
     ``JOINT_MIN_SHARE``. For at most ``RESIDUAL_MEASURED`` other cause findings (errors first,
-    in their order), one evaluation each of the main cure plus theirs. Each measured one gets
+    in their order), one evaluation each of the main cure plus theirs (within the findings'
+    budget, but the first one, and the main cure's own, always). Each measured one gets
     ``evidence["residual_share"]`` (0..1), ``residual_before`` and ``residual_after`` (rel L2)
     and ``residual_cure`` (``joint cause`` or ``<kind> at <node>``).
 
@@ -284,10 +291,10 @@ def residual_shares(findings: Sequence[Finding], joint: JointCause | None,
                    and not set(f.nodes) <= cured),
                   key=lambda i: (findings[i].severity != "error", i))[:RESIDUAL_MEASURED]
     out = list(findings)
-    for i in todo:
+    for k, i in enumerate(todo):
         f = findings[i]
         nodes = list(dict.fromkeys((*cure, *f.nodes)))
-        if not _affordable(measure, nodes):
+        if k and not _affordable(measure, nodes):  # the first one even past the budget
             break
         after = measure(nodes)
         out[i] = replace(f, evidence={**f.evidence, "residual_share": share_removed(left, after),
@@ -298,13 +305,13 @@ def residual_shares(findings: Sequence[Finding], joint: JointCause | None,
 
 def mark_members(findings: Sequence[Finding], joint: JointCause | None) -> list[Finding]:
     """``findings`` with each member of ``joint`` carrying ``evidence["joint_cause"]``
-    (``{"share", "members", "alone"}``: the group's joint share, its size, the largest share
-    of a member alone)."""
+    (``{"share", "members", "alone", "minimal"}``: the group's joint share, its size, the
+    largest share of a member alone, whether the reduction finished)."""
     if joint is None:
         return list(findings)
     members = set(joint.members)
     mark = {"share": joint.share, "members": len(joint.members),
-            "alone": max(joint.alone, default=0.0)}
+            "alone": max(joint.alone, default=0.0), "minimal": joint.minimal}
     return [replace(f, evidence={**f.evidence, "joint_cause": mark})
             if (f.kind, f.node) in members else f for f in findings]
 
