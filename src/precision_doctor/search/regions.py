@@ -19,10 +19,12 @@ hierarchical delta debugging"), coarse to fine:
    ranked node (log2 R evaluations). Every candidate in FP32 is checked only when no shorter
    prefix passes, exactly as the node search does.
 3. Shrink, level by level: ddmin over the regions kept, then over the children of those kept,
-   down to the atoms. Each level gets an equal share of the budget left (minus one for the
-   final evaluation); a level out of its share keeps what it could not remove, so the search
-   ends inside its budget with a passing set, at a region's granularity where it had to
-   stop (``RegionSearch.stopped``).
+   down to the atoms. Each level but the atoms' gets half the budget left (the atoms' level
+   all of it, minus one for the final evaluation): coarse levels remove the most nodes per
+   evaluation. A level out of its share stops the search there with the passing set it has,
+   its regions kept whole (``RegionSearch.stopped``): a finer level, with more units, would
+   not finish either. So the search ends inside its budget, often well before it, where the
+   needed set is hundreds of nodes.
 
 Deterministic: the tree, the orders and the budget shares depend only on the model, the
 ranking and the evaluation outcomes.
@@ -210,12 +212,14 @@ def search_regions(ev: Evaluate, top: Sequence[Region], ranking: Sequence[str],
     stopped: tuple[str, ...] = ()
     while ev.budget_left:
         levels += 1
-        depth = max(u.depth for u in kept) + 1  # levels left, this one included
-        cap = len(ev.trials) + max(1, (ev.max_evals - len(ev.trials) - 1) // depth)
+        last = all(not u.children for u in kept)
+        left = ev.max_evals - len(ev.trials) - 1  # one for the final evaluation
+        cap = len(ev.trials) + max(1, left if last else left // 2)
         kept, done = _ddmin(kept, ev, rank, cap, f"shrink-regions-{levels}")
-        if not done:
+        if not done:  # a finer level has more units: it would not finish either
             stopped = tuple(u.name for u in kept if u.children or len(u.nodes) > 1)
-        if all(not u.children for u in kept):
+            break
+        if last:
             break
         kept = sorted((c for u in kept for c in (u.children or (u,))),
                       key=lambda r: rank[r.nodes[0]])
