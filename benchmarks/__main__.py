@@ -26,6 +26,8 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
                   "diagnose's layerwise pass vs its plain runs and Polygraphy mark-all"),
     "search": ("fix vs ModelOpt AutoCast", "CPU",
                "fix vs onnxconverter-common and ModelOpt AutoCast on det, rec, Whisper"),
+    "search_regions": ("fix vs ModelOpt AutoCast", "CPU",
+                       "region-first vs node-first search vs AutoCast on the diffusion UNet"),
     "ocr_end_to_end": ("fix vs ModelOpt AutoCast", "CPU",
                        "the RapidOCR client with a det model fix wrote"),
     "zoo": ("Real-model zoo", "CPU", "the zoo's models and real inputs, into .models/zoo"),
