@@ -8,10 +8,12 @@ output decisions of ``diagnosis.decisions.reading``):
 
 ``near-tie``
     Every changed integer moved by one step, and the FP32 source value of each was within
-    ``NEAR_TIE`` (3x) the source's typical candidate error of its rounding boundary: the
-    format's ordinary error carried a value across a boundary it sat on (one duration rounded
-    up by one frame). Distances are in units in the last place (ULP) of the target format at
-    the boundary: 2^(floor(log2 |b|) - p) for a normal b and p explicit fraction bits (IEEE-754).
+    ``NEAR_TIE`` (3x) the candidate error expected there of its rounding boundary: the format's
+    ordinary error carried a value across a boundary it sat on (one duration rounded up by one
+    frame). The expected error is the source's RMS relative error over all positions times the
+    boundary's size (floats err relative to their size; a masked 0 says nothing about a
+    duration of 3). Distances are in units in the last place (ULP) of the target format at the
+    boundary: 2^(floor(log2 |b|) - p) for a normal b and p explicit fraction bits (IEEE-754).
 ``destroyed``
     The candidate's source has NaN/Inf, more than half of the integers changed, or their total
     moved by more than ``DESTROYED_RATIO`` (1.5x either way): the predictor itself is broken.
@@ -84,8 +86,8 @@ def measure_site(site: DecisionSite, ref: Outputs, cand: Outputs, target: Precis
     n = len(refs)
     samples_changed = positions = changed = up = down = 0
     steps: list[float] = []
-    dist: list[float] = []
-    errs: list[np.ndarray] = []
+    moved_at: list[tuple[float, float]] = []  # changed decisions: (|x - b|, |b|) in FP32
+    rel: list[np.ndarray] = []  # the source's relative candidate error, every position
     total_r = total_c = 0.0
     nonfinite = 0
     scalar = bool(site.rounding)
@@ -101,6 +103,13 @@ def measure_site(site: DecisionSite, ref: Outputs, cand: Outputs, target: Precis
         diff = c.astype(np.float64) - r.astype(np.float64)
         moved = diff != 0
         positions += r.size
+        src_r = np.asarray(ref[site.source][i], np.float64)
+        if scalar and src_r.size == r.size and src_c.size == r.size:  # reshapes keep order
+            src_r, src_c = src_r.reshape(r.shape), src_c.reshape(r.shape)
+            ok = np.isfinite(src_c) & (np.abs(src_r) >= FORMATS[target].min_normal)
+            rel.append(np.abs(src_c - src_r)[ok] / np.abs(src_r[ok]))
+            b = boundary(src_r, site.rounding)
+            moved_at.extend(zip(np.abs(src_r - b)[moved].tolist(), np.abs(b)[moved].tolist()))
         if not moved.any():
             continue
         samples_changed += 1
@@ -108,19 +117,9 @@ def measure_site(site: DecisionSite, ref: Outputs, cand: Outputs, target: Precis
         up += int((diff > 0).sum())
         down += int((diff < 0).sum())
         steps.append(float(np.abs(diff[moved]).max()))
-        src_r = np.asarray(ref[site.source][i], np.float64)
-        if scalar and src_r.size == r.size and src_c.size == r.size:  # reshapes keep order
-            src_r, src_c = src_r.reshape(r.shape), src_c.reshape(r.shape)
-            b = boundary(src_r, site.rounding)
-            spacing = ulp(b, target)
-            dist.extend((np.abs(src_r - b) / spacing)[moved].tolist())
-            ok = np.isfinite(src_c)
-            errs.append(((src_c - src_r) / spacing)[ok])
     if not samples_changed:
         return None
-    typical = (float(np.sqrt(np.mean(np.square(np.concatenate(errs)))))
-               if errs and sum(e.size for e in errs) else None)
-    worst_dist = max(dist) if dist else None
+    worst_dist, typical = _boundary_ulps(moved_at, rel, target)
     ratio = total_c / total_r if total_r else None
     max_step = max(steps) if steps else None
     reading = _reading(site, positions, changed, max_step, worst_dist, typical, ratio,
@@ -129,6 +128,29 @@ def measure_site(site: DecisionSite, ref: Outputs, cand: Outputs, target: Precis
                             site.sets_shape, n, samples_changed, positions, changed, up, down,
                             max_step, ratio, worst_dist, typical, nonfinite, reading, "")
     return _with_detail(change, target)
+
+
+def _boundary_ulps(moved_at: Sequence[tuple[float, float]], rel: Sequence[np.ndarray],
+                   target: Precision) -> tuple[float | None, float | None]:
+    """(distance from its boundary, expected candidate error there), both in target ULPs at
+    the boundary, of the changed decision that sat farthest from its boundary relative to the
+    error expected there. The expected error is the source's RMS relative error over every
+    position (floats err relative to their size) times |boundary|; a boundary of 0 takes the
+    value's own size."""
+    errors = np.concatenate(rel) if rel else np.zeros(0)
+    if not moved_at or not errors.size:
+        return None, None
+    rho = float(np.sqrt(np.mean(np.square(errors))))
+    worst: tuple[float, float, float] | None = None  # (ratio, distance, expected) in ULPs
+    for dist, size in moved_at:
+        scale = size if size > 0 else dist
+        spacing = float(ulp(np.array([scale]), target)[0])
+        expected = max(rho * scale / spacing, 0.5)
+        ratio = (dist / spacing) / expected
+        if worst is None or ratio > worst[0]:
+            worst = (ratio, dist / spacing, expected)
+    assert worst is not None
+    return worst[1], worst[2]
 
 
 def _reading(site: DecisionSite, positions: int, changed: int, max_step: float | None,
@@ -140,7 +162,7 @@ def _reading(site: DecisionSite, positions: int, changed: int, max_step: float |
             1 / DESTROYED_RATIO <= ratio <= DESTROYED_RATIO):
         return "destroyed"
     if (site.rounding and changed and max_step == 1 and dist is not None
-            and typical is not None and dist <= NEAR_TIE * max(typical, 0.5)):
+            and typical is not None and dist <= NEAR_TIE * typical):
         return "near-tie"
     return "damage"
 
@@ -209,20 +231,23 @@ def read_sites(model: onnx.ModelProto, samples: Sequence, candidate: Candidate,
 
 
 def spectral_distances(changes: Sequence[ShapeChange], reference: Outputs, candidate: Outputs,
-                       sample_names: Sequence[str]) -> dict[str, float]:
+                       sample_names: Sequence[str], changed: bool = True) -> dict[str, float]:
     """Output -> mean log-spectral distance in dB after DTW (``compare.tasks.audio``) over its
-    samples of another shape, for outputs that read as one audio signal."""
+    samples of another shape (``changed`` False: over its other samples, for comparison), for
+    outputs with a changed shape that read as one audio signal."""
     index = {name: i for i, name in enumerate(sample_names)}
+    moved = {(c.output, index[c.sample]) for c in changes
+             if is_signal(c.reference) and is_signal(c.candidate)}
     by_output: dict[str, list[float]] = {}
-    for c in changes:
-        if not (is_signal(c.reference) and is_signal(c.candidate)):
-            continue
-        i = index[c.sample]
-        try:
-            value = lsd_dtw(reference[c.output][i], candidate[c.output][i])
-        except MetricError:  # NaN/Inf audio: no spectrum to compare
-            value = math.inf
-        by_output.setdefault(c.output, []).append(value)
+    for name in sorted({o for o, _ in moved}):
+        for i, (r, c) in enumerate(zip(reference[name], candidate[name])):
+            if ((name, i) in moved) != changed or not is_signal(np.shape(c)):
+                continue
+            try:
+                value = lsd_dtw(r, c)
+            except MetricError:  # NaN/Inf audio: no spectrum to compare
+                value = math.inf
+            by_output.setdefault(name, []).append(value)
     return {k: float(np.mean(v)) for k, v in by_output.items()}
 
 
@@ -257,10 +282,13 @@ def analyse_lengths(model: onnx.ModelProto, samples: Sequence, target: Precision
     reading = min((d.reading for d in first), key=order.__getitem__, default="unknown")
     names = [getattr(s, "name", str(i)) for i, s in enumerate(samples)]
     spectral = spectral_distances(changes, *outputs, names) if outputs is not None else {}
+    others = (spectral_distances(changes, *outputs, names, changed=False)
+              if outputs is not None else {})
     summary = length_summary(changes, first, changed, len(samples), cone, cure)
     if spectral:
         summary += " Log-spectral distance after DTW on those samples: " + ", ".join(
-            f"{k} {v:.3g} dB" for k, v in spectral.items()) + "."
+            f"{k} {v:.3g} dB" + (f" ({others[k]:.3g} dB on the samples of equal length)"
+                                 if k in others else "") for k, v in spectral.items()) + "."
     return LengthReport(tuple(changes), tuple(changed), tuple(d.node for d in first), reading,
                         summary, tuple(cone), cure, spectral or None, time.perf_counter() - t0)
 
