@@ -162,6 +162,13 @@ def _defect(x: AssessmentInputs, ev: dict, share, rw_note: str, rw_remedy: str
                         f"({cure} nodes, each cause's own: the findings list them), or rescale "
                         "where the values grow")
     rest = _residual(x, ev)
+    left = next((f.evidence["residual_before"] for f in x.findings
+                 if isinstance(f.evidence.get("residual_before"), float)), None)
+    if rest is None and left is not None:  # measured, and no other cause removes most of it
+        ev["residual_rel_l2"] = left
+        summary += (f" What {'their' if isinstance(group, dict) else 'its'} cure leaves: rel "
+                    f"L2 {_g(left)}" + (f" (tolerance {_g(worst_tol(x))})"
+                                        if worst_tol(x) is not None else "") + ".")
     if rest is not None:
         summary += (f" What {'their' if isinstance(group, dict) else 'its'} cure leaves (rel "
                     f"L2 {_g(rest.evidence['residual_before'])}) is "
@@ -175,6 +182,12 @@ def _defect(x: AssessmentInputs, ev: dict, share, rw_note: str, rw_remedy: str
         remedy += ("; `precision-doctor fix` writes the cured model (safe rewrites first, then "
                    "the smallest FP32 set that meets the target)")
     return Assessment("defect", summary, ev, remedy, share, nodes)
+
+
+def worst_tol(x: AssessmentInputs) -> float | None:
+    """The tolerance (rel L2) of the worst failing output, or None."""
+    failing = [o for o in x.outputs if not o[3]]
+    return max(failing, key=lambda o: o[1])[2] if failing else None
 
 
 def _residual(x: AssessmentInputs, ev: dict):

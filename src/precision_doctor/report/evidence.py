@@ -90,6 +90,8 @@ def _joint(e: Mapping[str, Any], target: str) -> str:
 
 
 def _residual(e: Mapping[str, Any], target: str) -> str:
+    if e.get("residual_kind") is None:  # measured; no other cause removes most of it
+        return f"what the main cure leaves: relative L2 error {fmt3(e.get('residual_rel_l2'))}"
     return (f"what the main cure leaves (relative L2 error {fmt3(e.get('residual_rel_l2'))}) "
             f"is {e.get('residual_kind')} at node {e.get('residual_node')}: its cure removes "
             f"{fmt_share(e.get('residual_share'))} of that")

@@ -103,7 +103,7 @@ class FindingGroup:
         size = ""
         if self.magnitude is not None:
             lo, hi = self.magnitude
-            size = (f", up to {fmt3(hi)}" if lo == hi or lo <= 0
+            size = (f", up to {fmt3(hi)}" if fmt3(lo) == fmt3(hi) or lo <= 0
                     else f", {fmt3(lo)} to {fmt3(hi)}")
         impact = ("" if self.impact is None
                   else f"; together {fmt_share(self.impact)} of the error"

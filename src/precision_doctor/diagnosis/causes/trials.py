@@ -253,13 +253,16 @@ def group_findings(findings: Sequence[Finding], min_impact: float = MINOR_IMPACT
                    ) -> list[Finding]:
     """Set each finding's ``group``: ``minor`` when its measured impact is below
     ``min_impact``, or when it was not measured and is only a warning/info; else ``main``.
+    A finding measured on top of the main cure (``residual_share``) is main when it removes
+    at least half of what that cure leaves (or its own impact is main), else minor.
     Order is kept (main and minor interleave as ranked; reports split them)."""
     out = []
     for f in findings:
         minor = (f.impact < min_impact) if f.impact is not None else f.severity != "error"
         if "joint_cause" in f.evidence:  # measured 0% alone, but part of a joint cure
             minor = False
-        if f.evidence.get("residual_share", 0.0) >= 0.5:  # most of what the joint cure leaves
-            minor = False
+        residual = f.evidence.get("residual_share")
+        if isinstance(residual, float):  # measured on top of the main cure (joint.residual_shares)
+            minor = residual < 0.5 and (f.impact is None or f.impact < min_impact)
         out.append(replace(f, group="minor" if minor else "main"))
     return out

@@ -119,7 +119,8 @@ def render_findings(report: DiagnosisReport, console: Console) -> None:
         count[e.kind] += len(e.members) if isinstance(e, FindingGroup) else 1
         members = ([by_node[m] for m in e.members if m in by_node]
                    if isinstance(e, FindingGroup) else [e])
-        why.update(f.not_measured for f in members if f.impact is None and f.not_measured)
+        why.update(f.not_measured for f in members if f.impact is None and f.not_measured
+                   and "residual_share" not in f.evidence)  # measured on the main cure
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(count.items()))
     groups = sum(isinstance(e, FindingGroup) for e in minor)
     if groups:
