@@ -15,6 +15,11 @@
 4. Shrink: delta debugging (Zeller & Hildebrandt 2002, "ddmin") removes prefix nodes that are
    not needed: O(k log m) evaluations for k needed nodes in a prefix of m.
 
+Where range needs hundreds of FP32 nodes, grow and shrink run over regions first (the
+exporter's modules, overflow regions kept whole), then inside the regions kept
+(``search.regions``, chosen by ``repair.ranking``): ddmin over hundreds of needed single nodes
+would spend the whole budget.
+
 So the evaluation count is O(k log N), never an O(N) sweep over nodes. Grow and shrink
 evaluations stop at the first sample that decides a failure (``objective.ScoreStream``: a
 task-metric sample below the threshold, or a tolerance's error budget exceeded). Metric
