@@ -11,12 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 import precision_doctor as pd
 from precision_doctor.api import export_module, sources
+from precision_doctor.api.results import Diagnosis
 from precision_doctor.cli import app
 from precision_doctor.graph.source import group_by_module, node_modules
+from precision_doctor.report.terminal.diagnosis import render_diagnosis
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install '.[torch]'")
 
@@ -61,11 +64,19 @@ def test_diagnose_a_module_fails_fp16_and_names_the_python_line() -> None:
     assert d.model["exported_from"] == "Net" and d.model["dynamic_axes"] == {"x": [1]}
     finding = d.findings[0]
     assert finding.kind == "activation-overflow"
-    exported = export_module(Net(), samples())
-    source = sources(exported.model)[finding.node]
-    assert Path(source.file) == HERE
+    source = finding.source  # the finding names the user's own Python line
+    assert source is not None and Path(source.file) == HERE
     assert source.line == _line_of("(h * h).mean(-1)", Stats.forward)
     assert source.code == "return (h * h).mean(-1)" and source.module == "stats"
+    assert d.to_dict()["findings"][0]["source"] == {
+        "file": source.file, "line": source.line, "code": source.code, "module": "stats"}
+    assert Diagnosis.from_dict(d.to_dict()).findings[0].source == source
+    console = Console(width=80, record=True)
+    render_diagnosis(d, console)
+    assert f"source: test_pytorch.py:{source.line} stats: return (h * h).mean(-1)" \
+        in console.export_text()
+    exported = export_module(Net(), samples())
+    assert sources(exported.model)[finding.node] == source
     # the same diagnosis as the exported model's with its feeds
     again = pd.diagnose(exported.model, list(exported.feeds), target="fp16", quiet=True,
                         noise=False)

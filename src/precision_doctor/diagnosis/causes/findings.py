@@ -37,6 +37,7 @@ from precision_doctor.diagnosis.causes.hazards import Hazard
 from precision_doctor.diagnosis.causes.mechanisms import periodic_rule, spacing
 from precision_doctor.diagnosis.causes.mechanisms import remedy as mechanism_remedy
 from precision_doctor.formats import FORMATS, Precision
+from precision_doctor.graph.source import Source
 from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.layerwise.compare import LayerRecord, LayerwiseResult
 from precision_doctor.layerwise.gain import top_gains
@@ -103,6 +104,8 @@ class Finding:
         group: ``main`` (ranked list) or ``minor`` (measured impact < ``MINOR_IMPACT``;
             reports collapse this group).
         not_measured: Why ``impact`` is None (``NOT_MEASURED``'s reasons), else "".
+        source: The Python line and module ``node`` was exported from (``graph.source``:
+            dynamo metadata, or a TorchScript node name's module path), or None.
     """
 
     kind: str
@@ -117,10 +120,12 @@ class Finding:
     impact: float | None = None
     group: str = "main"
     not_measured: str = ""
+    source: Source | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["nodes"] = list(self.nodes)
+        d["source"] = self.source.to_dict() if self.source is not None else None
         d["evidence"] = {k: json_float(v) for k, v in self.evidence.items()}
         return d
 
@@ -128,6 +133,7 @@ class Finding:
     def from_dict(cls, data: Mapping) -> Finding:
         d = dict(data)
         d["nodes"] = tuple(d.get("nodes", ()))
+        d["source"] = Source.from_dict(d["source"]) if d.get("source") else None
         d["evidence"] = {k: from_json_float(v) if v in ("inf", "-inf", "nan") else v
                          for k, v in d.get("evidence", {}).items()}
         return cls(**d)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
+from typing import Sequence
 
 import onnx
 
+from precision_doctor.diagnosis.causes.findings import Finding
 from precision_doctor.diagnosis.lengths.records import LengthReport
 from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.diagnosis.stages.assessing import Assessed
@@ -16,6 +19,7 @@ from precision_doctor.diagnosis.stages.localizing import Localized
 from precision_doctor.diagnosis.stages.request import DiagnoseRequest
 from precision_doctor.diagnosis.stages.runs import CandidateRun, Reference
 from precision_doctor.graph.load import opset_of
+from precision_doctor.graph.source import sources
 from precision_doctor.layerwise.candidates import Candidate, reference_name
 
 
@@ -42,7 +46,8 @@ def build_report(request: DiagnoseRequest, reference: Reference, candidate: Cand
         candidate=request.candidate.name,
         samples=tuple({"name": s.name, "shapes": {k: list(v.shape) for k, v in s.feeds.items()}}
                       for s in request.samples),
-        outputs=read.outputs, findings=tuple(explanation.findings), hazards=causes.hazards,
+        outputs=read.outputs, findings=with_sources(explanation.findings, model),
+        hazards=causes.hazards,
         layerwise=localized.layerwise, noise=compared.floor,
         emulation=emulation_info(request.candidate, model),
         timings_s={k: round(v, 3) for k, v in timings.items()}, warnings=assessed.warnings,
@@ -53,6 +58,16 @@ def build_report(request: DiagnoseRequest, reference: Reference, candidate: Cand
         attribution=explanation.attribution.to_dict() if explanation.attribution else None,
         joint_cause=explanation.joint.to_dict() if explanation.joint else None,
         finding_groups=explanation.groups, lengths=lengths)
+
+
+def with_sources(findings: Sequence[Finding], model: onnx.ModelProto
+                 ) -> tuple[Finding, ...]:
+    """``findings`` with the Python line and module of their node (``graph.source``), where
+    the model carries the exporter's metadata or TorchScript node names."""
+    known = sources(model)
+    if not known:
+        return tuple(findings)
+    return tuple(replace(f, source=known.get(f.node)) for f in findings)
 
 
 def model_info(model: onnx.ModelProto, path: str | None) -> dict:

@@ -87,7 +87,10 @@ def _entry(i: int, e: Finding | FindingGroup, full: bool) -> list[Text]:
         return [Text.assemble(f"#{i} ", (group_line(e, full), color))]
     head = Text.assemble(f"#{i} ", (e.kind, color),
                          f": {e.op_type} {short_name(e.node)} ({impact_text(e)})")
-    return [head, Text(e.summary), Text(f"remedy: {e.remedy}")] if full else [head]
+    where = [Text(f"source: {e.source.describe()}", style="cyan")] \
+        if e.source is not None and e.source.describe() else []
+    return [head, *where, Text(e.summary), Text(f"remedy: {e.remedy}")] if full \
+        else [head, *where]
 
 
 def render_findings(report: DiagnosisReport, console: Console) -> None:
