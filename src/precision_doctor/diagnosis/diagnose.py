@@ -35,7 +35,7 @@ from precision_doctor.diagnosis.stages import (
     run_candidate,
     run_reference,
 )
-from precision_doctor.diagnosis.stages.lengths import read_lengths
+from precision_doctor.diagnosis.stages.lengths import diagnose_decisions, read_lengths
 from precision_doctor.formats import Precision
 from precision_doctor.graph.random_ops import seed_random_ops, seeded_note
 from precision_doctor.inputs.recording import Recording
@@ -125,11 +125,22 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
     compared = compare(request, reference, cand)
     read = read_decisions(request, reference, cand, compared)
     lengths = read_lengths(request, reference, cand)
+    if lengths is not None and lengths.reading == "destroyed" and lengths.roots:
+        # what follows the decisions is not comparable: causes are measured up to them
+        report = diagnose_decisions(request, compared, read, lengths, diagnose, {
+            "reference": reference.seconds, "candidate": cand.seconds,
+            "noise_floor": compared.seconds, "lengths": lengths.seconds})
+        return _notes(report, seeded)
     localized = localize(request, read)
     causes = find_causes(request, reference, cand, compared, read, localized, lengths)
     assessed = assess_stage(request, reference, compared, read, causes, lengths)
     report = build_report(request, reference, cand, compared, read, localized, causes,
                           assessed, lengths)
+    return engine_stage(request, reference, _notes(report, seeded), constants_plan, engine)
+
+
+def _notes(report: DiagnosisReport, seeded: tuple[str, ...]) -> DiagnosisReport:
+    """The report with the seeded random operators and any nondeterminism said."""
     if seeded:
         report = replace(report, warnings=(*report.warnings, seeded_note(seeded)))
     if report.noise is not None and report.noise.nondeterministic:
@@ -138,7 +149,7 @@ def diagnose(model: onnx.ModelProto, samples: Sequence[SampleLike], target: Prec
             "two FP32 runs of the same model on the same samples differ (rel L2 "
             + ", ".join(f"{k} {v:.3g}" for k, v in repeat.items()) + "): the model is not "
             "deterministic, so part of any error is not precision")))
-    return engine_stage(request, reference, report, constants_plan, engine)
+    return report
 
 
 __all__ = ["diagnose"]

@@ -36,6 +36,7 @@ import numpy as np
 import onnx
 
 from precision_doctor.compare.tasks.audio import is_signal, lsd_dtw
+from precision_doctor.diagnosis.lengths.cone import cone_model, cone_samples
 from precision_doctor.diagnosis.lengths.records import DecisionChange, LengthReport, ShapeChange
 from precision_doctor.diagnosis.lengths.sites import DecisionSite, decision_sites, input_cone
 from precision_doctor.errors import MetricError
@@ -213,8 +214,10 @@ def roots(model: onnx.ModelProto, changed: Sequence[DecisionChange]) -> list[Dec
 def read_sites(model: onnx.ModelProto, samples: Sequence, candidate: Candidate,
                target: Precision, sites: Sequence[DecisionSite] | None = None
                ) -> list[DecisionChange]:
-    """Run the reference and the candidate with the decision sites marked, and measure every
-    site (graph order; only the changed ones).
+    """Run the reference and the candidate up to the decision sites (``cone.cone_model``: what
+    follows them, a vocoder over a destroyed length, is not run), and measure every site
+    (graph order; only the changed ones). A candidate that runs whole models only (a real
+    engine's own written model) runs the whole model with the sites marked.
 
     Raises:
         BackendError: A run fails.
@@ -223,7 +226,11 @@ def read_sites(model: onnx.ModelProto, samples: Sequence, candidate: Candidate,
     if not sites:
         return []
     names = list(dict.fromkeys([s.tensor for s in sites] + [s.source for s in sites]))
-    marked = mark_outputs(model, names)
+    if candidate.segments:
+        marked = cone_model(model, names)
+        samples = cone_samples(marked, samples)
+    else:
+        marked = mark_outputs(model, names)
     ref = run_samples(reference_factory(marked), samples, names)
     cand = run_samples(candidate.factory(marked), samples, names)
     found = (measure_site(s, ref, cand, target) for s in sites)

@@ -1,11 +1,20 @@
 """Lengths: when an output came out in another shape than the reference's, the integer
-decisions that changed it and their measured cure (``diagnosis.lengths``)."""
+decisions that changed it and their measured cure (``diagnosis.lengths``); when they are
+destroyed, the diagnosis up to them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Callable, Mapping
+
 from precision_doctor.diagnosis.causes.trials import ImpactTrials
+from precision_doctor.diagnosis.lengths.assess import with_lengths
+from precision_doctor.diagnosis.lengths.cone import cone_model, cone_samples
 from precision_doctor.diagnosis.lengths.measure import analyse_lengths, shape_changes
 from precision_doctor.diagnosis.lengths.records import LengthReport
+from precision_doctor.diagnosis.report import DiagnosisReport
+from precision_doctor.diagnosis.stages.comparing import Compared, Read
+from precision_doctor.diagnosis.stages.reporting import model_info
 from precision_doctor.diagnosis.stages.request import DiagnoseRequest
 from precision_doctor.diagnosis.stages.runs import CandidateRun, Reference
 
@@ -40,4 +49,56 @@ def read_lengths(request: DiagnoseRequest, reference: Reference, candidate: Cand
             trials.close()
 
 
-__all__ = ["read_lengths"]
+
+
+def diagnose_decisions(request: DiagnoseRequest, compared: Compared, read: Read,
+                       lengths: LengthReport, run: Callable[..., DiagnosisReport],
+                       seconds: Mapping[str, float]) -> DiagnosisReport:
+    """The diagnosis of a destroyed length decision, made up to the decisions.
+
+    The layerwise comparison, the findings and their measured cures run on the sub-model that
+    computes the first changed decisions' float inputs (``diagnosis.lengths.cone``), where
+    both runs have the same shapes; the report keeps the whole model's outputs, verdict,
+    noise floor and decisions, and says the causes were measured there.
+
+    Args:
+        request: The whole model's request.
+        compared / read: Its compared outputs and decisions.
+        lengths: Its length report, read ``destroyed``, with roots.
+        run: ``diagnosis.diagnose.diagnose`` (passed in: it chains this module's stages).
+        seconds: The whole model's stage times so far (reference, candidate, noise floor,
+            lengths), kept first in ``timings_s``.
+
+    Returns:
+        The ``DiagnosisReport``.
+
+    Raises:
+        BackendError: A run fails.
+    """
+    sources = [d.source for d in lengths.decisions if d.node in lengths.roots]
+    sub = cone_model(request.model, sources)
+    inner = run(sub, cone_samples(sub, request.samples), request.target, request.candidate,
+                layerwise=request.layerwise, noise=False,
+                measure_impact=request.measure_impact, budget_bytes=request.budget_bytes,
+                progress=request.progress, rewritten=False, decisions=False)
+    where = (f"Measured up to the decisions ({len(sub.graph.node)} of "
+             f"{len(request.model.graph.node)} nodes: the sub-model whose outputs are "
+             f"{', '.join(sources)}):")
+    assessment = inner.assessment
+    if assessment is not None:
+        assessment = replace(assessment, summary=f"{where} {assessment.summary}")
+        assessment = with_lengths(assessment, lengths)
+    return replace(
+        inner, verdict=compared.verdict, model=model_info(request.model, request.model_path),
+        samples=tuple({"name": s.name, "shapes": {k: list(v.shape) for k, v in s.feeds.items()}}
+                      for s in request.samples),
+        outputs=read.outputs, noise=compared.floor, decision_flips=read.flips,
+        decisions=read.summaries, lengths=lengths, assessment=assessment,
+        timings_s={**{k: round(v, 3) for k, v in seconds.items()},
+                   **{f"decisions.{k}": v for k, v in inner.timings_s.items()}},
+        warnings=(*inner.warnings, "the layerwise comparison and the causes ran up to the "
+                  "length decisions: after them the candidate's shapes are not the "
+                  "reference's"))
+
+
+__all__ = ["diagnose_decisions", "read_lengths"]
