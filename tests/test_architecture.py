@@ -23,8 +23,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "precision_doctor.jsonable", "precision_doctor.numbers")),
     ("graph", ("precision_doctor.graph",)),
     ("precision", ("precision_doctor.precision",)),
-    # inputs/ turns data into validated feeds for runners (it uses the runners' TensorMeta).
-    ("runners", ("precision_doctor.runners", "precision_doctor.inputs")),
+    # inputs/ turns data into validated feeds for runners (it uses the runners' TensorMeta);
+    # autocast/ runs a torch.nn.Module under torch.autocast (runners/ holds 12 modules).
+    ("runners", ("precision_doctor.runners", "precision_doctor.inputs",
+                 "precision_doctor.autocast")),
     ("compare", ("precision_doctor.compare",)),
     # audit/ reads an engine's layer information; forensics/ compares two input tensors.
     ("engine", ("precision_doctor.audit", "precision_doctor.forensics")),

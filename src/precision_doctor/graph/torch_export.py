@@ -132,6 +132,15 @@ def export_module(module: Any, samples: Any, max_samples: int | None = None) -> 
                           str(torch.__version__))
 
 
+def call_items(samples: Any, max_samples: int | None = None) -> list[tuple[tuple, dict]]:
+    """The samples as one ``(args, kwargs)`` pair per call, as :func:`export_module` reads them.
+
+    Raises:
+        InputError: torch is missing, no samples, or samples of different structures.
+    """
+    return _items(samples, max_samples, import_torch())
+
+
 @contextmanager
 def _exporter_quiet() -> Iterator[None]:
     """The exporter's notes about itself off (torchvision ops it skips, torch's own
