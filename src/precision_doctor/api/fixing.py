@@ -24,6 +24,7 @@ from precision_doctor.api.options import (
 )
 from precision_doctor.api.pytorch import module_input
 from precision_doctor.api.results import json_text
+from precision_doctor.api.torch_recipe import torch_report
 from precision_doctor.errors import InputError
 from precision_doctor.formats import Precision
 from precision_doctor.graph.load import input_metadata
@@ -352,7 +353,7 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
 
     Returns:
         :class:`Fix`: ``.model`` (``onnx.ModelProto``), ``.plan``, ``.passed``, ``.report``
-        (before/after errors, FP32 share); ``.save(path)`` writes the model and its sidecars.
+        (before/after errors, FP32 share; for a module, ``torch``: ``api.torch_recipe``).
 
     Raises:
         TargetNotMetError: Not even all-FP32 meets the target.
@@ -368,6 +369,7 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
     precision = parse_precision(target)
     engine = engine if engine is not None else engine_of_runner(runner)
     parse_engine(engine)  # an unknown engine fails before the model is read
+    torch_module, torch_samples = model, data  # for the PyTorch recipe below
     model, data, exported = module_input(model, data, max_samples)
     proto, path = as_model(model)
     proto, shipped = upcast(proto)  # a model shipped in FP16/BF16: searched on its FP32 upcast
@@ -391,7 +393,8 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
     report["model"] = {"input": path, "output": None, **(exported or {}),
                        **(shipped.model_info() if shipped is not None else {})}
     report["device"] = where.to_dict()
-    if device_note:
-        report["device"]["note"] = device_note
+    report["device"].update({"note": device_note} if device_note else {})
+    if exported:  # its FP32 modules under torch.autocast, measured (api.torch_recipe)
+        report["torch"] = torch_report(torch_module, torch_samples, max_samples, result, objective)
     return Fix(result.model, result.plan, report, result.rewritten, result, tuple(samples),
                proto)

@@ -1,0 +1,187 @@
+"""``compare_autocast``: what PyTorch's own mixed precision (``torch.autocast``) does to a
+module, per output, next to the strongly typed plan; and which of a diagnosis' causes autocast
+already avoids, measured with the cause's module kept in float32 (``autocast.hooks``).
+
+Autocast runs a fixed list of ops in low precision (matmul, linear, conv, bmm ...) and keeps
+another list in float32 (on CUDA: softmax, layer_norm, group_norm, pow, exp, log, sum ...; the
+CPU's bfloat16 lists differ); everything else runs in the dtype of its inputs. A sum of squares
+written as ``(h * h).mean()`` after a Linear, a residual stream or ``sin``/``cos`` of a large
+argument are not protected: whether a cause matters under autocast is measured, not looked up.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from precision_doctor.autocast.runner import AutocastRunner, autocast_device
+from precision_doctor.compare.metrics import relative_l2
+from precision_doctor.compare.tolerance import default_tolerance
+from precision_doctor.errors import InputError
+from precision_doctor.formats import Precision
+from precision_doctor.graph.torch_export import call_items, is_torch_module
+
+# a cause is avoided by autocast unless keeping its module in float32 removes this share of
+# autocast's error (the same bar as a main finding's measured cure)
+CURE_SHARE = 0.5
+
+
+def run_calls(runner: AutocastRunner, items: Sequence[tuple[tuple, dict]]
+              ) -> dict[str, list[np.ndarray]]:
+    """Output name -> one array per call, from ``runner`` (opened here)."""
+    outputs: dict[str, list[np.ndarray]] = {}
+    with runner:
+        for args, kwargs in items:
+            for name, value in runner.call(args, kwargs).items():
+                outputs.setdefault(name, []).append(value)
+    return outputs
+
+
+def errors_against(reference: dict[str, list[np.ndarray]],
+                   candidate: dict[str, list[np.ndarray]]) -> dict[str, float]:
+    """Output name -> relative L2 error over all calls (inf when not finite)."""
+    return {name: float(relative_l2(ref, candidate[name])) for name, ref in reference.items()}
+
+
+def measure(module: Any, items: Sequence[tuple[tuple, dict]], dtype: str, device: str,
+            fp32_modules: Sequence[str] = (), *, output_names: Sequence[str] | None = None,
+            reference: dict[str, list[np.ndarray]] | None = None) -> dict[str, float]:
+    """Relative L2 error per output of ``module`` under autocast (``fp32_modules`` kept in
+    float32) against its float32 outputs (``reference``, computed when not given).
+
+    Raises:
+        BackendUnavailable: torch missing; CUDA asked for without a GPU.
+        BackendError: The module failed.
+        InputError: A pattern of ``fp32_modules`` matches no submodule.
+    """
+    example = items[0]
+    if reference is None:
+        reference = run_calls(AutocastRunner(module, example, output_names=output_names,
+                                             dtype=None, device=device), items)
+    low = run_calls(AutocastRunner(module, example, output_names=output_names, dtype=dtype,
+                                   device=device, fp32_modules=fp32_modules), items)
+    return errors_against(reference, low)
+
+
+@dataclass(frozen=True)
+class AutocastComparison:
+    """What ``torch.autocast`` does to a module's outputs (relative L2 vs its float32 outputs).
+
+    Attributes:
+        dtype: ``"fp16"`` or ``"bf16"``.
+        device: Where it ran (``"cpu"``, ``"cuda"``).
+        tolerance: The relative L2 bound each output is judged by.
+        rel_l2: Output name -> error of the module under autocast.
+        fp32_modules: Module patterns kept in float32 for ``kept_rel_l2``.
+        kept_rel_l2: Output name -> error with ``fp32_modules`` in float32; None without any.
+        causes: Per finding of the diagnosis given, with a module: ``{"node", "kind",
+            "module", "rel_l2_kept" (output -> error with that module in float32),
+            "removed" (share of autocast's worst error it removes), "avoided" (autocast
+            already avoids it: it meets the tolerance, or keeping the module in float32
+            removes less than half of its error)}``.
+        seconds: Wall time of the comparison.
+    """
+
+    dtype: str
+    device: str
+    tolerance: float
+    rel_l2: dict[str, float]
+    fp32_modules: tuple[str, ...] = ()
+    kept_rel_l2: dict[str, float] | None = None
+    causes: tuple[dict[str, Any], ...] = field(default=())
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        """Whether autocast alone meets the tolerance on every output."""
+        return all(v <= self.tolerance for v in self.rel_l2.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (errors as floats; inf stays inf for ``jsonable.dumps``)."""
+        return {"dtype": self.dtype, "device": self.device, "tolerance": self.tolerance,
+                "passed": self.passed, "rel_l2": dict(self.rel_l2),
+                "fp32_modules": list(self.fp32_modules), "kept_rel_l2": self.kept_rel_l2,
+                "causes": [dict(c) for c in self.causes], "seconds": round(self.seconds, 3)}
+
+
+def compare_autocast(module: Any, samples: Any, *, dtype: str = "bf16", device: str = "auto",
+                     fp32_modules: Sequence[str] = (), diagnosis: Any = None,
+                     tolerance: float | None = None,
+                     max_samples: int | None = None) -> AutocastComparison:
+    """Run a ``torch.nn.Module`` under ``torch.autocast`` on its samples and measure each
+    output's error against its float32 outputs.
+
+    Args:
+        module: A ``torch.nn.Module`` computing in float32 (run in eval mode, restored; copied
+            when it must move to ``device``).
+        samples: As for :func:`~precision_doctor.api.pytorch.export_module`: one item per call
+            (a tuple of positional arguments, a dict of keyword arguments, or one tensor).
+        dtype: ``"fp16"`` (``torch.float16``) or ``"bf16"`` (``torch.bfloat16``).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when torch sees a GPU).
+        fp32_modules: Module path patterns to keep in float32 as well (``*``: one path
+            component), e.g. a fix's ``report["torch"]["fp32_modules"]``.
+        diagnosis: A :class:`~precision_doctor.api.results.Diagnosis` of the module: each
+            finding whose node has a module is measured with that module kept in float32.
+        tolerance: The relative L2 bound per output; default ``dtype``'s (1e-2 FP16, 8e-2
+            BF16).
+        max_samples: Use the first N samples.
+
+    Returns:
+        :class:`AutocastComparison`; outputs are named ``output_0``, ``output_1`` ... in the
+        order of the module's output tensors flattened (the exported ONNX model's order).
+
+    Raises:
+        InputError: Not a module; no samples; a pattern that matches no submodule; a dtype
+            other than fp16/bf16.
+        BackendUnavailable: torch is missing (with the install hint), or CUDA is asked for and
+            torch sees no GPU.
+        BackendError: The module failed under autocast.
+    """
+    if not is_torch_module(module):
+        raise InputError(f"compare_autocast takes a torch.nn.Module; got {type(module).__name__}")
+    if dtype not in ("fp16", "bf16"):
+        raise InputError(f"autocast dtype must be fp16 or bf16, got {dtype!r}")
+    start = time.perf_counter()
+    where = autocast_device(device)
+    bound = tolerance if tolerance is not None else \
+        default_tolerance(Precision.parse(dtype)).rel_l2
+    assert bound is not None
+    items = call_items(samples, max_samples)
+    reference = run_calls(AutocastRunner(module, items[0], dtype=None, device=where), items)
+    alone = measure(module, items, dtype, where, reference=reference)
+    kept = measure(module, items, dtype, where, fp32_modules, reference=reference) \
+        if fp32_modules else None
+    causes = tuple(_causes(module, items, dtype, where, reference, alone, bound, diagnosis))
+    return AutocastComparison(dtype, where, bound, alone, tuple(fp32_modules), kept, causes,
+                              time.perf_counter() - start)
+
+
+def _causes(module: Any, items: Sequence[tuple[tuple, dict]], dtype: str, device: str,
+            reference: dict[str, list[np.ndarray]], alone: dict[str, float], bound: float,
+            diagnosis: Any) -> list[dict[str, Any]]:
+    """One entry per finding with a module: its error under autocast with that module in
+    float32, and whether autocast already avoids it."""
+    if diagnosis is None:
+        return []
+    names = {n for n, _ in module.named_modules()}
+    worst = max(alone.values(), default=0.0)
+    measured: dict[str, dict[str, float]] = {}
+    found = []
+    for finding in diagnosis.findings:
+        path = finding.source.module if finding.source is not None else None
+        if path is None or path not in names:
+            continue
+        if path not in measured:
+            measured[path] = measure(module, items, dtype, device, [path], reference=reference)
+        kept = measured[path]
+        removed = 0.0 if not np.isfinite(worst) or worst == 0 else \
+            1.0 - max(kept.values(), default=0.0) / worst
+        if not np.isfinite(worst):
+            removed = 1.0 if all(np.isfinite(v) for v in kept.values()) else 0.0
+        found.append({"node": finding.node, "kind": finding.kind, "module": path,
+                      "rel_l2_kept": kept, "removed": round(float(removed), 4),
+                      "avoided": worst <= bound or removed < CURE_SHARE})
+    return found
