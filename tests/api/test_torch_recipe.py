@@ -95,11 +95,14 @@ def test_the_recipe_and_its_snippet_cure_the_module_under_autocast(fixed: pd.Fix
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in net.modules())
 
 
-def test_save_keeps_the_recipe_in_the_report(fixed: pd.Fix, tmp_path: Path) -> None:
+def test_save_writes_the_snippet_next_to_the_model(fixed: pd.Fix, tmp_path: Path) -> None:
     written = fixed.save(tmp_path / "net_bf16.onnx")
     report = json.loads(written["report"].read_text())
     assert report["torch"]["fp32_modules"] == ["var"]
-    assert report["torch"]["snippet"].startswith("# Keep these modules in float32")
+    assert written["torch"] == tmp_path / "net_bf16.torch.py"
+    assert written["torch"].read_text() == report["torch"]["snippet"]
+    with pytest.raises(pd.OutputExistsError):
+        fixed.save(tmp_path / "net_bf16.onnx")
 
 
 def test_recipe_of_patterns_and_of_an_onnx_fix() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -41,14 +41,12 @@ from precision_doctor.report.files import (
     write_text_atomic,
 )
 from precision_doctor.report.notebook import fix_summary
-from precision_doctor.report.terminal.fix import fp32_groups
 from precision_doctor.runners.device import use as use_device
 from precision_doctor.runners.kernels.engines import engine_of_runner, parse_engine
 from precision_doctor.runners.kernels.registry import refuse_cpu_bf16
 from precision_doctor.runners.ort import OrtFactory
 from precision_doctor.runners.ort_options import ort_providers
 from precision_doctor.runners.sessions import switched
-from precision_doctor.runners.verify import VerifiedBy
 from precision_doctor.search.evalpool import resolve_jobs
 
 
@@ -136,8 +134,9 @@ class Fix:
              extra_recipes: str = "") -> dict[str, Path]:
         """Write the fixed model to ``path`` and, next to it, ``*.plan.json``,
         ``*.recipes.md`` (trtexec, Polygraphy and ONNX Runtime commands), ``*.report.json``
-        and ``*.rewritten-fp32.onnx``. Every file is written atomically; all are checked
-        before the first is written.
+        and ``*.rewritten-fp32.onnx``; for a ``torch.nn.Module``, ``*.torch.py`` too (the
+        hooks that keep the fix's FP32 modules in float32 under ``torch.autocast``). Every
+        file is written atomically; all are checked before the first is written.
 
         Args:
             path: The ``.onnx`` file to write.
@@ -146,7 +145,8 @@ class Fix:
                 collect section, which needs the ``--data`` text).
 
         Returns:
-            What was written: ``{"model", "plan", "recipes", "report", "rewritten"}`` -> path.
+            What was written: ``{"model", "plan", "recipes", "report", "rewritten"}`` (and
+            ``"torch"``) -> path.
 
         Raises:
             OutputPathError: A file cannot be written: its folder is missing or not
@@ -158,6 +158,8 @@ class Fix:
             raise InputError("this Fix holds no model (rebuilt from JSON): nothing to save")
         output = Path(path)
         side = sidecar_paths(output)
+        if "torch" in self.report:  # a module's autocast recipe (api.torch_recipe)
+            side["torch"] = Path(f"{output.with_suffix('')}.torch.py")
         source = (self.report.get("model") or {}).get("input")
         if source and output.resolve() == Path(source).resolve():
             raise InputError(f"{output} is the input model: precision-doctor never overwrites "
@@ -173,6 +175,8 @@ class Fix:
         write_text_atomic(side["plan"], dumps(self.plan.to_dict()), force)
         write_text_atomic(side["recipes"], recipes_md, force)
         write_text_atomic(side["report"], dumps(report), force)
+        if "torch" in side:
+            write_text_atomic(side["torch"], str(self.report["torch"]["snippet"]), force)
         self.report.update(model=report["model"], recipes=report["recipes"])
         return {"model": output, **side}
 
@@ -210,72 +214,15 @@ class Fix:
         if self.model is None or self.result is None or self.source is None or not self.samples:
             raise InputError("the fix HTML report diagnoses the fixed model on its calibration "
                              "samples; a Fix rebuilt from JSON has neither")
-        page = _fix_html(self, command)
+        from precision_doctor.api.fix_page import fix_html
+
+        page = fix_html(self, command)
         if path is not None:
             write_text_atomic(path, page, force)
         return page
 
     def _repr_html_(self) -> str:
         return fix_summary(self.report)
-
-
-def _fix_html(fixed: Fix, command: str | None) -> str:
-    from precision_doctor.diagnosis.diagnose import diagnose
-    from precision_doctor.layerwise.candidates import verified
-    from precision_doctor.repair.review import review_fixed_diagnosis
-    from precision_doctor.report.html import render_html
-    from precision_doctor.runners.kernels.engines import conv_bias_of
-
-    result = fixed.result
-    assert result is not None and fixed.model is not None and fixed.source is not None
-    source = (fixed.report.get("model") or {}).get("input")
-    # the fixed model diagnosed with the runner that verified it (ONNX Runtime CPU cannot
-    # run most BF16 models: then its exact emulation, runners.verify)
-    verifier = VerifiedBy.from_dict(result.verification) if result.verification else \
-        VerifiedBy("ort-cpu-fixed", "ort:cpu", "the default verifier")
-    after = diagnose(fixed.source, list(fixed.samples), parse_precision(result.target),
-                     verified(verifier, fixed.model, conv_bias_of(result.engine or None)),
-                     noise=False, measure_impact=False,
-                     model_path=source)
-    # the page is headlined by the fix's objective; the default-tolerance diagnosis is
-    # secondary and leaves out the causes the fix removed (folded BatchNorms, FP32 nodes)
-    after, resolved = review_fixed_diagnosis(after, fixed.model, result.plan, result.rewrites,
-                                             result.writer)
-    shipped = {k: v for k, v in (fixed.report.get("model") or {}).items()
-               if k in ("shipped_precision", "reference")}  # graph.upcast.Upcast.model_info
-    if shipped:
-        after = replace(after, model={**after.model, **shipped})
-    ops = {n.name: n.op_type for n in fixed.model.graph.node}
-    plan_rows = [{"node": n, "op_type": ops.get(n, ""), "precision": d.precision.value,
-                  "reason": d.reason, "detail": d.detail}
-                 for n, d in result.plan.overrides.items()]
-    recipes = fixed.report.get("recipes", {})
-    summary = {"before": result.before, "after": result.after, "plan": plan_rows,
-               "fp32_share_nodes": result.share["nodes"],
-               "fp32_share_flops": result.share["flops"],
-               "recipes": {k: v for k, v in recipes.items() if isinstance(v, str)},
-               "verdict": "pass" if result.passed else "fail",
-               "model": (fixed.report.get("model") or {}).get("output"),
-               "objective": objective_summary(result),
-               "resolved": [c.to_dict() for c in resolved],
-               "verification": result.verification,
-               "plan_groups": fp32_groups(result), "range_bound": result.range_bound}
-    return render_html(after, fix=summary, command=command)
-
-
-def objective_summary(result: FixResult) -> dict:
-    """The ``objective`` entry of ``report.html.render_fix_section``'s summary: what the fix
-    was judged against and the original (naive) and fixed scores."""
-    threshold, higher = result.pass_mark
-    from precision_doctor.compare.tasks.accuracy import accuracy_line
-
-    return {"text": result.objective, "target": result.target,
-            "accuracy": accuracy_line(result.accuracy),
-            "score_label": result.score_label, "threshold": threshold,
-            "higher_is_better": higher,
-            "before": {"value": result.score_before.value,
-                       "passed": result.score_before.passed},
-            "after": {"value": result.score_after.value, "passed": result.score_after.passed}}
 
 
 def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
@@ -393,8 +340,10 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
     report["model"] = {"input": path, "output": None, **(exported or {}),
                        **(shipped.model_info() if shipped is not None else {})}
     report["device"] = where.to_dict()
-    report["device"].update({"note": device_note} if device_note else {})
+    if device_note:
+        report["device"]["note"] = device_note
     if exported:  # its FP32 modules under torch.autocast, measured (api.torch_recipe)
-        report["torch"] = torch_report(torch_module, torch_samples, max_samples, result, objective)
+        report["torch"] = torch_report(torch_module, torch_samples, max_samples, result,
+                                       objective)
     return Fix(result.model, result.plan, report, result.rewritten, result, tuple(samples),
                proto)
