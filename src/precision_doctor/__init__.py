@@ -8,7 +8,8 @@ which mixed-precision model keeps it within the accuracy target.
     f = pd.fix("model.onnx", "images/", preprocess="imagenet", metric="top1", threshold=1)
     f.save("model_fp16.onnx")
 
-Functions: :func:`diagnose`, :func:`fix`, :func:`audit`, :func:`compare_inputs`. Results:
+Functions: :func:`diagnose`, :func:`fix`, :func:`audit`, :func:`compare_inputs`; for a
+``torch.nn.Module``, :func:`compare_autocast` and :func:`torch_recipe`. Results:
 :class:`Diagnosis`, :class:`Fix`, :class:`Audit`, :class:`InputComparison` (frozen, with
 ``to_dict``/``to_json``/``from_dict``/``to_html``). Errors: :class:`PrecisionDoctorError` and
 its subclasses (see ``precision_doctor.errors``). ``import precision_doctor`` stays light: the
@@ -49,15 +50,17 @@ if TYPE_CHECKING:
         Fix,
         InputComparison,
         audit,
+        compare_autocast,
         compare_inputs,
         diagnose,
         diagnose_quantized,
         fix,
         fix_quantized,
+        torch_recipe,
     )
 
-_API = ("Audit", "Diagnosis", "Fix", "InputComparison", "audit", "compare_inputs", "diagnose",
-        "diagnose_quantized", "fix", "fix_quantized")
+_API = ("Audit", "Diagnosis", "Fix", "InputComparison", "audit", "compare_autocast",
+        "compare_inputs", "diagnose", "diagnose_quantized", "fix", "fix_quantized", "torch_recipe")
 
 __all__ = [
     "Audit", "BackendError", "BackendUnavailable", "DataFormatError", "Diagnosis", "Fix",
@@ -65,8 +68,8 @@ __all__ = [
     "MetricError",
     "ModelError", "ModelLoadError", "OutputError", "OutputExistsError", "OutputPathError",
     "PlanError", "PrecisionDoctorError", "ReferenceError_", "TargetNotMetError",
-    "UnsupportedModelError", "__version__", "audit", "compare_inputs", "diagnose",
-    "diagnose_quantized", "fix", "fix_quantized",
+    "UnsupportedModelError", "__version__", "audit", "compare_autocast", "compare_inputs",
+    "diagnose", "diagnose_quantized", "fix", "fix_quantized", "torch_recipe",
 ]
 
 

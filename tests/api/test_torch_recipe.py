@@ -12,7 +12,7 @@ import pytest
 
 import precision_doctor as pd
 from precision_doctor.api import TorchRecipe, compare_autocast, torch_recipe
-from precision_doctor.api.torch_recipe import recipe_snippet
+from precision_doctor.api.pytorch_recipe import recipe_snippet
 from precision_doctor.jsonable import dumps
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install '.[torch]'")

@@ -13,6 +13,7 @@ from precision_doctor.api.diagnosing import diagnose
 from precision_doctor.api.fixing import Fix, fix
 from precision_doctor.api.options import DataLike, ModelLike, Progress, ToleranceLike
 from precision_doctor.api.pytorch import export_module, sources
+from precision_doctor.api.pytorch_recipe import TorchRecipe, torch_recipe
 from precision_doctor.api.quantizing import (
     QuantizedDiagnosis,
     QuantizedFix,
@@ -20,7 +21,6 @@ from precision_doctor.api.quantizing import (
     fix_quantized,
 )
 from precision_doctor.api.results import Audit, Diagnosis, InputComparison
-from precision_doctor.api.torch_recipe import TorchRecipe, torch_recipe
 
 # ``precision_doctor.audit`` is a subpackage and the public function: loading the subpackage
 # binds the module as ``precision_doctor.audit``; the root's public name is the function.

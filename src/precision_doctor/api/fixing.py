@@ -23,8 +23,8 @@ from precision_doctor.api.options import (
     progress_reporter,
 )
 from precision_doctor.api.pytorch import module_input
+from precision_doctor.api.pytorch_recipe import torch_report
 from precision_doctor.api.results import json_text
-from precision_doctor.api.torch_recipe import torch_report
 from precision_doctor.errors import InputError
 from precision_doctor.formats import Precision
 from precision_doctor.graph.load import input_metadata
@@ -158,7 +158,7 @@ class Fix:
             raise InputError("this Fix holds no model (rebuilt from JSON): nothing to save")
         output = Path(path)
         side = sidecar_paths(output)
-        if "torch" in self.report:  # a module's autocast recipe (api.torch_recipe)
+        if "torch" in self.report:  # a module's autocast recipe (api.pytorch_recipe)
             side["torch"] = Path(f"{output.with_suffix('')}.torch.py")
         source = (self.report.get("model") or {}).get("input")
         if source and output.resolve() == Path(source).resolve():
@@ -300,7 +300,7 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
 
     Returns:
         :class:`Fix`: ``.model`` (``onnx.ModelProto``), ``.plan``, ``.passed``, ``.report``
-        (before/after errors, FP32 share; for a module, ``torch``: ``api.torch_recipe``).
+        (before/after errors, FP32 share; for a module, ``torch``: ``api.pytorch_recipe``).
 
     Raises:
         TargetNotMetError: Not even all-FP32 meets the target.
@@ -342,7 +342,7 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
     report["device"] = where.to_dict()
     if device_note:
         report["device"]["note"] = device_note
-    if exported:  # its FP32 modules under torch.autocast, measured (api.torch_recipe)
+    if exported:  # its FP32 modules under torch.autocast, measured (api.pytorch_recipe)
         report["torch"] = torch_report(torch_module, torch_samples, max_samples, result,
                                        objective)
     return Fix(result.model, result.plan, report, result.rewritten, result, tuple(samples),
