@@ -35,14 +35,22 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from precision_doctor.compare.tasks.audio import is_signal, lsd_dtw
 from precision_doctor.diagnosis.lengths.cone import cone_model, cone_samples
 from precision_doctor.diagnosis.lengths.records import DecisionChange, LengthReport, ShapeChange
 from precision_doctor.diagnosis.lengths.sites import DecisionSite, decision_sites, input_cone
-from precision_doctor.errors import MetricError
+from precision_doctor.diagnosis.lengths.summary import (
+    length_summary,
+    spectral_distances,
+    spectral_text,
+)
 from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.outputs import mark_outputs
-from precision_doctor.layerwise.candidates import Candidate, reference_factory, run_samples
+from precision_doctor.layerwise.candidates import (
+    Candidate,
+    emulated,
+    reference_factory,
+    run_samples,
+)
 
 Outputs = Mapping[str, Sequence[np.ndarray]]
 NEAR_TIE = 3.0  # as diagnosis.decisions.reading: a margin within 3x the typical error
@@ -237,27 +245,6 @@ def read_sites(model: onnx.ModelProto, samples: Sequence, candidate: Candidate,
     return [d for d in found if d is not None]
 
 
-def spectral_distances(changes: Sequence[ShapeChange], reference: Outputs, candidate: Outputs,
-                       sample_names: Sequence[str], changed: bool = True) -> dict[str, float]:
-    """Output -> mean log-spectral distance in dB after DTW (``compare.tasks.audio``) over its
-    samples of another shape (``changed`` False: over its other samples, for comparison), for
-    outputs with a changed shape that read as one audio signal."""
-    index = {name: i for i, name in enumerate(sample_names)}
-    moved = {(c.output, index[c.sample]) for c in changes
-             if is_signal(c.reference) and is_signal(c.candidate)}
-    by_output: dict[str, list[float]] = {}
-    for name in sorted({o for o, _ in moved}):
-        for i, (r, c) in enumerate(zip(reference[name], candidate[name])):
-            if ((name, i) in moved) != changed or not is_signal(np.shape(c)):
-                continue
-            try:
-                value = lsd_dtw(r, c)
-            except MetricError:  # NaN/Inf audio: no spectrum to compare
-                value = math.inf
-            by_output.setdefault(name, []).append(value)
-    return {k: float(np.mean(v)) for k, v in by_output.items()}
-
-
 def analyse_lengths(model: onnx.ModelProto, samples: Sequence, target: Precision,
                     candidate: Candidate, changes: Sequence[ShapeChange], measure=None,
                     outputs: tuple[Outputs, Outputs] | None = None) -> LengthReport:
@@ -281,74 +268,30 @@ def analyse_lengths(model: onnx.ModelProto, samples: Sequence, target: Precision
         BackendError: A run fails.
     """
     t0 = time.perf_counter()
-    changed = read_sites(model, samples, candidate, target)
-    first = roots(model, changed)
+    sites = decision_sites(model)
+    changed = read_sites(model, samples, candidate, target, sites)
+    # the decisions that set a shape explain a shape change; the others only if none does
+    first = roots(model, [d for d in changed if d.sets_shape] or changed)
     cone = input_cone(model, [d.source for d in first]) if first else []
-    cure = measure(cone) if measure is not None and cone else None
+    cure = restores = None
+    if measure is not None and cone and candidate.plan is not None:
+        cure = measure(cone)
+        cured = emulated(candidate.plan.keep_fp32(cone, "diagnose"), candidate.conv_bias)
+        by_node = {s.node: s for s in sites}
+        restores = not read_sites(model, samples, cured, target,
+                                  [by_node[d.node] for d in first])
     order = {"destroyed": 0, "damage": 1, "near-tie": 2}
     reading = min((d.reading for d in first), key=order.__getitem__, default="unknown")
     names = [getattr(s, "name", str(i)) for i, s in enumerate(samples)]
     spectral = spectral_distances(changes, *outputs, names) if outputs is not None else {}
     others = (spectral_distances(changes, *outputs, names, changed=False)
               if outputs is not None else {})
-    summary = length_summary(changes, first, changed, len(samples), cone, cure)
-    if spectral:
-        summary += " Log-spectral distance after DTW on those samples: " + ", ".join(
-            f"{k} {v:.3g} dB" + (f" ({others[k]:.3g} dB on the samples of equal length)"
-                                 if k in others else "") for k, v in spectral.items()) + "."
+    summary = length_summary(changes, first, changed, len(samples), cone, cure, restores)
+    summary += spectral_text(spectral, others)
     return LengthReport(tuple(changes), tuple(changed), tuple(d.node for d in first), reading,
-                        summary, tuple(cone), cure, spectral or None, time.perf_counter() - t0)
+                        summary, tuple(cone), cure, spectral or None, time.perf_counter() - t0,
+                        restores)
 
 
-def length_summary(changes: Sequence[ShapeChange], first: Sequence[DecisionChange],
-                   changed: Sequence[DecisionChange], samples: int, cone: Sequence[str],
-                   cure: float | None, decisions_run: bool = True) -> str:
-    """The report's sentences: which outputs changed shape, which decision did it, the cure
-    (``decisions_run`` False: recorded results, whose integer decisions could not be run)."""
-    by_output: dict[str, list[ShapeChange]] = {}
-    for c in changes:
-        by_output.setdefault(c.output, []).append(c)
-    parts = []
-    for name, cs in by_output.items():
-        c = cs[0]
-        delta = _length_delta(c)
-        parts.append(f"'{name}' has another shape on {len(cs)} of {samples} samples "
-                     f"({c.sample}: {_shape(c.reference)} -> {_shape(c.candidate)}{delta})")
-    text = "Output " + "; ".join(parts) + "."
-    if first:
-        details = "; ".join(d.detail for d in first)
-        text += " " + details[:1].upper() + details[1:]
-        rest = len(changed) - len(first)
-        text += (f" ({rest} later decision(s) changed with it)." if rest > 0 else ".")
-    elif not decisions_run:
-        text += " Recorded results: the integer decisions were not run."
-    else:
-        text += (" No integer decision of the graph changed: the shape comes from elsewhere "
-                 "(a shape computed from a float, or a custom op).")
-    if cure is not None:
-        verdict = ("gives the reference's shapes on every sample again"
-                   + (f" (worst rel L2 {cure:.3g})" if math.isfinite(cure) else "")
-                   if math.isfinite(cure) else "does not restore the reference's shapes")
-        text += f" Keeping its input cone ({len(cone)} nodes) in FP32 {verdict}."
-    return text
-
-
-def _shape(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(s) for s in shape) + ")"
-
-
-def _length_delta(c: ShapeChange) -> str:
-    """``, 8 shorter`` / ``, 4.5x longer`` along the one axis that changed."""
-    if len(c.reference) != len(c.candidate):
-        return ""
-    axes = [i for i, (a, b) in enumerate(zip(c.reference, c.candidate)) if a != b]
-    if len(axes) != 1:
-        return ""
-    a, b = c.reference[axes[0]], c.candidate[axes[0]]
-    if a and (b / a >= 1.5 or b / a <= 1 / 1.5):
-        return f", {b / a:.3g}x as long"
-    return f", {abs(b - a)} {'longer' if b > a else 'shorter'}"
-
-
-__all__ = ["DESTROYED_RATIO", "NEAR_TIE", "analyse_lengths", "boundary", "length_summary",
-           "measure_site", "read_sites", "roots", "shape_changes", "spectral_distances", "ulp"]
+__all__ = ["DESTROYED_RATIO", "NEAR_TIE", "analyse_lengths", "boundary", "measure_site",
+           "read_sites", "roots", "shape_changes", "ulp"]

@@ -103,10 +103,13 @@ class LengthReport:
         summary: One or two sentences with the numbers, read first.
         cure_nodes: The roots' input cones: the nodes kept in FP32 by the measured cure.
         cure_rel_l2: Worst output rel L2 with ``cure_nodes`` in FP32 (inf: shapes still
-            differ); None when not measured (a real engine as the candidate).
+            differ, or NaN/Inf from causes after the decisions); None when not measured (a
+            real engine as the candidate).
         spectral: Output -> log-spectral distance in dB after DTW alignment
             (``compare.tasks.audio``) over its changed samples, for signal-like outputs.
         seconds: Wall time of the analysis.
+        cure_restores: Whether the roots' integers are the reference's on every sample with
+            ``cure_nodes`` in FP32; None when not measured.
     """
 
     changes: tuple[ShapeChange, ...]
@@ -118,10 +121,13 @@ class LengthReport:
     cure_rel_l2: float | None = None
     spectral: Mapping[str, float] | None = None
     seconds: float = 0.0
+    cure_restores: bool | None = None
 
     @property
     def cured(self) -> bool:
-        """Whether the measured cure gives the reference's shapes on every sample."""
+        """Whether the measured cure gives the reference's decisions (so lengths) back."""
+        if self.cure_restores is not None:
+            return self.cure_restores
         return self.cure_rel_l2 is not None and self.cure_rel_l2 != float("inf")
 
     def to_dict(self) -> dict:
@@ -131,7 +137,7 @@ class LengthReport:
                 "cure_nodes": list(self.cure_nodes), "cure_rel_l2": json_float(self.cure_rel_l2),
                 "spectral": ({k: json_float(v) for k, v in self.spectral.items()}
                              if self.spectral is not None else None),
-                "seconds": self.seconds}
+                "seconds": self.seconds, "cure_restores": self.cure_restores}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> LengthReport:
@@ -141,7 +147,8 @@ class LengthReport:
                    tuple(d.get("roots", ())), d.get("reading", "unknown"), d.get("summary", ""),
                    tuple(d.get("cure_nodes", ())), _value(d.get("cure_rel_l2")),
                    {k: from_json_float(v) for k, v in spectral.items()}
-                   if spectral is not None else None, float(d.get("seconds", 0.0)))
+                   if spectral is not None else None, float(d.get("seconds", 0.0)),
+                   d.get("cure_restores"))
 
 
 def _value(v: Any) -> Any:

@@ -33,11 +33,11 @@ def read_lengths(request: DiagnoseRequest, reference: Reference, candidate: Cand
         return None
     cand = request.candidate
     if cand.recorded is not None:  # recorded outputs: no run with more outputs
-        from precision_doctor.diagnosis.lengths.measure import length_summary
+        from precision_doctor.diagnosis.lengths.summary import length_summary
 
         return LengthReport(tuple(changes), (), (), "unknown",
                             length_summary(changes, [], [], len(request.samples), [], None,
-                                           decisions_run=False))
+                                           None, decisions_run=False))
     trials = (ImpactTrials(request.model, cand.plan, cand.conv_bias, request.samples,
                            reference.outputs, request.output_names)
               if cand.plan is not None and request.measure_impact else None)
