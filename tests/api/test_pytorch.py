@@ -153,6 +153,8 @@ def test_cli_diagnoses_a_module_factory(tmp_path: Path, monkeypatch: pytest.Monk
     assert res.exit_code == 0, res.output
     report = json.loads(fixed.with_suffix(".report.json").read_text())
     assert report["verdict"] == "pass" and report["model"]["exported_from"] == "Sequential"
+    assert fixed.with_suffix(".torch.py").read_text() == report["torch"]["snippet"]
+    assert report["torch"]["fp32_modules"] == ["1"]  # the Sequential's Stats
 
 
 def test_without_torch_a_module_spec_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -139,3 +139,21 @@ def test_compare_autocast_says_which_causes_autocast_avoids() -> None:
         compare_autocast("model.onnx", samples())
     with pytest.raises(pd.InputError, match="no submodule of Net is 'head'"):
         compare_autocast(Net(), samples(), fp32_modules=["head"])
+
+
+def test_a_module_that_fails_under_autocast_keeps_its_recipe(fixed: pd.Fix) -> None:
+    from precision_doctor.api.pytorch_recipe import torch_report
+    from precision_doctor.compare.tolerance import Tolerance
+    from precision_doctor.search.objective import Objective
+
+    class NoLowPrecision(Net):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if torch.is_autocast_enabled("cpu"):
+                raise RuntimeError("no bfloat16 kernel")
+            return super().forward(x)
+
+    t = torch_report(NoLowPrecision(), samples(), None, fixed.result,
+                     Objective(tolerances={"*": Tolerance(0.08)}))
+    assert t["fp32_modules"] == ["var"] and t["autocast_rel_l2"] is None
+    assert t["note"].startswith("not measured: torch-autocast-bf16-cpu") and t["passed"] is None
+    assert "no bfloat16 kernel" in t["note"]

@@ -16,7 +16,7 @@ from typing import Any, ContextManager, Mapping, Sequence
 from precision_doctor.api.autocast import errors_against, run_calls
 from precision_doctor.autocast.hooks import keep_fp32, outermost
 from precision_doctor.autocast.runner import AutocastRunner, autocast_device
-from precision_doctor.errors import InputError
+from precision_doctor.errors import BackendError, InputError
 from precision_doctor.graph.source import group_by_module, node_modules
 from precision_doctor.graph.torch_export import call_items
 
@@ -214,8 +214,9 @@ def torch_report(module: Any, samples: Any, max_samples: int | None, result: Any
     Returns:
         :meth:`TorchRecipe.to_dict`.
 
-    Raises:
-        BackendError: The module failed under autocast.
+    A module that fails under autocast (an op without a kernel in that dtype on that device)
+    or without a GPU torch can use gives the recipe without measurements and a ``note``; the
+    fix stands.
     """
     modules = node_modules(result.rewritten)
     groups = group_by_module(sorted(result.plan.overrides), modules)
@@ -234,11 +235,14 @@ def torch_report(module: Any, samples: Any, max_samples: int | None, result: Any
     except InputError as exc:
         return replace(recipe, note=f"not measured: {exc}").to_dict()
     example, where = items[0], recipe.device
-    reference = run_calls(AutocastRunner(module, example, output_names=names, dtype=None,
-                                         device=where), items)
-    runs = {kept: run_calls(AutocastRunner(module, example, output_names=names,
-                                           dtype=recipe.dtype, device=where,
-                                           fp32_modules=recipe.fp32_modules if kept else ()),
-                            items) for kept in (True, False)}
+    try:
+        reference = run_calls(AutocastRunner(module, example, output_names=names, dtype=None,
+                                             device=where), items)
+        runs = {kept: run_calls(AutocastRunner(module, example, output_names=names,
+                                               dtype=recipe.dtype, device=where,
+                                               fp32_modules=recipe.fp32_modules if kept else ()),
+                                items) for kept in (True, False)}
+    except BackendError as exc:  # the fix stands; only its autocast check could not run
+        return replace(recipe, note=f"not measured: {exc}").to_dict()
     return replace(recipe, autocast_rel_l2=errors_against(reference, runs[True]),
                    autocast_alone_rel_l2=errors_against(reference, runs[False])).to_dict()

@@ -34,6 +34,8 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
         InputError: ``jobs`` is neither a positive integer nor ``auto``.
     """
     side = sidecar_paths(output)
+    if is_module_spec(model_path):  # Fix.save writes the autocast recipe too
+        side["torch"] = Path(f"{Path(output).with_suffix('')}.torch.py")
     check_writable([output, *side.values(), html_path], force, inputs=[model_path, data])
     model, samples = cli_model(model_path, data)  # a file, or package.module:factory
     with progress_bar(console, enabled=not quiet and console.is_terminal) as progress:
