@@ -58,6 +58,8 @@ def measure(module: Any, items: Sequence[tuple[tuple, dict]], dtype: str, device
         InputError: A pattern of ``fp32_modules`` matches no submodule.
     """
     example = items[0]
+    if output_names is None and reference is not None:
+        output_names = list(reference)
     if reference is None:
         reference = run_calls(AutocastRunner(module, example, output_names=output_names,
                                              dtype=None, device=device), items)
@@ -82,6 +84,10 @@ class AutocastComparison:
             "removed" (share of autocast's worst error it removes), "avoided" (autocast
             already avoids it: it meets the tolerance, or keeping the module in float32
             removes less than half of its error)}``.
+        onnx_rel_l2: Output -> the diagnosis' error of the whole exported model in its
+            target precision (every node low, emulated): the strongly typed side; None
+            without a diagnosis.
+        onnx_target: That target (``"fp16"``, ``"bf16"``), or None.
         seconds: Wall time of the comparison.
     """
 
@@ -92,6 +98,8 @@ class AutocastComparison:
     fp32_modules: tuple[str, ...] = ()
     kept_rel_l2: dict[str, float] | None = None
     causes: tuple[dict[str, Any], ...] = field(default=())
+    onnx_rel_l2: dict[str, float] | None = None
+    onnx_target: str | None = None
     seconds: float = 0.0
 
     @property
@@ -104,7 +112,8 @@ class AutocastComparison:
         return {"dtype": self.dtype, "device": self.device, "tolerance": self.tolerance,
                 "passed": self.passed, "rel_l2": dict(self.rel_l2),
                 "fp32_modules": list(self.fp32_modules), "kept_rel_l2": self.kept_rel_l2,
-                "causes": [dict(c) for c in self.causes], "seconds": round(self.seconds, 3)}
+                "causes": [dict(c) for c in self.causes], "onnx_rel_l2": self.onnx_rel_l2,
+                "onnx_target": self.onnx_target, "seconds": round(self.seconds, 3)}
 
 
 def compare_autocast(module: Any, samples: Any, *, dtype: str = "bf16", device: str = "auto",
@@ -130,8 +139,9 @@ def compare_autocast(module: Any, samples: Any, *, dtype: str = "bf16", device: 
         max_samples: Use the first N samples.
 
     Returns:
-        :class:`AutocastComparison`; outputs are named ``output_0``, ``output_1`` ... in the
-        order of the module's output tensors flattened (the exported ONNX model's order).
+        :class:`AutocastComparison`; outputs are named as the diagnosis names them (the
+        exported model's outputs), else ``output_0``, ``output_1`` ..., in the order of the
+        module's output tensors flattened.
 
     Raises:
         InputError: Not a module; no samples; a pattern that matches no submodule; a dtype
@@ -150,12 +160,17 @@ def compare_autocast(module: Any, samples: Any, *, dtype: str = "bf16", device: 
         default_tolerance(Precision.parse(dtype)).rel_l2
     assert bound is not None
     items = call_items(samples, max_samples)
-    reference = run_calls(AutocastRunner(module, items[0], dtype=None, device=where), items)
+    outputs = list(diagnosis.outputs) if diagnosis is not None else []
+    names = [o.name for o in outputs] or None  # the exported model's output names
+    reference = run_calls(AutocastRunner(module, items[0], output_names=names, dtype=None,
+                                         device=where), items)
     alone = measure(module, items, dtype, where, reference=reference)
     kept = measure(module, items, dtype, where, fp32_modules, reference=reference) \
         if fp32_modules else None
     causes = tuple(_causes(module, items, dtype, where, reference, alone, bound, diagnosis))
+    onnx = {o.name: float(o.metrics.rel_l2) for o in outputs} or None
     return AutocastComparison(dtype, where, bound, alone, tuple(fp32_modules), kept, causes,
+                              onnx, diagnosis.target if diagnosis is not None else None,
                               time.perf_counter() - start)
 
 
