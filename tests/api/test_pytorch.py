@@ -199,3 +199,10 @@ def test_bert_layernorm_maps_to_the_transformers_line() -> None:
     assert group_by_module(norms[1:], modules) == {
         "encoder.layer.*.attention.output.LayerNorm": norms[1::2],
         "encoder.layer.*.output.LayerNorm": norms[2::2]}
+    # FP16 autocast (here on the CPU) meets the FP16 tolerance, and already avoids the
+    # LayerNorm findings: the residual stream they read stays float32 (measured: 1.5e-3 and
+    # 8.0e-4; a LayerNorm kept in float32 removes nothing)
+    c = pd.compare_autocast(bert, batches, dtype="fp16", diagnosis=d)
+    assert c.passed and list(c.rel_l2) == [o.name for o in d.outputs]
+    on_norm_modules = [x for x in c.causes if x["module"].endswith("LayerNorm")]
+    assert on_norm_modules and all(x["avoided"] and x["removed"] < 0.5 for x in on_norm_modules)

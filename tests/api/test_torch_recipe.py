@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import precision_doctor as pd
 from precision_doctor.api import TorchRecipe, compare_autocast, torch_recipe
 from precision_doctor.api.pytorch_recipe import recipe_snippet
+from precision_doctor.graph.source import Source
 from precision_doctor.jsonable import dumps
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install '.[torch]'")
@@ -137,6 +139,13 @@ def test_compare_autocast_says_which_causes_autocast_avoids() -> None:
     assert fp16.kept_rel_l2 is not None and fp16.kept_rel_l2["mean"] < 1e-2
     assert list(compare_autocast(OverflowNet(), large_samples()).rel_l2) == ["output_0"]
     assert json.loads(dumps(fp16.to_dict()))["causes"][0]["module"] == "stats"
+    # a finding of the top-level module is not measured: all of it in float32 is no autocast
+    top = SimpleNamespace(findings=[SimpleNamespace(node="n", kind="k", source=Source(
+        module=""))], outputs=(), target="fp16")
+    assert compare_autocast(OverflowNet(), large_samples(), dtype="fp16", diagnosis=top
+                            ).causes == ({"node": "n", "kind": "k", "module": "",
+                                          "rel_l2_kept": None, "removed": None,
+                                          "avoided": False},)
     with pytest.raises(pd.InputError, match="takes a torch.nn.Module"):
         compare_autocast("model.onnx", samples())
     with pytest.raises(pd.InputError, match="no submodule of Net is 'head'"):

@@ -83,7 +83,9 @@ class AutocastComparison:
             "module", "rel_l2_kept" (output -> error with that module in float32),
             "removed" (share of autocast's worst error it removes), "avoided" (autocast
             already avoids it: it meets the tolerance, or keeping the module in float32
-            removes less than half of its error)}``.
+            removes less than half of its error)}``. A finding of the top-level module
+            (``""``) is not measured (``rel_l2_kept`` and ``removed`` None): all of it in
+            float32 is no autocast.
         onnx_rel_l2: Output -> the diagnosis' error of the whole exported model in its
             target precision (every node low, emulated): the strongly typed side; None
             without a diagnosis.
@@ -188,6 +190,10 @@ def _causes(module: Any, items: Sequence[tuple[tuple, dict]], dtype: str, device
     for finding in diagnosis.findings:
         path = finding.source.module if finding.source is not None else None
         if path is None or path not in names:
+            continue
+        if path == "":  # the top-level module in float32 is no autocast at all: not a cure
+            found.append({"node": finding.node, "kind": finding.kind, "module": path,
+                          "rel_l2_kept": None, "removed": None, "avoided": worst <= bound})
             continue
         if path not in measured:
             measured[path] = measure(module, items, dtype, device, [path], reference=reference)
