@@ -31,7 +31,10 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 3
       "noise": {"per_output", "probes", "skipped"} | null,
       "findings": [{"kind", "node", "op_type", "tensor", "summary", "evidence", "remedy",
                     "severity", "nodes", "impact", "group": "main" | "minor",
-                    "not_measured": str}],   (``not_measured``: why ``impact`` is null, ""
+                    "not_measured": str,
+                    "source": {"file", "line", "code", "module"} | null}],
+                    (``source``: the Python line and module path the node was exported
+                    from, ``graph.source``; ``not_measured``: why ``impact`` is null, ""
                     when it is not; ``evidence.residual_share`` / ``residual_before`` /
                     ``residual_after``: what the finding removes of the error a joint cause's
                     cure leaves, ``diagnosis.causes.joint.residual_shares``)
@@ -62,6 +65,19 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 3
                       per block or region or form a joint cause: ``diagnosis.causes.groups``;
                       the members stay in ``findings``; ``not_measured`` only when the impact
                       is null and a reason is known)
+      "lengths": {"changes": [{"output", "sample", "reference": [dims],
+                               "candidate": [dims]}],
+                  "decisions": [{"node", "op", "tensor", "source", "rounding", "sets_shape",
+                                 "samples", "samples_changed", "positions", "changed", "up",
+                                 "down", "max_step", "total_ratio", "boundary_ulps",
+                                 "typical_ulps", "nonfinite",
+                                 "reading": "near-tie" | "damage" | "destroyed", "detail"}],
+                  "roots": [node], "reading", "summary", "cure_nodes": [node],
+                  "cure_rel_l2", "cure_restores", "spectral": {output: dB} | null,
+                  "seconds"}   (only when an output came out in another shape than the
+                  reference's: ``diagnosis.lengths``; such an output's ``metrics`` count
+                  ``shape_changed`` samples, left out of its statistics, and its ``rel_l2``
+                  is inf)
     }
 
 Finding kinds: the range events and amplifiers of ``diagnosis.causes.findings`` and the
