@@ -344,6 +344,6 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
         report["device"]["note"] = device_note
     if exported:  # its FP32 modules under torch.autocast, measured (api.pytorch_recipe)
         report["torch"] = torch_report(torch_module, torch_samples, max_samples, result,
-                                       objective)
+                                       objective, proto)
     return Fix(result.model, result.plan, report, result.rewritten, result, tuple(samples),
                proto)

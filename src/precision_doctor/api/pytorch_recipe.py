@@ -196,8 +196,30 @@ def torch_recipe(fixed: Any) -> TorchRecipe:
     return TorchRecipe.from_dict(report["torch"])
 
 
+def rewritten_modules(rewritten: Any, rewrites: Mapping[str, Any], source: Any = None
+                      ) -> dict[str, str | None]:
+    """Node -> module path of the rewritten model (``graph.source.node_modules``); a node
+    without one that a rewrite made takes the module of the first node it replaced that has
+    one (in ``source``, the model before the rewrites).
+
+    Args:
+        rewritten: The rewritten FP32 model (``onnx.ModelProto``), the plan's node names.
+        rewrites: ``FixResult.rewrites``: its ``records`` give ``new_nodes`` and ``nodes``.
+        source: The model before the rewrites, or None.
+    """
+    modules = node_modules(rewritten)
+    before = {**(node_modules(source) if source is not None else {}), **modules}
+    for record in rewrites.get("records", ()):
+        origin = next((before[n] for n in record.get("nodes", ()) if before.get(n) is not None),
+                      None)
+        for name in record.get("new_nodes", ()):
+            if modules.get(name) is None and origin is not None and name in modules:
+                modules[name] = origin
+    return modules
+
+
 def torch_report(module: Any, samples: Any, max_samples: int | None, result: Any,
-                 objective: Any, device: str = "auto") -> dict[str, Any]:
+                 objective: Any, source: Any = None, device: str = "auto") -> dict[str, Any]:
     """``report["torch"]`` of ``fix(module, samples)``: the fix's FP32 nodes as module
     patterns, the module run under autocast (the fix's target dtype) with and without them,
     on the samples.
@@ -209,6 +231,8 @@ def torch_report(module: Any, samples: Any, max_samples: int | None, result: Any
         max_samples: As given to ``fix``.
         result: The ``repair.result.FixResult``.
         objective: The fix's ``search.objective.Objective``.
+        source: The exported ONNX model the fix started from: a node a rewrite made (the
+            FP32 range reduction before a Sin) takes the module of the nodes it replaced.
         device: Where autocast runs (``"auto"``: CUDA when torch sees a GPU).
 
     Returns:
@@ -218,7 +242,7 @@ def torch_report(module: Any, samples: Any, max_samples: int | None, result: Any
     or without a GPU torch can use gives the recipe without measurements and a ``note``; the
     fix stands.
     """
-    modules = node_modules(result.rewritten)
+    modules = rewritten_modules(result.rewritten, result.rewrites, source)
     groups = group_by_module(sorted(result.plan.overrides), modules)
     names = [o.name for o in result.rewritten.graph.output]
     plan = {k: float(v["rel_l2"]) for k, v in result.after.items() if "rel_l2" in v}
