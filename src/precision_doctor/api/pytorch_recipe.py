@@ -114,7 +114,8 @@ class TorchRecipe:
         plan_rel_l2: Output -> the fixed ONNX model's error (``report["after"]``).
         tolerance: Output -> the relative L2 bound of the fix's objective (None: a task
             metric).
-        note: Why something was not measured, else ``""``.
+        note: Why the errors were not measured, or which FP32 nodes have no module (the
+            recipe does not cover them), else ``""``.
     """
 
     fp32_modules: tuple[str, ...]
