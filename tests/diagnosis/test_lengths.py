@@ -151,11 +151,28 @@ def test_fix_writes_a_model_that_keeps_the_reference_lengths() -> None:
 
 
 
-def test_fix_seeds_random_operators_for_its_comparisons_only() -> None:
+def test_fix_draws_the_same_noise_in_every_run_and_writes_the_random_operator_back() -> None:
     model = noisy_duration_model()
-    fixed = pd.fix(model, phonemes(), target="fp16", quiet=True, device="cpu")
-    assert any("seed" in n for n in fixed.report["notes"])
+    feeds = phonemes()
+    fixed = pd.fix(model, feeds, target="fp16", quiet=True, device="cpu")
+    assert fixed.verdict == "pass"
+    assert any("drew the same numbers" in n for n in fixed.report["notes"])
     assert unseeded_random_ops(fixed.model) == ["dp/noise"]  # deployed as the user's
+    assert not any("noise-table" in n.name for n in fixed.model.graph.node)
+    assert len(set(lengths_of(fixed.model, [feeds[2]] * 6))) > 1  # it draws again
+
+
+def test_a_determinized_random_operator_draws_the_same_numbers_every_run() -> None:
+    from precision_doctor.graph.random_ops import determinize, restore_random_ops
+
+    model = noisy_duration_model()
+    fixed, originals = determinize(model)
+    assert list(originals) == ["dp/noise"] and not unseeded_random_ops(fixed)
+    feeds = phonemes()
+    assert len(set(lengths_of(fixed, [feeds[2]] * 4))) == 1
+    assert lengths_of(fixed, feeds[::-1]) == lengths_of(fixed, feeds)[::-1]  # any order
+    back = restore_random_ops(fixed, originals)
+    assert [n.op_type for n in back.graph.node if n.name == "dp/noise"] == ["RandomNormalLike"]
 
 
 def test_the_noise_floor_repeats_a_model_with_random_operators() -> None:

@@ -23,7 +23,7 @@ import onnx
 
 from precision_doctor.compare.metrics import compute_metrics
 from precision_doctor.formats import Precision
-from precision_doctor.graph.random_ops import seed_random_ops, seeded_note, unseed_random_ops
+from precision_doctor.graph.random_ops import determinize, determinized_note, restore_random_ops
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.precision.writer.report import WriterReport
 from precision_doctor.repair.range_bound import (
@@ -98,7 +98,7 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         BackendError: A runner fails.
     """
     t_start = time.perf_counter()
-    model, seeded = seed_random_ops(model)  # the same draws in every run it compares
+    model, originals = determinize(model)  # the same draws in every run it compares
     request = FixRequest(model, samples, target, objective, keep, force_low, rewrites,
                          keep_io_types, runner, max_evals, progress, jobs, engine)
     # every CPU session of this process (reference, baseline, search, verification) takes its
@@ -117,10 +117,9 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         searched, written, verified = rechecked.searched, rechecked.written, rechecked.verified
     result = _result(request, baseline, rewritten, searched, written, verified, t_start,
                      rechecked)
-    if seeded:  # the written model draws fresh numbers again, as the user's did
-        result = replace(result, model=unseed_random_ops(result.model, seeded),
-                         notes=(*result.notes, seeded_note(seeded) + "; the written model "
-                                "has no seed, as the original"))
+    if originals:  # the written model draws fresh numbers again, as the user's did
+        result = replace(result, model=restore_random_ops(result.model, originals),
+                         notes=(*result.notes, determinized_note(originals)))
     if accuracy is None:
         return result
     return replace(result, accuracy=accuracy({"fp32": baseline.reference,

@@ -23,7 +23,7 @@ from precision_doctor.diagnosis.lengths.measure import NEAR_TIE, boundary
 from precision_doctor.diagnosis.lengths.sites import DecisionSite, decision_sites, input_cone
 from precision_doctor.graph.outputs import mark_outputs
 from precision_doctor.layerwise.candidates import emulated, reference_factory, run_samples
-from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.precision.plan import PrecisionPlan, candidate_nodes
 
 
 def at_risk(site: DecisionSite, ref: dict, cand: dict) -> int:
@@ -71,8 +71,9 @@ def length_guard(model: onnx.ModelProto, samples: Sequence, plan: PrecisionPlan
     out = []
     for site in sites:
         risky = at_risk(site, ref, cand)
-        if risky:
-            out.append((input_cone(model, [site.source]), (
+        if risky:  # the rounding op itself too: in FP16 it reads its input rounded
+            cone = set(input_cone(model, [site.source])) | {site.node}
+            out.append(([n.name for n in candidate_nodes(model) if n.name in cone], (
                 f"{risky} value(s) rounded at {site.node} ({site.rounding}) set an output's "
                 f"shape from within {NEAR_TIE:g}x the {plan.default.value.upper()} error of "
                 "their rounding boundary: its input cone in FP32 keeps the reference's "

@@ -37,7 +37,12 @@ import onnx
 
 from precision_doctor.diagnosis.lengths.cone import cone_model, cone_samples
 from precision_doctor.diagnosis.lengths.records import DecisionChange, LengthReport, ShapeChange
-from precision_doctor.diagnosis.lengths.sites import DecisionSite, decision_sites, input_cone
+from precision_doctor.diagnosis.lengths.sites import (
+    ROUNDING_OPS,
+    DecisionSite,
+    decision_sites,
+    input_cone,
+)
 from precision_doctor.diagnosis.lengths.summary import (
     length_summary,
     spectral_distances,
@@ -219,6 +224,18 @@ def roots(model: onnx.ModelProto, changed: Sequence[DecisionChange]) -> list[Dec
     return out
 
 
+def decision_cone(model: onnx.ModelProto, first: Sequence[DecisionChange]) -> list[str]:
+    """The nodes to keep in FP32 so that decisions read their exact FP32 inputs: the input
+    cones of their sources, and the rounding ops themselves (a Round in FP16 reads its input
+    rounded to FP16: 3.50002 becomes 3.5 and rounds half to even; on the int8 Kokoro voice
+    that alone changed one duration of 31 with the whole cone in FP32)."""
+    if not first:
+        return []
+    rounding = {d.node for d in first if d.op in ROUNDING_OPS}
+    cone = set(input_cone(model, [d.source for d in first])) | rounding
+    return [n.name for n in model.graph.node if n.name in cone]
+
+
 def read_sites(model: onnx.ModelProto, samples: Sequence, candidate: Candidate,
                target: Precision, sites: Sequence[DecisionSite] | None = None
                ) -> list[DecisionChange]:
@@ -272,7 +289,7 @@ def analyse_lengths(model: onnx.ModelProto, samples: Sequence, target: Precision
     changed = read_sites(model, samples, candidate, target, sites)
     # the decisions that set a shape explain a shape change; the others only if none does
     first = roots(model, [d for d in changed if d.sets_shape] or changed)
-    cone = input_cone(model, [d.source for d in first]) if first else []
+    cone = decision_cone(model, first)
     cure = restores = None
     if measure is not None and cone and candidate.plan is not None:
         cure = measure(cone)
@@ -293,5 +310,6 @@ def analyse_lengths(model: onnx.ModelProto, samples: Sequence, target: Precision
                         restores)
 
 
-__all__ = ["DESTROYED_RATIO", "NEAR_TIE", "analyse_lengths", "boundary", "measure_site",
+__all__ = ["DESTROYED_RATIO", "NEAR_TIE", "analyse_lengths", "boundary", "decision_cone",
+           "measure_site",
            "read_sites", "roots", "shape_changes", "ulp"]
