@@ -51,7 +51,6 @@ plan), the opset has ``Round`` (>= 11), the argument is not already reduced.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import ClassVar
 
 import numpy as np
@@ -68,6 +67,7 @@ from precision_doctor.precision.rewrites.graph_edit import (
     taken_names,
     unique_name,
 )
+from precision_doctor.precision.rewrites.ranges.target import TargetPass
 from precision_doctor.precision.rewrites.report import RewriteRecord
 
 PERIODIC_OPS = frozenset({"Sin", "Cos", "Tan"})
@@ -212,7 +212,7 @@ def fp32_chain(value: ir.Value) -> tuple[list[ir.Node], list[str]]:
     return keep, starts
 
 
-class ReducePeriodicArgument(ir.passes.InPlacePass):
+class ReducePeriodicArgument(TargetPass):
     """Pass: reduce every Sin/Cos/Tan argument that may exceed pi modulo 2 pi in FP32.
 
     Args:
@@ -223,12 +223,6 @@ class ReducePeriodicArgument(ir.passes.InPlacePass):
     """
 
     rule: ClassVar[str] = "reduce-periodic-argument"
-
-    def __init__(self, target: Precision | None = None,
-                 max_abs: Mapping[str, float] | None = None) -> None:
-        super().__init__()
-        self.target = target
-        self.max_abs = max_abs
 
     def call(self, model: ir.Model) -> RewritePassResult:
         """Rewrite in place; one record per argument read by a Sin/Cos/Tan."""

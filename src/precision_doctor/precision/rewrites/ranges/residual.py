@@ -41,7 +41,7 @@ maxima for its tensors, epsilon not representable after scaling.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
@@ -59,6 +59,7 @@ from precision_doctor.precision.rewrites.graph_edit import (
 )
 from precision_doctor.precision.rewrites.ranges.rms import epsilon_of
 from precision_doctor.precision.rewrites.ranges.streams import Stream, find_streams
+from precision_doctor.precision.rewrites.ranges.target import TargetPass
 from precision_doctor.precision.rewrites.report import Detail, RewriteRecord
 
 HEADROOM = 2.0 ** 12  # the stream's largest |x| after scaling: 16x below FP16's 65504
@@ -101,7 +102,7 @@ def stream_tensor_names(model: onnx.ModelProto) -> list[str]:
     return names
 
 
-class PrescaleNormalizedResidual(ir.passes.InPlacePass):
+class PrescaleNormalizedResidual(TargetPass):
     """Pass: scale each normalized residual stream whose maximum exceeds ``HEADROOM`` by 2^-k.
 
     Args:
@@ -111,12 +112,6 @@ class PrescaleNormalizedResidual(ir.passes.InPlacePass):
     """
 
     rule: ClassVar[str] = "prescale-normalized-residual"
-
-    def __init__(self, target: Precision | None = None,
-                 max_abs: Mapping[str, float] | None = None) -> None:
-        super().__init__()
-        self.target = target
-        self.max_abs = max_abs
 
     def call(self, model: ir.Model) -> RewritePassResult:
         """Rewrite in place; one record per stream."""
