@@ -19,14 +19,19 @@ from typing import Sequence
 import numpy as np
 import onnx
 
-from precision_doctor.diagnosis.lengths.measure import NEAR_TIE, boundary
-from precision_doctor.diagnosis.lengths.sites import DecisionSite, decision_sites, input_cone
-from precision_doctor.graph.outputs import mark_outputs
-from precision_doctor.layerwise.candidates import emulated, reference_factory, run_samples
+from precision_doctor.diagnosis.lengths.measure import (
+    NEAR_TIE,
+    Outputs,
+    boundary,
+    decision_cone,
+    run_sites,
+)
+from precision_doctor.diagnosis.lengths.sites import DecisionSite, decision_sites
+from precision_doctor.layerwise.candidates import emulated
 from precision_doctor.precision.plan import PrecisionPlan, candidate_nodes
 
 
-def at_risk(site: DecisionSite, ref: dict, cand: dict) -> int:
+def at_risk(site: DecisionSite, ref: Outputs, cand: Outputs) -> int:
     """How many of the site's values are at risk (module docstring), over all samples."""
     count = 0
     for i, r_int in enumerate(ref[site.tensor]):
@@ -64,15 +69,12 @@ def length_guard(model: onnx.ModelProto, samples: Sequence, plan: PrecisionPlan
     sites = [s for s in decision_sites(model) if s.sets_shape and s.rounding]
     if not sites:
         return []
-    names = list(dict.fromkeys([s.tensor for s in sites] + [s.source for s in sites]))
-    marked = mark_outputs(model, names)
-    ref = run_samples(reference_factory(marked), samples, names)
-    cand = run_samples(emulated(plan).factory(marked), samples, names)
+    ref, cand = run_sites(model, samples, emulated(plan), sites)
     out = []
     for site in sites:
         risky = at_risk(site, ref, cand)
-        if risky:  # the rounding op itself too: in FP16 it reads its input rounded
-            cone = set(input_cone(model, [site.source])) | {site.node}
+        if risky:
+            cone = set(decision_cone(model, [site]))
             out.append(([n.name for n in candidate_nodes(model) if n.name in cone], (
                 f"{risky} value(s) rounded at {site.node} ({site.rounding}) set an output's "
                 f"shape from within {NEAR_TIE:g}x the {plan.default.value.upper()} error of "

@@ -35,6 +35,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
+from precision_doctor.compare.metrics import shape_changes as changed_samples
 from precision_doctor.diagnosis.lengths.cone import cone_model, cone_samples
 from precision_doctor.diagnosis.lengths.records import DecisionChange, LengthReport, ShapeChange
 from precision_doctor.diagnosis.lengths.sites import (
@@ -65,15 +66,11 @@ DESTROYED_CHANGED = 0.5
 
 def shape_changes(reference: Outputs, candidate: Outputs, sample_names: Sequence[str]
                   ) -> list[ShapeChange]:
-    """Every (output, sample) whose candidate shape differs from the reference's, output order
-    then sample order."""
-    out = []
-    for name, refs in reference.items():
-        for i, (r, c) in enumerate(zip(refs, candidate.get(name, ()))):
-            if np.shape(r) != np.shape(c):
-                out.append(ShapeChange(name, sample_names[i], tuple(np.shape(r)),
-                                       tuple(np.shape(c))))
-    return out
+    """Every (output, sample) whose candidate shape differs from the reference's
+    (``compare.metrics.shape_changes``), output order then sample order."""
+    return [ShapeChange(name, sample_names[i], tuple(np.shape(reference[name][i])),
+                        tuple(np.shape(candidate[name][i])))
+            for name, changed in changed_samples(reference, candidate).items() for i in changed]
 
 
 def ulp(value: np.ndarray, target: Precision) -> np.ndarray:
@@ -224,7 +221,8 @@ def roots(model: onnx.ModelProto, changed: Sequence[DecisionChange]) -> list[Dec
     return out
 
 
-def decision_cone(model: onnx.ModelProto, first: Sequence[DecisionChange]) -> list[str]:
+def decision_cone(model: onnx.ModelProto, first: Sequence[DecisionChange | DecisionSite]
+                  ) -> list[str]:
     """The nodes to keep in FP32 so that decisions read their exact FP32 inputs: the input
     cones of their sources, and the rounding ops themselves (a Round in FP16 reads its input
     rounded to FP16: 3.50002 becomes 3.5 and rounds half to even; on the int8 Kokoro voice
@@ -250,16 +248,27 @@ def read_sites(model: onnx.ModelProto, samples: Sequence, candidate: Candidate,
     sites = decision_sites(model) if sites is None else sites
     if not sites:
         return []
+    ref, cand = run_sites(model, samples, candidate, sites)
+    found = (measure_site(s, ref, cand, target) for s in sites)
+    return [d for d in found if d is not None]
+
+
+def run_sites(model: onnx.ModelProto, samples: Sequence, candidate: Candidate,
+              sites: Sequence[DecisionSite]) -> tuple[Outputs, Outputs]:
+    """The reference's and the candidate's integers and float sources of ``sites`` (tensor ->
+    one array per sample), run up to them (``read_sites``).
+
+    Raises:
+        BackendError: A run fails.
+    """
     names = list(dict.fromkeys([s.tensor for s in sites] + [s.source for s in sites]))
     if candidate.segments:
         marked = cone_model(model, names)
         samples = cone_samples(marked, samples)
     else:
         marked = mark_outputs(model, names)
-    ref = run_samples(reference_factory(marked), samples, names)
-    cand = run_samples(candidate.factory(marked), samples, names)
-    found = (measure_site(s, ref, cand, target) for s in sites)
-    return [d for d in found if d is not None]
+    return (run_samples(reference_factory(marked), samples, names),
+            run_samples(candidate.factory(marked), samples, names))
 
 
 def analyse_lengths(model: onnx.ModelProto, samples: Sequence, target: Precision,
@@ -312,4 +321,4 @@ def analyse_lengths(model: onnx.ModelProto, samples: Sequence, target: Precision
 
 __all__ = ["DESTROYED_RATIO", "NEAR_TIE", "analyse_lengths", "boundary", "decision_cone",
            "measure_site",
-           "read_sites", "roots", "shape_changes", "ulp"]
+           "read_sites", "roots", "run_sites", "shape_changes", "ulp"]

@@ -14,7 +14,7 @@ from precision_doctor.diagnosis.lengths.measure import analyse_lengths, shape_ch
 from precision_doctor.diagnosis.lengths.records import LengthReport
 from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.diagnosis.stages.comparing import Compared, Read
-from precision_doctor.diagnosis.stages.reporting import model_info
+from precision_doctor.diagnosis.stages.reporting import model_info, sample_info
 from precision_doctor.diagnosis.stages.request import DiagnoseRequest
 from precision_doctor.diagnosis.stages.runs import CandidateRun, Reference
 
@@ -90,8 +90,7 @@ def diagnose_decisions(request: DiagnoseRequest, compared: Compared, read: Read,
         assessment = with_lengths(assessment, lengths)
     return replace(
         inner, verdict=compared.verdict, model=model_info(request.model, request.model_path),
-        samples=tuple({"name": s.name, "shapes": {k: list(v.shape) for k, v in s.feeds.items()}}
-                      for s in request.samples),
+        samples=sample_info(request.samples),
         outputs=read.outputs, noise=compared.floor, decision_flips=read.flips,
         decisions=read.summaries, lengths=lengths, assessment=assessment,
         timings_s={**{k: round(v, 3) for k, v in seconds.items()},

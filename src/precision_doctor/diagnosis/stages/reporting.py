@@ -16,7 +16,7 @@ from precision_doctor.diagnosis.stages.assessing import Assessed
 from precision_doctor.diagnosis.stages.causes import Causes
 from precision_doctor.diagnosis.stages.comparing import Compared, Read
 from precision_doctor.diagnosis.stages.localizing import Localized
-from precision_doctor.diagnosis.stages.request import DiagnoseRequest
+from precision_doctor.diagnosis.stages.request import DiagnoseRequest, SampleLike
 from precision_doctor.diagnosis.stages.runs import CandidateRun, Reference
 from precision_doctor.graph.load import opset_of
 from precision_doctor.graph.source import sources
@@ -44,8 +44,7 @@ def build_report(request: DiagnoseRequest, reference: Reference, candidate: Cand
         verdict=compared.verdict, model=model_info(model, request.model_path),
         target=request.target.value, reference=reference_name(),
         candidate=request.candidate.name,
-        samples=tuple({"name": s.name, "shapes": {k: list(v.shape) for k, v in s.feeds.items()}}
-                      for s in request.samples),
+        samples=sample_info(request.samples),
         outputs=read.outputs, findings=with_sources(explanation.findings, model),
         hazards=causes.hazards,
         layerwise=localized.layerwise, noise=compared.floor,
@@ -58,6 +57,12 @@ def build_report(request: DiagnoseRequest, reference: Reference, candidate: Cand
         attribution=explanation.attribution.to_dict() if explanation.attribution else None,
         joint_cause=explanation.joint.to_dict() if explanation.joint else None,
         finding_groups=explanation.groups, lengths=lengths)
+
+
+def sample_info(samples: Sequence[SampleLike]) -> tuple[dict, ...]:
+    """The report's ``samples``: each sample's name and input shapes."""
+    return tuple({"name": s.name, "shapes": {k: list(v.shape) for k, v in s.feeds.items()}}
+                 for s in samples)
 
 
 def with_sources(findings: Sequence[Finding], model: onnx.ModelProto
@@ -95,4 +100,4 @@ def emulation_info(candidate: Candidate, model: onnx.ModelProto) -> dict | None:
             "rounding": describe_method(model, plan.default), "conv_bias": bias}
 
 
-__all__ = ["build_report", "emulation_info", "model_info"]
+__all__ = ["build_report", "emulation_info", "model_info", "sample_info", "with_sources"]
