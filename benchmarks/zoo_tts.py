@@ -57,7 +57,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from zoo import ROOT, ZooUnavailable, fetch, producer, read_member  # noqa: E402
+from zoo import (  # noqa: E402
+    ROOT,
+    ZooUnavailable,
+    fetch,
+    prepare_and_list,
+    producer,
+    read_member,
+)
 
 Samples = list[tuple[str, dict[str, np.ndarray]]]
 Texts = dict[str, dict[str, str]]  # sample -> {"text": ..., "phonemes": ...}
@@ -334,18 +341,9 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(SPECS))
     ap.add_argument("--root", type=Path, default=ROOT)
     args = ap.parse_args()
-    for name in args.models.split(","):
-        try:
-            out = prepare(name, args.root)
-        except ZooUnavailable as exc:
-            print(f"{name}: skipped: {exc}")
-            continue
-        task = json.loads((out / "task.json").read_text())
-        print(f"{name}: {task['bytes'] / 2**20:.1f} MiB, {task['producer_name']} "
-              f"{task['producer_version']}, {len(task['samples'])} phrases -> {out}")
-        for sample, audio in task["fp32"].items():
-            print(f"   {sample:24s} {task['texts'][sample]['phonemes'][:40]:40s} "
-                  f"{audio['shape']} {audio['seconds']} s ({audio['run_s']} s)")
+    prepare_and_list(args.models.split(","), prepare, args.root, "phrases", lambda s, a, t: (
+        f"{s:24s} {t['texts'][s]['phonemes'][:40]:40s} {a['shape']} {a['seconds']} s "
+        f"({a['run_s']} s)"))
 
 
 if __name__ == "__main__":

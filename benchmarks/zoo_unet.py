@@ -44,7 +44,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from zoo import ROOT, ZooUnavailable, fetch, producer, read_member  # noqa: E402
+from zoo import (  # noqa: E402
+    ROOT,
+    ZooUnavailable,
+    fetch,
+    prepare_and_list,
+    producer,
+    read_member,
+)
 from zoo_tts import graph_facts, importable, unpacked  # noqa: E402
 
 NAME = "terrain_unet"
@@ -146,16 +153,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=ROOT)
     args = ap.parse_args()
-    try:
-        out = prepare(args.root)
-    except ZooUnavailable as exc:
-        print(f"{NAME}: skipped: {exc}")
-        return
-    task = json.loads((out / "task.json").read_text())
-    print(f"{NAME}: {task['bytes'] / 2**20:.1f} MiB, {task['producer_name']} "
-          f"{task['producer_version']}, {len(task['samples'])} samples -> {out}")
-    for sample, y in task["fp32"].items():
-        print(f"   {sample:24s} {json.dumps(y)}")
+    prepare_and_list([NAME], lambda _, root: prepare(root), args.root, "samples",
+                     lambda sample, y, _: f"{sample:24s} {json.dumps(y)}")
 
 
 if __name__ == "__main__":
