@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parent)]
 
 from common import measure_process, results_path, write_results  # noqa: E402
-from quant_anchors_eval import evaluate, run_all  # noqa: E402
+from quant_anchors_eval import evaluate, references  # noqa: E402
 from quant_anchors_protocol import DEFAULT_MODELS, MODELS, REPO, prepare  # noqa: E402
 from quant_anchors_runners import EXTRA_TOOLS, ORT_FORMATS, TOOLS, worker  # noqa: E402
 from quant_anchors_table import order, table  # noqa: E402
@@ -57,9 +57,25 @@ def source_version() -> str:
     return f"{head}{'+dirty' if dirty else ''}" if head else "unknown"
 
 
+def export_source(commit: str, work: Path) -> tuple[Path, str]:
+    """``src/`` at ``commit`` (``git archive``) under ``work``, for ``pd`` to run from: figures
+    of a named commit, whatever the checkout holds uncommitted. Returns (its ``src``, the
+    commit's short hash)."""
+    short = subprocess.run(["git", "rev-parse", "--short", commit], cwd=REPO, text=True,
+                           capture_output=True, timeout=30, check=True).stdout.strip()
+    dest = work / f"src_{short}"
+    if not (dest / "src").is_dir():
+        dest.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", short, "src"], cwd=REPO,
+                                 capture_output=True, timeout=120, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True, timeout=120)
+    return dest / "src", short
+
+
 def launch(tool: str, fmt: str, spec: dict, work: Path, modelopt_python: Path,
-           timeout: float) -> dict:
-    """Run one tool in a fresh process; its output model is ``work/<fmt>_<tool>.onnx``."""
+           timeout: float, pd_source: tuple[Path, str] | None = None) -> dict:
+    """Run one tool in a fresh process; its output model is ``work/<fmt>_<tool>.onnx``;
+    ``pd`` runs from ``pd_source`` (``export_source``) when given, else this checkout."""
     dest = work / f"{fmt}_{tool}.onnx"
     info = dest.with_suffix(".json")
     log = dest.with_suffix(".log")
@@ -68,14 +84,15 @@ def launch(tool: str, fmt: str, spec: dict, work: Path, modelopt_python: Path,
     row = {"model": spec["name"], "format": fmt, "tool": tool,
            "ran_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if tool.startswith("pd"):
-        row["source"] = source_version()
+        row["source"] = source_version() if pd_source is None else pd_source[1]
     if tool.startswith("modelopt"):
         if not modelopt_python.is_file():
             return {**row, "error": f"ModelOpt environment missing: {modelopt_python} (see the "
                                     "module docstring)"}
         python, env = str(modelopt_python), dict(os.environ, PYTHONPATH="")
     else:
-        python, env = sys.executable, dict(os.environ, PYTHONPATH=str(REPO / "src"))
+        src = REPO / "src" if pd_source is None or not tool.startswith("pd") else pd_source[0]
+        python, env = sys.executable, dict(os.environ, PYTHONPATH=str(src))
     cmd = [python, str(Path(__file__).resolve()), "--worker", tool, "--format", fmt,
            "--spec", json.dumps(spec), "--dest", str(dest)]
     run = measure_process(cmd, env=env, timeout=timeout, log=log)
@@ -129,10 +146,10 @@ def reevaluate(path: Path, work: Path | None, models: list[str]) -> None:
     rows = record["rows"]
     for name in models:
         spec = prepare(name, work / name)
-        reference = run_all(spec["model"], spec)
+        refs = references(spec)
         for row in rows:
             if row["model"] == name and Path(row.get("output", "")).is_file():
-                row.update(evaluate(row["output"], spec, reference))
+                row.update(evaluate(row["output"], spec, refs))
     record["rows"] = order(rows)
     payload = {k: v for k, v in record.items() if k not in ("date", "machine", "versions")}
     write_results(path, payload)
@@ -154,6 +171,8 @@ def main() -> None:
     parser.add_argument("--merge", action="store_true",
                         help="keep the rows of today's results file for other runs")
     parser.add_argument("--suffix", default="", help="results file name suffix")
+    parser.add_argument("--pd-commit", help="run pd from src/ at this commit (git archive), "
+                                            "not from the checkout's working tree")
     parser.add_argument("--evaluate-only", action="store_true",
                         help="re-evaluate the output models of today's rows in --work (no tool "
                              "runs), e.g. after the evaluation changed")
@@ -186,6 +205,7 @@ def main() -> None:
     formats = [f for f in args.formats.split(",") if f]
     failures = dict(record.get("model_failures", {}))
     anchors = modelopt_info(args.modelopt_python)
+    pd_source = export_source(args.pd_commit, work) if args.pd_commit else None
     for name in [m for m in args.models.split(",") if m]:
         try:
             spec = prepare(name, work / name)
@@ -194,15 +214,17 @@ def main() -> None:
             print(f"{name}: skipped: {failures[name]}", flush=True)
             continue
         failures.pop(name, None)
-        reference = run_all(spec["model"], spec)
+        refs = references(spec)
         for fmt in formats:
             for tool in tools:
                 if fmt not in ORT_FORMATS.get(tool, (fmt,)):
                     continue
-                row = launch(tool, fmt, spec, work / name, args.modelopt_python, args.timeout)
+                row = launch(tool, fmt, spec, work / name, args.modelopt_python, args.timeout,
+                             pd_source)
                 if "output" in row:
-                    row.update(evaluate(row["output"], spec, reference))
-                row.update(samples=len(spec["samples"]), objective=
+                    row.update(evaluate(row["output"], spec, refs))
+                row.update(samples=len(spec["samples"]),
+                           calibration_samples=len(spec["calibration"]), objective=
                            f"{spec['metric'].split('/')[-1]} threshold {spec['threshold']}")
                 rows = [r for r in rows if (r["model"], r["format"], r["tool"])
                         != (name, fmt, tool)] + [row]
@@ -213,11 +235,16 @@ def main() -> None:
                 write_results(path, {
                     "command": " ".join(sys.argv), "work": str(work),
                     "modelopt": anchors,
-                    "evaluation": "ONNX Runtime CPU, ORT_ENABLE_BASIC, every sample vs FP32 "
-                                  "on the same options; unquantized = weighted nodes with no "
-                                  "DequantizeLinear input",
+                    "evaluation": "ONNX Runtime CPU, ORT_ENABLE_BASIC, every evaluation "
+                                  "sample vs FP32 on the same options; unquantized = weighted "
+                                  "nodes with no DequantizeLinear input; compute.mac_share = "
+                                  "MACs of weighted nodes with both operands dequantized / "
+                                  "MACs of every weighted node (quant_anchors_macs)",
+                    "protocol": "calibration and evaluation samples disjoint (split per "
+                                "model); every tool sees the calibration samples only (pd "
+                                "calibrates and searches on them); models.<name>.split",
                     "models": {**record.get("models", {}), name: {
-                        k: spec[k] for k in ("source", "metric", "threshold", "sample_names")}},
+                        k: spec[k] for k in ("source", "metric", "threshold", "split")}},
                     "model_failures": failures, "rows": order(rows)})
                 record = json.loads(path.read_text())
     print(table(rows))

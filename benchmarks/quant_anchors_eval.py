@@ -9,9 +9,13 @@ Conv/ConvTranspose/MatMul/Gemm nodes none of whose inputs comes from a Dequantiz
 Cast/Identity/Reshape/Transpose/Flatten/Squeeze/Unsqueeze only), with their names; Q/DQ scales
 that are NaN, inf or 0. ``raw BASIC`` (column and ``raw_basic``): max relative L2 / worst metric
 with that transformer left on, as a plain ``ORT_ENABLE_BASIC`` session runs the model.
+``calibration_set``: the task metric on the calibration samples (those the tools saw);
+``compute``: the share of MACs and weights in INT8/FP8 (``quant_anchors_macs``).
 """
 
 from __future__ import annotations
+
+from quant_anchors_macs import node_costs, quantized_share
 
 WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 PASS_THROUGH = ("Cast", "Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze")
@@ -34,14 +38,15 @@ def session(path: str, disabled: tuple[str, ...] = (WEIGHT_BIAS_QUANTIZATION,)):
                                 disabled_optimizers=list(disabled))
 
 
-def run_all(path: str, spec: dict, disabled: tuple[str, ...] = (WEIGHT_BIAS_QUANTIZATION,)
-            ) -> dict:
+def run_all(path: str, spec: dict, disabled: tuple[str, ...] = (WEIGHT_BIAS_QUANTIZATION,),
+            files: list[str] | None = None) -> dict:
+    """Outputs of the model at ``path`` on ``files`` (default: the evaluation samples)."""
     import numpy as np
 
     sess = session(path, disabled)
     names = [o.name for o in sess.get_outputs()]
     outs: dict = {n: [] for n in names}
-    for f in spec["samples"]:
+    for f in spec["samples"] if files is None else files:
         for n, v in zip(names, sess.run(names, dict(np.load(f)))):
             outs[n].append(np.asarray(v, np.float32) if v.dtype.kind == "f" else v)
     return outs
@@ -87,14 +92,29 @@ def bad_scales(path: str) -> list[str]:
     return bad
 
 
-def evaluate(path: str, spec: dict, reference: dict) -> dict:
+def references(spec: dict) -> dict:
+    """What every output model of ``spec`` is measured against: the FP32 outputs on the
+    evaluation samples (``reference``) and on the calibration samples (``calibration``), and
+    the MACs and weights of each weighted node (``costs``, ``quant_anchors_macs``)."""
+    import numpy as np
+
+    return {"reference": run_all(spec["model"], spec),
+            "calibration": run_all(spec["model"], spec, files=spec["calibration"]),
+            "costs": node_costs(spec["model"], dict(np.load(spec["calibration"][0])))}
+
+
+def evaluate(path: str, spec: dict, refs: dict) -> dict:
+    """The row's evaluation of the output model at ``path`` (module docstring); ``refs`` from
+    :func:`references`."""
     import numpy as np
 
     from precision_doctor.compare.tasks.registry import evaluate_metric, get_metric
 
+    reference = refs["reference"]
     try:
         outs = run_all(path, spec)
         raw = run_all(path, spec, disabled=())
+        seen = run_all(path, spec, files=spec["calibration"])
     except Exception as exc:  # noqa: BLE001 - a model ORT refuses is a finding
         return {"eval_error": f"{type(exc).__name__}: {str(exc)[:400]}"}
 
@@ -125,9 +145,19 @@ def evaluate(path: str, spec: dict, reference: dict) -> dict:
         row[key] = {"name": metric.name, "threshold": threshold, "worst": worst,
                     "mean": float(np.mean(values)), "per_sample": values,
                     "met_on_every_sample": all(metric.meets(v, threshold) for v in values)}
+    # the same metric on the calibration samples, which every tool saw (pd also searched on
+    # them): a pass there and a failure on the evaluation samples is a plan that overfits
+    values = [evaluate_metric(primary, {k: v[i] for k, v in refs["calibration"].items()},
+                              {k: v[i] for k, v in seen.items()})
+              for i in range(len(spec["calibration"]))]
+    row["calibration_set"] = {
+        "samples": len(values), "metric_worst": min(values) if primary.higher_is_better
+        else max(values), "met": sum(primary.meets(v, spec["threshold"]) for v in values),
+        "per_sample": values}
     weighted, left = weighted_layers(path)
     bad = bad_scales(path)
     row.update(weighted_layers=len(weighted), unquantized=len(left), unquantized_layers=left,
-               bad_scales=len(bad), bad_scales_first=bad[:5])
+               bad_scales=len(bad), bad_scales_first=bad[:5],
+               compute=quantized_share(path, refs["costs"]))
     return row
 

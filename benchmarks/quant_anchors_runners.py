@@ -4,9 +4,10 @@
 * ``pd``: ``precision_doctor.fix_quantized(model, samples, target=int8|fp8, metric=...,
   threshold=..., calibrator="max")``: the fewest layers left unquantized (FP16 between the Q/DQ
   pairs, plus the nodes FP16 needs in FP32 when the float part fails alone) that meet the task
-  metric on every sample. Not run by default: ``pd-l2``, the same with ``fix``'s default target
-  (relative L2 <= 0.1 on every output); ``pd-fp32``, FP32 between the pairs
-  (``quant.fix.fix_quantized(..., between=Precision.FP32)``).
+  metric on every calibration sample (it calibrates and searches on them; where the API has
+  ``calibration=``, they are passed there too). Not run by default: ``pd-l2``, the same with
+  ``fix``'s default target (relative L2 <= 0.1 on every output); ``pd-fp32``, FP32 between the
+  pairs (``quant.fix.fix_quantized(..., between=Precision.FP32)``).
 * ``ort-minmax``, ``ort-entropy``, ``ort-percentile`` (INT8), ``ort-distribution`` (FP8: the only
   calibration ``quantize_static`` accepts for float8): ``onnxruntime.quantization.quantize_static``
   with ``QuantFormat.QDQ``, ``per_channel=True``, activations and weights QInt8 (or
@@ -62,7 +63,7 @@ def _ours(tool: str, fmt: str, spec: dict, dest: Path) -> dict:
     import numpy as np
     import onnx
 
-    feeds = [dict(np.load(f)) for f in spec["samples"]]
+    feeds = [dict(np.load(f)) for f in spec["calibration"]]
     if tool == "pd-fp32":  # the library call: FP32 between the pairs (no API option for it)
         from precision_doctor.api.options import as_model, as_samples
         from precision_doctor.compare.tasks.registry import get_metric
@@ -79,13 +80,19 @@ def _ours(tool: str, fmt: str, spec: dict, dest: Path) -> dict:
                                calibrator="max", between=Precision.FP32)
         seconds, written, report = time.perf_counter() - t0, result.model, result.to_dict()
     else:  # the public API, as a user calls it (it finds FP32 nodes when FP16 alone fails)
+        import inspect
+
         import precision_doctor as pd
 
         metric = None if tool == "pd-l2" else spec["metric"]
+        # the calibration samples calibrate and the search runs on them too: pd sees what the
+        # other tools see, and the evaluation samples are its held-out set
+        extra = ({"calibration": feeds} if "calibration"
+                 in inspect.signature(pd.fix_quantized).parameters else {})
         t0 = time.perf_counter()
         fixed = pd.fix_quantized(spec["model"], feeds, target=fmt, metric=metric,
                                  threshold=spec["threshold"] if metric else None,
-                                 calibrator="max", quiet=True)
+                                 calibrator="max", quiet=True, **extra)
         seconds, written, report = time.perf_counter() - t0, fixed.model, dict(fixed.report)
     onnx.save(written, str(dest))
     report.pop("recipes", None)
@@ -118,7 +125,7 @@ def _ort(tool: str, fmt: str, spec: dict, dest: Path) -> dict:
               "activation_type": qtype.name, "weight_type": qtype.name}
     t0 = time.perf_counter()
     try:
-        quantize_static(spec["model"], str(dest), Reader(spec["samples"]),
+        quantize_static(spec["model"], str(dest), Reader(spec["calibration"]),
                         quant_format=QuantFormat.QDQ, per_channel=True, activation_type=qtype,
                         weight_type=qtype, calibrate_method=method)
     except AttributeError as exc:
@@ -134,7 +141,7 @@ def _ort(tool: str, fmt: str, spec: dict, dest: Path) -> dict:
         report["first_attempt_error"] = f"{type(exc).__name__}: {str(exc)[:60]}..."
         report["workaround"] = f"nodes_to_exclude = the {len(softmax)} Softmax nodes"
         t0 = time.perf_counter()
-        quantize_static(spec["model"], str(dest), Reader(spec["samples"]),
+        quantize_static(spec["model"], str(dest), Reader(spec["calibration"]),
                         quant_format=QuantFormat.QDQ, per_channel=True, activation_type=qtype,
                         weight_type=qtype, calibrate_method=method, nodes_to_exclude=softmax)
     return {"tool_seconds": round(time.perf_counter() - t0, 2), "report": report}

@@ -40,9 +40,12 @@ def order(rows: list[dict]) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("model", "fmt", "tool", "metric worst", "met", "max rel L2", "raw BASIC",
-            "unquant", "wall s", "tool s", "note", "unquantized layers / error")
-    # "met": samples meeting the threshold / samples (every metric here is higher-is-better)
+    head = ("model", "fmt", "tool", "metric worst", "met", "calib met", "max rel L2",
+            "raw BASIC", "unquant", "MAC q", "wall s", "tool s", "note",
+            "unquantized layers / error")
+    # "met": evaluation samples meeting the threshold / evaluation samples (every metric here
+    # is higher-is-better); "calib met": the same on the calibration samples the tools saw;
+    # "MAC q": share of the weighted nodes' MACs with both operands dequantized
     lines = []
     for r in order(rows):
         m = r.get("metric") or {}
@@ -54,11 +57,15 @@ def table(rows: list[dict]) -> str:
                       f"{m['worst']:.4f}" if m else "-",
                       (f"{sum(v >= m['threshold'] for v in m['per_sample'])}/"
                        f"{len(m['per_sample'])}") if m else "-",
+                      (f"{r['calibration_set']['met']}/{r['calibration_set']['samples']}"
+                       if "calibration_set" in r else "-"),
                       f"{r['max_rel_l2']:.3g}" if "max_rel_l2" in r else "-",
                       (f"{r['raw_basic']['max_rel_l2']:.3g}/{r['raw_basic']['metric_worst']:.2f}"
                        if "raw_basic" in r else "-"),
                       f"{r['unquantized']}/{r['weighted_layers']}" if "unquantized" in r
-                      else "-", f"{r['wall_s']:.1f}" if "wall_s" in r else "-",
+                      else "-",
+                      f"{r['compute']['mac_share']:.1%}" if "compute" in r else "-",
+                      f"{r['wall_s']:.1f}" if "wall_s" in r else "-",
                       f"{r['tool_seconds']:.1f}" if "tool_seconds" in r else "-",
                       note(r), what[:70]))
     widths = [max(len(str(x[i])) for x in [head, *lines]) for i in range(len(head))]
