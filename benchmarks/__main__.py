@@ -72,7 +72,8 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
 # modules the scripts import, not run on their own
 HELPERS = ("common", "gpu_common", "ort_ledger", "transformer_metrics", "zoo_metrics",
            "quant_anchors_protocol", "quant_anchors_runners", "quant_anchors_eval",
-           "quant_anchors_table", "quant_anchors_macs", "zoo_sources", "zoo_inputs")
+           "quant_anchors_table", "quant_anchors_macs", "search_table", "zoo_sources",
+           "zoo_inputs")
 
 
 def _list() -> int:
