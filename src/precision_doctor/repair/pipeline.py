@@ -26,6 +26,7 @@ from precision_doctor.formats import Precision
 from precision_doctor.graph.random_ops import determinize, determinized_note, restore_random_ops
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.precision.writer.report import WriterReport
+from precision_doctor.repair.holdout import HoldoutSplit, check_written
 from precision_doctor.repair.range_bound import (
     bf16_alternative,
     is_range_bound,
@@ -61,12 +62,14 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         = None, keep_io_types: bool = True, runner: Callable[..., Runner] | None = None,
         max_evals: int = 150, progress: Progress | None = None,
         jobs: int = 1, accuracy: Callable[[dict[str, Outputs]], dict] | None = None,
-        engine: str | None = None) -> FixResult:
+        engine: str | None = None, holdout: HoldoutSplit | None = None,
+        holdout_objective: Objective | None = None) -> FixResult:
     """Find and write a mixed-precision model meeting ``objective``.
 
     Args:
         model: FP32 model (nodes named).
-        samples: Calibration samples (``.name``, ``.feeds``); every evaluation uses all.
+        samples: Calibration samples (``.name``, ``.feeds``); every evaluation uses all. With
+            ``holdout``, its ``search`` samples.
         target: FP16 or BF16 (TF32 is an engine switch: use ``diagnose --target tf32``).
         objective: Tolerance or task metric.
         keep: Node names/op types forced to FP32 (reason ``user``).
@@ -85,6 +88,11 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         engine: The deployment engine (``ort-cuda``, ``runners.kernels.engines``): nodes it
             has no kernel for in ``target`` are kept FP32 (reason ``engine``). None: a model
             for an engine with every kernel.
+        holdout: The split of the samples given (``repair.holdout.split_holdout``): after
+            writing, the model is scored on ``holdout.held`` (``FixResult.holdout``; the
+            verdict is ``overfits`` when they fail and ``samples`` pass). None: no check.
+        holdout_objective: ``objective`` for the held-out samples
+            (``HoldoutSplit.held_objective``); default ``objective``.
 
     Returns:
         ``FixResult``.
@@ -115,8 +123,12 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         verified = verify(written, request, baseline, searched)
         rechecked = recheck(request, baseline, rewritten, start, searched, written, verified)
         searched, written, verified = rechecked.searched, rechecked.written, rechecked.verified
+        held = None if holdout is None else check_written(
+            request, written, verified, holdout, holdout_objective or objective)
     result = _result(request, baseline, rewritten, searched, written, verified, t_start,
                      rechecked)
+    if held is not None:
+        result = replace(result, holdout=held.to_dict())
     if originals:  # the written model draws fresh numbers again, as the user's did
         result = replace(result, model=restore_random_ops(result.model, originals),
                          notes=(*result.notes, determinized_note(originals)))

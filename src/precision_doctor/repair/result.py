@@ -5,7 +5,9 @@ the fixed model as ``*.report.json``:
 
     {
       "schema": "precision-doctor/fix", "schema_version": 1, "tool_version": "0.1.0",
-      "verdict": "pass" | "fail",          # the fixed model, run by ONNX Runtime CPU
+      "verdict": "pass" | "fail" | "overfits",  # the fixed model, run by its verifier;
+                                            # overfits: passes the search samples, fails
+                                            # the held-out ones (``holdout``)
       "target": "fp16" | "bf16", "objective": str,
       "plan": {"schema_version", "default",
                "overrides": {node: {"precision", "reason", "detail"}}},
@@ -36,6 +38,10 @@ the fixed model as ``*.report.json``:
                              "bf16": {"rel_l2", "output", "tolerance", "passed",
                                       "objective_passed", "score"}, "message"}
                                             # additive: repair.range_bound
+      "holdout": null | {"samples", "indices", "names", "search_samples", "chosen", "seed",
+                         "score", "passed", "search_score", "search_passed", "score_label",
+                         "overfits", "message"}
+                                            # additive: repair.holdout.HoldoutCheck
     }
 
 ``<metrics>`` is ``compare.metrics.OutputMetrics.to_dict`` (max/mean/median/p99 absolute
@@ -97,6 +103,8 @@ class FixResult:
             a kernel there are FP32, reason ``engine``); "" for none.
         range_bound: Where the FP16 cure keeps many nodes FP32 for range, what it keeps and
             BF16's measured alternative (``repair.range_bound``); {} otherwise.
+        holdout: The written model on samples the search never saw
+            (``repair.holdout.HoldoutCheck.to_dict``); {} when ``fix`` was given no split.
     """
 
     model: onnx.ModelProto
@@ -124,17 +132,27 @@ class FixResult:
     accuracy: dict = field(default_factory=dict)
     engine: str = ""
     range_bound: dict = field(default_factory=dict)
+    holdout: dict = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
-        """Whether the fixed model, run by the runner that verified it, meets the objective."""
-        return self.score_after.passed
+        """Whether the fixed model, run by the runner that verified it, meets the objective,
+        on the held-out samples too (``verdict``)."""
+        return self.verdict == "pass"
+
+    @property
+    def verdict(self) -> str:
+        """``pass``; ``fail`` (the search samples fail); ``overfits`` (they pass, the held-out
+        samples fail: ``holdout``)."""
+        if not self.score_after.passed:
+            return "fail"
+        return "overfits" if self.holdout.get("overfits") else "pass"
 
     def to_dict(self) -> dict:
         """The JSON report (schema ``precision-doctor/fix``, version 1)."""
         return {
             "schema": "precision-doctor/fix", "schema_version": 1, "tool_version": __version__,
-            "verdict": "pass" if self.passed else "fail", "target": self.target,
+            "verdict": self.verdict, "target": self.target,
             "objective": self.objective, "plan": self.plan.to_dict(),
             "fp32_share": self.share, "before": self.before, "after": self.after,
             "after_emulated": self.after_emulated,
@@ -153,6 +171,7 @@ class FixResult:
             "accuracy": self.accuracy,
             "engine": self.engine or None,
             "range_bound": self.range_bound or None,
+            "holdout": self.holdout or None,
         }
 
 

@@ -29,6 +29,7 @@ from precision_doctor.repair.stages import (
     Searched,
     keep_for_engine,
 )
+from precision_doctor.runners.base import Runner
 from precision_doctor.runners.emulator import EmulatorRunner
 from precision_doctor.runners.kernels.engines import (
     conv_bias_of,
@@ -37,6 +38,7 @@ from precision_doctor.runners.kernels.engines import (
 )
 from precision_doctor.runners.verify import (
     VerifiedBy,
+    VerifyingRunner,
     requested_verification,
     verifying_runner,
 )
@@ -122,6 +124,22 @@ class Verification:
     seconds: float
 
 
+def written_runner(written: Written, request: FixRequest
+                   ) -> tuple[Runner | None, str, VerifyingRunner]:
+    """The runner that verifies the written model (``runners.verify.verifying_runner``): the
+    search's ``--runner`` on it when given (also returned first), with the deployment
+    engine's note (``engine_note``); not yet entered. ``verify`` and the held-out check
+    (``repair.holdout``) run the written model with it.
+
+    Raises:
+        UnsupportedModelError: Shape inference cannot type the written model.
+    """
+    requested = request.runner(written.model) if request.runner is not None else None
+    note = engine_note(request, written)
+    return requested, note, verifying_runner(written.model, requested, engine=note,
+                                             conv_bias=conv_bias_of(request.engine))
+
+
 def verify(written: Written, request: FixRequest, baseline: Baseline,
            searched: Searched) -> Verification:
     """Run the written model on every sample and score it against the FP32 reference
@@ -137,10 +155,8 @@ def verify(written: Written, request: FixRequest, baseline: Baseline,
     """
     t0 = time.perf_counter()
     samples, names, final = request.samples, request.output_names, searched.result.final_outputs
-    requested = request.runner(written.model) if request.runner is not None else None
-    note = engine_note(request, written)
+    requested, note, runner = written_runner(written, request)
     conv_bias = conv_bias_of(request.engine)
-    runner = verifying_runner(written.model, requested, engine=note, conv_bias=conv_bias)
     same = written.plan.fp32_nodes() == searched.result.plan.fp32_nodes()
     if requested is not None and final is not None and same:
         outputs, reused = final, True  # the search's final evaluation ran this very model

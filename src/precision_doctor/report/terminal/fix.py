@@ -7,6 +7,8 @@ through ``numbers.fmt3`` and every table through ``tables`` (readable at 80 colu
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from rich.console import Console
 from rich.text import Text
 
@@ -39,6 +41,29 @@ def objective_line(result: FixResult) -> Text:
         f") -> fixed {after} (", verdict_tag(result.score_after.passed), ")")
 
 
+def holdout_lines(holdout: Mapping[str, Any] | None) -> list[Text]:
+    """The held-out check beside the search score (``repair.holdout.HoldoutCheck``): the
+    written model's score on the samples the search never saw, or why it was not checked;
+    with an overfitting plan, what to do."""
+    if not holdout:
+        return []
+    if not holdout.get("samples"):
+        return [Text(f"  {holdout.get('message', '')}", style="yellow")]
+    names = list(holdout.get("names") or [])
+    which = ", ".join(names[:3]) + (f" +{len(names) - 3}" if len(names) > 3 else "")
+    how = " (held out by default; --holdout N to choose)" \
+        if holdout.get("chosen") == "default" else ""
+    lines = [Text.assemble(
+        f"  held out: {holdout.get('score_label', 'score')} {fmt3(holdout.get('score'))} (",
+        verdict_tag(bool(holdout.get("passed"))), f") on {holdout['samples']} sample"
+        f"{'s' if holdout['samples'] > 1 else ''} the search never saw ({which}){how}; "
+        f"search samples ({holdout.get('search_samples')}) {fmt3(holdout.get('search_score'))}")]
+    if holdout.get("overfits"):
+        lines.append(Text("  " + str(holdout.get("message", "")).split(". ", 1)[-1],
+                          style="bold red"))
+    return lines
+
+
 def before_after_table(result: FixResult) -> MetricTable:
     """Relative L2 error per output: naive low precision, fixed (the runner that verified it),
     fixed (emulated)."""
@@ -54,9 +79,11 @@ def render_fix(result: FixResult, console: Console) -> None:
     """Print the fix: verdict against the objective, before/after, FP32 share, kept nodes."""
     ok = result.passed
     console.print(Text.assemble(
-        ("PASS" if ok else "FAIL", f"bold {'green' if ok else 'red'}"),
+        (result.verdict.upper(), f"bold {'green' if ok else 'red'}"),
         f" {result.target.upper()} fix against the objective: {result.objective}"))
     console.print(Text("  ") + objective_line(result))
+    for held in holdout_lines(result.holdout):
+        console.print(held)
     if result.accuracy:
         console.print(Text(f"Accuracy against labels: {accuracy_line(result.accuracy)}"))
     console.print(before_after_table(result))
