@@ -27,6 +27,7 @@ from precision_doctor.inputs.feeds import Sample
 from precision_doctor.inputs.images import IMAGE_SUFFIXES, load_images
 from precision_doctor.inputs.polygraphy import load_polygraphy_inputs
 from precision_doctor.inputs.preprocess import PRESETS, PreprocessSpec, parse_preprocess
+from precision_doctor.inputs.subsets import LazySamples
 from precision_doctor.inputs.synthetic import is_random_source, random_samples
 from precision_doctor.inputs.trtexec import PREFIX as TRTEXEC_PREFIX
 from precision_doctor.inputs.trtexec import load_trtexec_inputs
@@ -117,13 +118,7 @@ def load_samples(source: str | os.PathLike[str], inputs: Sequence[TensorMeta],
         return load_trtexec_inputs(str(source), inputs)[limit]
     paths, kind = _list_files(source)
     if kind == "image":
-        if preprocess is None:
-            raise InputError(
-                f"{source}: images need an explicit preprocessing spec: a preset "
-                f"({', '.join(PRESETS)}) or key=value pairs such as size=224x224,scale=1/255,"
-                "mean=0.485/0.456/0.406,std=0.229/0.224/0.225,order=rgb,layout=nchw",
-                file=os.fspath(source))
-        spec = parse_preprocess(preprocess)
+        spec = _image_spec(preprocess, os.fspath(source))
         wanted = paths if skip_bad else paths[limit]
         samples, _ = load_images(wanted, inputs, spec, skip_bad=skip_bad)
         return samples[limit]
@@ -137,6 +132,41 @@ def load_samples(source: str | os.PathLike[str], inputs: Sequence[TensorMeta],
         if max_samples is not None and len(samples) >= max_samples:
             break
     return samples[limit]
+
+
+def open_samples(source: str | os.PathLike[str], inputs: Sequence[TensorMeta],
+                 preprocess: PreprocessSpec | str | None = None,
+                 max_samples: int | None = None) -> Sequence[Sample]:
+    """``load_samples``, with images streamed: for an image source, a ``LazySamples`` that
+    decodes and preprocesses each image when it is read (one in memory at a time); other
+    sources (arrays, Polygraphy JSON, ``random:``, ``trtexec:``) are loaded as
+    ``load_samples`` loads them.
+
+    Raises:
+        As ``load_samples``; for images, ``DataFormatError``/``InputShapeError`` when the
+        failing image is read.
+    """
+    if max_samples is not None and max_samples < 1:
+        raise InputError(f"max_samples must be >= 1, got {max_samples}")
+    text = os.fspath(source)
+    if is_random_source(text) or text.startswith(TRTEXEC_PREFIX):
+        return load_samples(source, inputs, preprocess, max_samples)
+    paths, kind = _list_files(source)
+    if kind != "image":
+        return load_samples(source, inputs, preprocess, max_samples)
+    spec = _image_spec(preprocess, text)
+    load_images(paths[:1], inputs, spec)  # fail now on a wrong spec or shape
+    wanted = paths[:max_samples]
+    return LazySamples(len(wanted), lambda i: load_images([wanted[i]], inputs, spec)[0][0])
+
+
+def _image_spec(preprocess: PreprocessSpec | str | None, source: str) -> PreprocessSpec:
+    if preprocess is None:
+        raise InputError(
+            f"{source}: images need an explicit preprocessing spec: a preset "
+            f"({', '.join(PRESETS)}) or key=value pairs such as size=224x224,scale=1/255,"
+            "mean=0.485/0.456/0.406,std=0.229/0.224/0.225,order=rgb,layout=nchw", file=source)
+    return parse_preprocess(preprocess)
 
 
 def _no_preprocess(preprocess: PreprocessSpec | str | None, source: str) -> None:

@@ -1,12 +1,17 @@
 """Calibration statistics: the FP32 model run on the calibration samples with every quantized
 activation marked as an output, each folded into a streaming histogram of |x| and a per-channel
 amax; then every calibrator's amax per tensor (``quant.calibrate``).
+
+The samples stream: they are read once, one at a time (an image set as ``inputs.LazySamples``
+decodes each image when it is read), and nothing of a sample is kept past its turn but the
+histograms (2048 bins per tensor) and per-channel maxima: memory stays flat in the number of
+calibration samples (``benchmarks/calibration_memory.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence, Sized
 
 import numpy as np
 import onnx
@@ -34,6 +39,8 @@ class Calibration:
         by_method: Calibrator -> tensor -> amax, every calibrator computed (one histogram).
         channel_amax: Tensor -> max |x| per channel along its site's channel axis.
         samples: Calibration samples seen.
+        source: Where they come from (``CalibrationSet.source``).
+        disjoint: No calibration sample is also evaluated.
     """
 
     method: str
@@ -42,6 +49,8 @@ class Calibration:
     by_method: dict[str, dict[str, float]]
     channel_amax: dict[str, np.ndarray] = field(repr=False)
     samples: int = 0
+    source: str = ""
+    disjoint: bool = False
 
     def with_choice(self, tensor: str, method: str) -> Calibration:
         """The same calibration with ``tensor`` calibrated by ``method``."""
@@ -54,7 +63,7 @@ class Calibration:
         """Every tensor calibrated by ``method``."""
         return Calibration(method, dict(self.by_method[method]),
                            {t: method for t in self.amax}, self.by_method, self.channel_amax,
-                           self.samples)
+                           self.samples, self.source, self.disjoint)
 
     def channel_spread(self, tensor: str) -> float:
         """Largest channel amax over the median channel amax (1 = even; an outlier channel
@@ -65,14 +74,36 @@ class Calibration:
         med = float(np.median(ch))
         return float(ch.max() / med) if med > 0 else float("inf") if ch.max() > 0 else 1.0
 
+    def summary(self) -> dict:
+        """``{"method", "samples", "source", "disjoint"}``: the report's calibration object
+        without the per-tensor ranges."""
+        return {"method": self.method, "samples": self.samples, "source": self.source,
+                "disjoint": self.disjoint}
+
     def to_dict(self) -> dict:
         """JSON form (per-channel arrays summarised by their spread)."""
-        return {"method": self.method, "samples": self.samples,
+        return {**self.summary(),
                 "tensors": {t: {"amax": json_float(a), "calibrator": self.choice[t],
                                 "by_calibrator": {m: json_float(self.by_method[m][t])
                                                   for m in self.by_method},
                                 "channel_spread": json_float(self.channel_spread(t))}
                             for t, a in sorted(self.amax.items())}}
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    """Calibration samples apart from the evaluation samples, and where they come from.
+
+    Attributes:
+        samples: Samples (``.feeds``), read once, one at a time: any iterable (a
+            ``inputs.LazySamples`` streams an image folder).
+        source: Where they come from, for the report (a path, ``split of --data, seed 0``).
+        disjoint: No calibration sample is also an evaluation sample.
+    """
+
+    samples: Iterable = field(repr=False)
+    source: str = "calibration samples"
+    disjoint: bool = True
 
 
 def activation_axes(units: Sequence[QuantUnit]) -> dict[str, int | None]:
@@ -85,23 +116,31 @@ def activation_axes(units: Sequence[QuantUnit]) -> dict[str, int | None]:
     return out
 
 
-def collect(model: onnx.ModelProto, units: Sequence[QuantUnit], samples: Sequence,
+def collect(model: onnx.ModelProto, units: Sequence[QuantUnit], samples: Iterable,
             fmt: QuantFormat, method: str, percentile: float = 99.99,
-            progress: Progress | None = None) -> tuple[Calibration, dict[str, list[np.ndarray]]]:
+            progress: Progress | None = None, *, reference: bool = True,
+            source: str = "the evaluation samples", disjoint: bool = False
+            ) -> tuple[Calibration, dict[str, list[np.ndarray]]]:
     """Run the FP32 model on ``samples`` and calibrate every quantized activation.
 
     Args:
         model: The FP32 model (at the Q/DQ opset).
         units: Its units (``quant.placement.place``).
-        samples: Calibration samples (``.feeds``).
+        samples: Calibration samples (``.feeds``), read once in order; any iterable
+            (``progress`` gets a total of 0 when it has no length).
         fmt: INT8 or FP8 (the calibrators that depend on the format's levels).
         method: The calibrator used for ``amax`` (``quant.calibrate.CALIBRATORS``).
         percentile: For the ``percentile`` calibrator, in percent (TensorRT's and ModelOpt's
             usual 99.99).
         progress: ``progress("calibrate", done, total)``.
+        reference: Keep the model outputs of every sample (False for a calibration set
+            apart from the evaluation samples: nothing per sample is kept then).
+        source: ``Calibration.source``.
+        disjoint: ``Calibration.disjoint``.
 
     Returns:
-        The calibration, and the model outputs per sample (the FP32 reference of the same run).
+        The calibration, and the model outputs per sample (the FP32 reference of the same run;
+        empty lists without ``reference``).
 
     Raises:
         InputError: ``method`` is not a calibrator.
@@ -116,12 +155,15 @@ def collect(model: onnx.ModelProto, units: Sequence[QuantUnit], samples: Sequenc
     marked = mark_outputs(model, fetched)
     hists = {t: AbsHistogram() for t in axes}
     channels: dict[str, np.ndarray] = {}
-    reference: dict[str, list[np.ndarray]] = {o: [] for o in outputs}
+    kept: dict[str, list[np.ndarray]] = {o: [] for o in outputs}
+    total = len(samples) if isinstance(samples, Sized) else 0
+    wanted = (outputs if reference else [o for o in outputs if o in axes]) + fetched
+    seen = 0
     with OrtRunner(marked, name="ort-cpu-calibrate") as runner:
-        for k, sample in enumerate(samples):
-            got = {**sample.feeds, **runner.run(sample.feeds, outputs + fetched)}
-            for o in outputs:
-                reference[o].append(got[o])
+        for sample in samples:
+            got = {**sample.feeds, **runner.run(sample.feeds, wanted)}
+            for o in outputs if reference else ():
+                kept[o].append(got[o])
             for t, axis in axes.items():
                 x = np.asarray(got[t], np.float32)
                 hists[t].add(x)
@@ -129,15 +171,19 @@ def collect(model: onnx.ModelProto, units: Sequence[QuantUnit], samples: Sequenc
                     ch = _channel_amax(x, axis)
                     channels[t] = ch if t not in channels or channels[t].shape != ch.shape \
                         else np.maximum(channels[t], ch)
+            seen += 1
+            del got, sample
             if progress:
-                progress("calibrate", k + 1, len(samples))
+                progress("calibrate", seen, total)
+    if not seen:
+        raise InputError("the calibration set holds no samples")
     by_method: dict[str, dict[str, float]] = {m: {} for m in CALIBRATORS}
     for t, h in hists.items():
         for m, a in calibrate_all(h, fmt, percentile).items():
             by_method[m][t] = float(a)
     amax = dict(by_method[method])
-    return Calibration(method, amax, {t: method for t in amax}, by_method, channels,
-                       len(samples)), reference
+    return Calibration(method, amax, {t: method for t in amax}, by_method, channels, seen,
+                       source, disjoint), kept
 
 
 def _channel_amax(x: np.ndarray, axis: int) -> np.ndarray:

@@ -21,7 +21,7 @@ from precision_doctor.errors import UnsupportedModelError
 from precision_doctor.formats import Precision
 from precision_doctor.jsonable import json_float
 from precision_doctor.quant.causes import QuantCause, error_power, find_causes, removed_share
-from precision_doctor.quant.collect import Calibration, collect
+from precision_doctor.quant.collect import Calibration, CalibrationSet, collect
 from precision_doctor.quant.emulation import Between, as_plan, describe_between, run_config
 from precision_doctor.quant.measure import LayerMeasure, measure_layers
 from precision_doctor.quant.placement import QuantUnit, place
@@ -63,7 +63,7 @@ class QuantSetup:
 
 
 def setup(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat, calibrator: str,
-          calibration_samples: Sequence | None = None, progress: Progress | None = None
+          calibration: CalibrationSet | None = None, progress: Progress | None = None
           ) -> QuantSetup:
     """Prepare, place and calibrate.
 
@@ -72,12 +72,13 @@ def setup(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat, calibrato
         samples: Evaluation samples (``.feeds``).
         fmt: INT8 or FP8.
         calibrator: ``max``, ``percentile``, ``entropy`` or ``mse``.
-        calibration_samples: Samples to calibrate on (default: ``samples``).
+        calibration: Samples to calibrate on, streamed (default: ``samples``, which then
+            calibrate and evaluate: the report says not disjoint).
         progress: ``progress(stage, done, total)``.
 
     Raises:
         UnsupportedModelError: No quantizable layer, or the opset cannot be raised.
-        InputError: Unknown calibrator.
+        InputError: Unknown calibrator, or an empty calibration set.
         BackendError: ONNX Runtime fails.
     """
     t0 = time.perf_counter()
@@ -86,11 +87,14 @@ def setup(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat, calibrato
     if not units:
         raise UnsupportedModelError("the model has no Conv, ConvTranspose, MatMul, Gemm or "
                                     "pooling layer with float inputs: nothing to quantize")
-    calib, ref = collect(prepared, units, calibration_samples or samples, fmt, calibrator,
-                         progress=progress)
-    if calibration_samples is not None:
+    if calibration is None:
+        calib, ref = collect(prepared, units, samples, fmt, calibrator, progress=progress)
+    else:
         from precision_doctor.quant.emulation import run_outputs
 
+        calib, _ = collect(prepared, units, calibration.samples, fmt, calibrator,
+                           progress=progress, reference=False, source=calibration.source,
+                           disjoint=calibration.disjoint)
         ref = run_outputs(prepared, samples, [o.name for o in prepared.graph.output])
     config = QuantConfig(fmt, calib.amax, frozenset(u.name for u in units),
                          channel_amax=calib.channel_amax)
@@ -139,7 +143,7 @@ class QuantDiagnosis:
         layers: Per unit measures, graph order.
         causes: Causes with their measured cures, largest first.
         explained_share: Share of the error power the causes' cures remove together.
-        calibration: ``Calibration.to_dict()``.
+        calibration: ``Calibration.to_dict()``: method, samples, source, disjoint, tensors.
         blocks: Runs of consecutive layers with the error each causes quantized alone
             (``quant.causes.Block.to_dict``), when the diagnosis failed.
         seconds: Wall time per stage.
@@ -157,6 +161,7 @@ class QuantDiagnosis:
     calibration: dict = field(repr=False)
     blocks: tuple[dict, ...] = ()
     seconds: dict = field(default_factory=dict)
+    evaluation_samples: int = 0
 
     @property
     def verdict(self) -> str:
@@ -179,13 +184,14 @@ class QuantDiagnosis:
                 "causes": [c.to_dict() for c in self.causes],
                 "explained_share": json_float(self.explained_share),
                 "blocks": list(self.blocks),
-                "calibration": self.calibration, "seconds": self.seconds}
+                "calibration": self.calibration,
+                "evaluation": {"samples": self.evaluation_samples}, "seconds": self.seconds}
 
 
 def diagnose_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat,
                        objective: Objective | None = None, calibrator: str = "max",
                        between: Between = Precision.FP16,
-                       calibration_samples: Sequence | None = None,
+                       calibration: CalibrationSet | None = None,
                        progress: Progress | None = None) -> QuantDiagnosis:
     """Diagnose ``model`` quantized to ``fmt`` (module docstring).
 
@@ -199,7 +205,7 @@ def diagnose_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantForm
             naming FP32 nodes). When the quantized model fails, the float part alone (no layer
             quantized) is scored too: if it fails by itself, the first cause is
             ``float-between``, cured by FP32 between.
-        calibration_samples: Calibrate on these (default: ``samples``).
+        calibration: Calibrate on these, apart from ``samples`` (default: ``samples``).
         progress: ``progress(stage, done, total)``.
 
     Returns:
@@ -209,7 +215,7 @@ def diagnose_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantForm
         UnsupportedModelError, InputError, BackendError: As ``setup``.
     """
     objective = objective or default_objective()
-    s = setup(model, samples, fmt, calibrator, calibration_samples, progress)
+    s = setup(model, samples, fmt, calibrator, calibration, progress)
     t0 = time.perf_counter()
     measures, cand = measure_layers(s.model, s.units, s.config, s.calibration, samples,
                                     between, progress)
@@ -235,4 +241,4 @@ def diagnose_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantForm
                           value, metrics, tuple(measures), tuple(causes), explained,
                           s.calibration.to_dict(), tuple(blocks),
                           {"calibrate": round(s.seconds, 3), "measure": round(t1 - t0, 3),
-                           "causes": round(time.perf_counter() - t1, 3)})
+                           "causes": round(time.perf_counter() - t1, 3)}, len(samples))

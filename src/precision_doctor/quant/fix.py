@@ -22,6 +22,7 @@ from precision_doctor.formats import Precision
 from precision_doctor.jsonable import json_float
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.quant.calibrate import CALIBRATORS
+from precision_doctor.quant.collect import CalibrationSet
 from precision_doctor.quant.diagnose import QuantSetup, default_objective, setup
 from precision_doctor.quant.emulation import (
     EMULATION_OPTIMIZATION,
@@ -37,6 +38,7 @@ from precision_doctor.quant.qformats import QuantFormat
 from precision_doctor.quant.smooth import smoothquant
 from precision_doctor.runners.ort import OrtRunner
 from precision_doctor.search.bisection import search_fp32_set
+from precision_doctor.search.cost import quantized_share
 from precision_doctor.search.objective import Objective, Score
 
 Progress = Callable[[str, int, int], None]
@@ -68,6 +70,10 @@ class QuantFix:
         float_fp32: Nodes kept in FP32 between the pairs (the float part alone failed the
             objective in FP16; ``float_fix`` found them), sorted.
         seconds: Wall time per stage.
+        calibration: ``Calibration.summary()``: method asked for, samples, source, disjoint.
+        evaluation_samples: Samples every evaluation (search, verification) scores.
+        quantized_share: ``search.cost.quantized_share`` of the written model: the share of
+            MACs and of parameters that run in INT8/FP8, next to the layer counts.
     """
 
     model: onnx.ModelProto = field(repr=False)
@@ -88,6 +94,9 @@ class QuantFix:
     recipes: tuple[str, ...]
     float_fp32: tuple[str, ...]
     seconds: dict
+    calibration: dict = field(default_factory=dict)
+    evaluation_samples: int = 0
+    quantized_share: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """JSON form (the model itself is saved apart)."""
@@ -101,6 +110,10 @@ class QuantFix:
                 "smoothquant": self.smoothquant, "evaluations": self.evaluations,
                 "verified_by": self.verified_by, "recipes": list(self.recipes),
                 "float_fp32": list(self.float_fp32),
+                "calibration": self.calibration,
+                "evaluation": {"samples": self.evaluation_samples},
+                "quantized_share": {k: json_float(v) if isinstance(v, float) else v
+                                    for k, v in self.quantized_share.items()},
                 "seconds": self.seconds}
 
 
@@ -117,7 +130,7 @@ class _Scorer:
 def fix_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat,
                   objective: Objective | None = None, calibrator: str = "max",
                   between: Between = Precision.FP16, max_evals: int = 60,
-                  rewrites: bool = True, calibration_samples: Sequence | None = None,
+                  rewrites: bool = True, calibration: CalibrationSet | None = None,
                   progress: Progress | None = None,
                   float_fix: FloatFix | None = None) -> QuantFix:
     """Find and write the Q/DQ model with the fewest unquantized layers (module docstring).
@@ -132,7 +145,7 @@ def fix_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat,
             nodes).
         max_evals: Search budget in evaluations.
         rewrites: Try other calibrators and SmoothQuant before the search.
-        calibration_samples: Calibrate on these (default: ``samples``).
+        calibration: Calibrate on these, apart from ``samples`` (default: ``samples``).
         progress: ``progress(stage, done, total)``.
         float_fix: ``(prepared model, samples, objective) -> plan``: called when the float
             part alone (no layer quantized) fails the objective, to find the nodes it needs in
@@ -148,7 +161,7 @@ def fix_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat,
     """
     objective = objective or default_objective()
     t0 = time.perf_counter()
-    s = setup(model, samples, fmt, calibrator, calibration_samples, progress)
+    s = setup(model, samples, fmt, calibrator, calibration, progress)
     config = s.config
     if float_fix is not None and not _Scorer(s, samples, objective, between)(
             config.with_quantized(frozenset())).passed:
@@ -191,6 +204,7 @@ def fix_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat,
     final = config.with_quantized(config.quantized - set(unquantized))
     t3 = time.perf_counter()
     written, verified, by = write_and_verify(s, final, samples, objective, between)
+    share = quantized_share(written, {k: v.shape for k, v in samples[0].feeds.items()})
     return QuantFix(written, fmt.name, describe_between(between), objective.describe(),
                     bool(verified.passed), float(before.value), float(verified.value),
                     len(s.units), unquantized, chosen, per_tensor, tried, smooth, evaluations,
@@ -199,7 +213,8 @@ def fix_quantized(model: onnx.ModelProto, samples: Sequence, fmt: QuantFormat,
                     {"calibrate": round(s.seconds, 3),
                                    "rewrites": round(t2 - t1, 3), "search": round(t3 - t2, 3),
                                    "write_verify": round(time.perf_counter() - t3, 3),
-                                   "total": round(time.perf_counter() - t0, 3)})
+                                   "total": round(time.perf_counter() - t0, 3)},
+                    s.calibration.summary(), len(samples), share)
 
 
 def _per_tensor(s: QuantSetup, config: QuantConfig, samples: Sequence, between: Between,

@@ -174,3 +174,85 @@ def fp32_share(model: onnx.ModelProto, fp32_nodes: Sequence[str],
         "params": sum(costs[n].params for n in keep if n in costs) / total_params,
         "fp32_nodes": len(keep), "compute_nodes": len(names),
     }
+
+
+MAC_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")  # the ops whose FLOPs are multiply-adds
+# Ops a quantized tensor passes through unchanged in value between its DequantizeLinear and the
+# layer that reads it (the FP16 writer's Cast; exporters' weight Transpose/Reshape).
+_PASS_THROUGH = ("Cast", "Transpose", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten")
+
+
+def quantized_share(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]
+                    ) -> dict[str, float | int]:
+    """Share of the multiply-adds (MACs) and of the parameters that run quantized in a Q/DQ
+    model, whoever wrote it (``fix --target int8|fp8``, ONNX Runtime ``quantize_static``,
+    ModelOpt ONNX PTQ).
+
+    A Conv, ConvTranspose, MatMul or Gemm node is quantized when both its data input and its
+    weight input (inputs 0 and 1) come from a ``DequantizeLinear`` (through value-preserving
+    ops: ``Cast``, ``Transpose``, ``Reshape`` ...): the engine then runs it in INT8/FP8. Its
+    MACs are ``node_costs``' FLOPs / 2 for the shapes of ``input_shapes``. Parameters are the
+    elements of every initializer a node reads as a value (float, or quantized behind a
+    ``DequantizeLinear``; scales, zero points and integer shapes excluded), embeddings and
+    norms included; a parameter is quantized when it is the weight of a quantized node.
+
+    Args:
+        model: The Q/DQ model (not modified).
+        input_shapes: Concrete shape of every graph input (a sample's feeds' shapes).
+
+    Returns:
+        ``{"macs": share, "params": share, "quantized_layers": k, "mac_layers": n,
+        "quantized_macs": MACs, "total_macs": MACs, "quantized_params": n,
+        "total_params": n}``; shares in [0, 1] (0 when the model has no MACs/parameters).
+    """
+    from precision_doctor.graph.load import name_nodes
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    model = name_nodes(copy)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    inits = {t.name: t for t in model.graph.initializer}
+
+    def source(name: str) -> tuple[onnx.NodeProto | None, str]:
+        node = producer.get(name)
+        while node is not None and node.op_type in _PASS_THROUGH:
+            name = node.input[0]
+            node = producer.get(name)
+        return node, name
+
+    def weight(name: str) -> str | None:
+        """The initializer a value is read from: a float one, or a quantized one behind
+        DequantizeLinear (and QuantizeLinear, for weights quantized at run time)."""
+        node, name = source(name)
+        quantized = False
+        while node is not None and node.op_type in _QDQ:
+            node, name = source(node.input[0])
+            quantized = True
+        init = inits.get(name) if node is None else None
+        return name if init is not None and (quantized or init.data_type in _FLOATS) else None
+
+    costs = node_costs(model, input_shapes)
+    macs = {n.name: costs[n.name].flops / 2 if n.name in costs else 0.0
+            for n in model.graph.node if n.op_type in MAC_OPS}
+    quantized = [n for n in model.graph.node if n.op_type in MAC_OPS and len(n.input) > 1
+                 and all(_from_dq(source(x)[0]) for x in n.input[:2])]
+    params = {w for n in model.graph.node if n.op_type not in _QDQ for x in n.input if x
+              if (w := weight(x)) is not None}
+    q_params = {w for n in quantized if (w := weight(n.input[1])) is not None}
+    size = {w: int(np.prod(inits[w].dims)) for w in params | q_params}
+    total_macs, q_macs = sum(macs.values()), sum(macs[n.name] for n in quantized)
+    total_params, q_count = sum(size[w] for w in params), sum(size[w] for w in q_params)
+    return {"macs": q_macs / total_macs if total_macs else 0.0,
+            "params": q_count / total_params if total_params else 0.0,
+            "quantized_layers": len(quantized), "mac_layers": len(macs),
+            "quantized_macs": q_macs, "total_macs": total_macs,
+            "quantized_params": q_count, "total_params": total_params}
+
+
+_QDQ = ("DequantizeLinear", "QuantizeLinear")
+_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+           onnx.TensorProto.DOUBLE)
+
+
+def _from_dq(node: onnx.NodeProto | None) -> bool:
+    return node is not None and node.op_type == "DequantizeLinear"
