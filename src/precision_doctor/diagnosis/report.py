@@ -44,7 +44,7 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 3
                     "missing", "records": [{"tensor", "node", "op_type", "index", "numel",
                     "ref_max_abs", "cand_max_abs", "max_abs_err", "mean_abs_err", "rel_l2",
                     "cand_nan", "cand_inf", "ref_nonfinite", "overflow", "flush_to_zero",
-                    "subnormal", "lost_to_zero", "headroom_bits"}]} | null,
+                    "subnormal", "lost_to_zero", "headroom_bits", "source"}]} | null,
       "emulation": {"default", "fp32_nodes", "rounding", "conv_bias"} | null,
       "timings_s": {stage: seconds}, "warnings": [str],
       "recording": null | {"statement", "source", "format", "runner", "engine",
@@ -56,7 +56,8 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 3
       "attribution": {"status": "found" | "spread" | "none", "nodes": [str],
                       "clusters": [[str]], "samples": [int], "evaluations", "seconds",
                       "small_limit", "kept_size"} | null,
-      "joint_cause": {"members": [{"kind", "node"}], "nodes": [str], "share", "alone": [float],
+      "joint_cause": {"members": [{"kind", "node", "source"}], "nodes": [str], "share",
+                      "alone": [float],
                       "evaluations", "minimal"}   (only when findings cure the error only
                       together: ``diagnosis.causes.joint``)
       "finding_groups": [{"kind", "op_type", "pattern", "blocks": [int], "members": [node],
@@ -71,7 +72,8 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 3
                                  "samples", "samples_changed", "positions", "changed", "up",
                                  "down", "max_step", "total_ratio", "boundary_ulps",
                                  "typical_ulps", "nonfinite",
-                                 "reading": "near-tie" | "damage" | "destroyed", "detail"}],
+                                 "reading": "near-tie" | "damage" | "destroyed", "detail",
+                                 "origin"}],
                   "roots": [node], "reading", "summary", "cure_nodes": [node],
                   "cure_rel_l2", "cure_restores", "spectral": {output: dB} | null,
                   "seconds"}   (only when an output came out in another shape than the
@@ -79,6 +81,11 @@ JSON schema (``schema`` = ``precision-doctor/diagnosis``, ``schema_version`` = 3
                   ``shape_changed`` samples, left out of its statistics, and its ``rel_l2``
                   is inf)
     }
+
+``source`` on a layerwise record and a joint cause's member, and ``origin`` on a length
+decision (its ``source`` is the float tensor it rounds), is the finding's ``source`` object
+(``{"file", "line", "code", "module"}`` or null), present when the model carries the PyTorch
+exporter's metadata or TorchScript node names (``graph.source``).
 
 Finding kinds: the range events and amplifiers of ``diagnosis.causes.findings`` and the
 mechanisms of ``diagnosis.causes.mechanisms`` (``cancellation``, ``small-divisor``,
@@ -117,6 +124,7 @@ from precision_doctor.diagnosis.causes.hazards import Hazard
 from precision_doctor.diagnosis.decisions.records import DecisionFlip, DecisionSummary
 from precision_doctor.diagnosis.lengths.records import LengthReport
 from precision_doctor.diagnosis.noise import NoiseFloor
+from precision_doctor.graph.source import Source
 from precision_doctor.jsonable import from_json_float, json_float
 from precision_doctor.layerwise.compare import LayerwiseResult
 
@@ -207,6 +215,11 @@ class DiagnosisReport:
         lengths: Outputs that came out in another shape than the reference's, the integer
             decisions that changed them and their measured cure (``diagnosis.lengths``);
             None when every output kept its shape.
+        sources: Node -> the Python line and module it was exported from
+            (``graph.source``) for the nodes of the findings, the joint cause, the layerwise
+            records and the length decisions; empty when the model carries no exporter
+            metadata. In the JSON it is a ``source`` on each such record (``origin`` on a
+            length decision, whose ``source`` is its float input tensor).
     """
 
     verdict: str
@@ -236,6 +249,7 @@ class DiagnosisReport:
     joint_cause: dict | None = None  # diagnosis.causes.joint.JointCause.to_dict()
     finding_groups: tuple[FindingGroup, ...] = ()
     lengths: LengthReport | None = None
+    sources: Mapping[str, Source] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -253,7 +267,9 @@ class DiagnosisReport:
             "noise": self.noise.to_dict() if self.noise else None,
             "findings": [f.to_dict() for f in self.findings],
             "hazards": [h.to_dict() for h in self.hazards],
-            "layerwise": ({**self.layerwise.to_dict(), "largest_jump": self.largest_jump}
+            "layerwise": ({**self.layerwise.to_dict(), "largest_jump": self.largest_jump,
+                           "records": _placed([r.to_dict() for r in self.layerwise.records],
+                                              self.sources)}
                           if self.layerwise else None),
             "emulation": self.emulation, "timings_s": dict(self.timings_s),
             "warnings": list(self.warnings),
@@ -265,10 +281,14 @@ class DiagnosisReport:
             "recording": self.recording,
             "transformer": self.transformer,
             "attribution": self.attribution,
-            **({"joint_cause": self.joint_cause} if self.joint_cause is not None else {}),
+            **({"joint_cause": {**self.joint_cause, "members": _placed(
+                self.joint_cause.get("members", []), self.sources)}}
+               if self.joint_cause is not None else {}),
             **({"finding_groups": [g.to_dict() for g in self.finding_groups]}
                if self.finding_groups else {}),
-            **({"lengths": self.lengths.to_dict()} if self.lengths is not None else {}),
+            **({"lengths": {**(lengths := self.lengths.to_dict()), "decisions": _placed(
+                lengths["decisions"], self.sources, "origin")}}
+               if self.lengths is not None else {}),
         }
 
     @classmethod
@@ -283,12 +303,16 @@ class DiagnosisReport:
         if int(d.get("schema_version", 0)) > SCHEMA_VERSION:
             raise ValueError(f"diagnosis schema {d['schema_version']} is newer than this tool "
                              f"understands ({SCHEMA_VERSION}); upgrade precision-doctor")
+        layerwise = d.get("layerwise")
+        if layerwise:
+            layerwise = {**layerwise, "records": [{k: v for k, v in r.items() if k != "source"}
+                                                  for r in layerwise["records"]]}
         return cls(
             d["verdict"], dict(d["model"]), d["target"], d["reference"], d["candidate"],
             tuple(d.get("samples", ())), tuple(OutputResult.from_dict(o) for o in d["outputs"]),
             tuple(Finding.from_dict(f) for f in d.get("findings", ())),
             tuple(Hazard.from_dict(h) for h in d.get("hazards", ())),
-            LayerwiseResult.from_dict(d["layerwise"]) if d.get("layerwise") else None,
+            LayerwiseResult.from_dict(layerwise) if layerwise else None,
             NoiseFloor.from_dict(d["noise"]) if d.get("noise") else None,
             d.get("emulation"), dict(d.get("timings_s", {})), tuple(d.get("warnings", ())),
             d.get("tool_version", __version__),
@@ -301,4 +325,25 @@ class DiagnosisReport:
             attribution=d.get("attribution"), joint_cause=d.get("joint_cause"),
             finding_groups=tuple(FindingGroup.from_dict(g)
                                  for g in d.get("finding_groups", ())),
-            lengths=LengthReport.from_dict(d["lengths"]) if d.get("lengths") else None)
+            lengths=LengthReport.from_dict(d["lengths"]) if d.get("lengths") else None,
+            sources=_read_sources(d))
+
+
+def _placed(rows: list[dict], sources: Mapping[str, Source], key: str = "source"
+            ) -> list[dict]:
+    """``rows`` (records with a ``node``) each with ``key``: its node's source as a dict, or
+    None; unchanged when no node of the model has a source."""
+    if not sources:
+        return rows
+    return [{**r, key: sources[r["node"]].to_dict() if r.get("node") in sources else None}
+            for r in rows]
+
+
+def _read_sources(d: Mapping) -> dict[str, Source]:
+    """Node -> ``Source`` of the ``source``/``origin`` objects of a JSON report's records."""
+    rows = [(r, "source") for r in (d.get("layerwise") or {}).get("records", ())]
+    rows += [(r, "source") for r in (d.get("joint_cause") or {}).get("members", ())]
+    rows += [(r, "origin") for r in (d.get("lengths") or {}).get("decisions", ())]
+    rows += [(f, "source") for f in d.get("findings", ())]
+    return {r["node"]: Source.from_dict(r[key]) for r, key in rows
+            if isinstance(r.get(key), Mapping) and r.get("node")}

@@ -80,6 +80,14 @@ class Source:
         name = PurePath(self.file).name
         return f"{name}:{self.line}" if self.line is not None else name
 
+    def at(self) -> str:
+        """A suffix for a line that names a node: ``at model.py:12 (stats)``, ``(module
+        encoder.layer.3)`` without a file, ``""`` when nothing is known."""
+        module = self.module or ("top level" if self.module == "" else "")
+        if self.file is None:
+            return f"(module {module})" if module else ""
+        return f"at {self.location()}" + (f" ({module})" if module else "")
+
     def describe(self) -> str:
         """One line for a report: ``model.py:12 stats: return (h * h).mean(-1)``."""
         parts = [self.location(), self.module or ("(top-level module)" if self.module == ""

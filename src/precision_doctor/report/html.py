@@ -42,6 +42,7 @@ from precision_doctor.report.templating import (
     model_name,
     render,
 )
+from precision_doctor.report.terminal.sources import causes_by_module, known_sources, module_names
 
 FOCUS_ROWS = 14  # rows of the "around the first divergence" table
 MAX_TABLE_ROWS = 4000  # the full layerwise table keeps the most telling rows beyond this
@@ -109,7 +110,8 @@ def lengths_section(report: DiagnosisReport) -> Section | None:
     """Outputs of another shape than the reference's, the decisions behind them, the cure."""
     if report.lengths is None:
         return None
-    return Section("lengths", "Lengths", render("lengths.j2", l=report.lengths))
+    return Section("lengths", "Lengths", render("lengths.j2", l=report.lengths,
+                                                sources=known_sources(report)))
 
 
 def recording_html_section(report: DiagnosisReport) -> Section | None:
@@ -129,6 +131,7 @@ def findings_section(report: DiagnosisReport) -> Section:
     listed = entries(report.findings, report.finding_groups)  # repeated findings: one group
     ordered = sorted(listed, key=lambda f: f.group != "main")  # minor ones collapse
     by_node = {f.node: f for f in report.findings}
+    modules = {n: s.module for n, s in known_sources(report).items()}
     items = [(f, _anchor(ids, f.tensor, f.node) if isinstance(f, Finding) else
               _anchor(ids, "", f.members[0]),
               [by_node[m] for m in f.members if m in by_node]
@@ -136,7 +139,8 @@ def findings_section(report: DiagnosisReport) -> Section:
              for f in ordered]
     return Section("findings", "Findings", render(
         "findings.j2", items=items, passed=report.passed, total=len(report.findings),
-        shown=sum(f.group == "main" for f in ordered)))
+        shown=sum(f.group == "main" for f in ordered), by_module=causes_by_module(report),
+        held_by=lambda nodes: module_names(nodes, modules)))
 
 
 def plots_section(report: DiagnosisReport) -> Section | None:
@@ -183,7 +187,8 @@ def layerwise_section(report: DiagnosisReport) -> Section | None:
     shown = _telling_rows(lw, recs, MAX_TABLE_ROWS)
     return Section("layerwise", "Layerwise", render(
         "layerwise.j2", lw=lw, focus=focus, focus_title=focus_title, recs=shown,
-        total=len(recs), collapse=len(recs) > COLLAPSE_ROWS, counts=_layer_counts(lw.records)))
+        total=len(recs), collapse=len(recs) > COLLAPSE_ROWS, counts=_layer_counts(lw.records),
+        sources=known_sources(report)))
 
 
 def transformer_section(report: DiagnosisReport) -> Section | None:

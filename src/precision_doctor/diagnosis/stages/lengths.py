@@ -14,7 +14,7 @@ from precision_doctor.diagnosis.lengths.measure import analyse_lengths, shape_ch
 from precision_doctor.diagnosis.lengths.records import LengthReport
 from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.diagnosis.stages.comparing import Compared, Read
-from precision_doctor.diagnosis.stages.reporting import model_info, sample_info
+from precision_doctor.diagnosis.stages.reporting import model_info, named_sources, sample_info
 from precision_doctor.diagnosis.stages.request import DiagnoseRequest
 from precision_doctor.diagnosis.stages.runs import CandidateRun, Reference
 
@@ -93,6 +93,7 @@ def diagnose_decisions(request: DiagnoseRequest, compared: Compared, read: Read,
         samples=sample_info(request.samples),
         outputs=read.outputs, noise=compared.floor, decision_flips=read.flips,
         decisions=read.summaries, lengths=lengths, assessment=assessment,
+        sources={**inner.sources, **named_sources(request.model, None, None, lengths)},
         timings_s={**{k: round(v, 3) for k, v in seconds.items()},
                    **{f"decisions.{k}": v for k, v in inner.timings_s.items()}},
         warnings=(*inner.warnings, "the layerwise comparison and the causes ran up to the "

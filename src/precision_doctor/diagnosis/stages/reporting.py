@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import onnx
 
@@ -19,7 +19,7 @@ from precision_doctor.diagnosis.stages.localizing import Localized
 from precision_doctor.diagnosis.stages.request import DiagnoseRequest, SampleLike
 from precision_doctor.diagnosis.stages.runs import CandidateRun, Reference
 from precision_doctor.graph.load import opset_of
-from precision_doctor.graph.source import sources
+from precision_doctor.graph.source import Source, sources
 from precision_doctor.layerwise.candidates import Candidate, reference_name
 
 
@@ -56,7 +56,8 @@ def build_report(request: DiagnoseRequest, reference: Reference, candidate: Cand
         recording=localized.recording, transformer=causes.transformer,
         attribution=explanation.attribution.to_dict() if explanation.attribution else None,
         joint_cause=explanation.joint.to_dict() if explanation.joint else None,
-        finding_groups=explanation.groups, lengths=lengths)
+        finding_groups=explanation.groups, lengths=lengths,
+        sources=named_sources(model, localized.layerwise, explanation.joint, lengths))
 
 
 def sample_info(samples: Sequence[SampleLike]) -> tuple[dict, ...]:
@@ -73,6 +74,20 @@ def with_sources(findings: Sequence[Finding], model: onnx.ModelProto
     if not known:
         return tuple(findings)
     return tuple(replace(f, source=known.get(f.node)) for f in findings)
+
+
+def named_sources(model: onnx.ModelProto, layerwise: Any, joint: Any,
+                  lengths: LengthReport | None) -> dict[str, Source]:
+    """Node -> ``Source`` (``graph.source``) of every node the report names outside its
+    findings: the layerwise records', the joint cause's members' and the length decisions';
+    empty when the model carries no exporter metadata nor TorchScript node names."""
+    known = sources(model)
+    if not known:
+        return {}
+    named = [r.node for r in layerwise.records] if layerwise is not None else []
+    named += [node for _, node in joint.members] if joint is not None else []
+    named += [d.node for d in lengths.decisions] if lengths is not None else []
+    return {n: known[n] for n in named if n in known}
 
 
 def model_info(model: onnx.ModelProto, path: str | None) -> dict:
@@ -100,4 +115,5 @@ def emulation_info(candidate: Candidate, model: onnx.ModelProto) -> dict | None:
             "rounding": describe_method(model, plan.default), "conv_bias": bias}
 
 
-__all__ = ["build_report", "emulation_info", "model_info", "sample_info", "with_sources"]
+__all__ = ["build_report", "emulation_info", "model_info", "named_sources", "sample_info",
+           "with_sources"]

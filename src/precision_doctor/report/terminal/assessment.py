@@ -16,6 +16,7 @@ from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.numbers import fmt3, fmt_share
 from precision_doctor.report.evidence import flip_counts, listed_flips
 from precision_doctor.report.terminal.findings import short_name
+from precision_doctor.report.terminal.sources import code_line, suffix_at
 
 COLORS = {"within-tolerance": "green", "rounding": "yellow", "decision-flips": "yellow",
           "defect": "red", "unexplained": "red"}
@@ -62,10 +63,15 @@ def render_assessment(report: DiagnosisReport, console: Console) -> None:
         console.print(f"  Attribution by measured cure: {what} ({at['evaluations']} "
                       f"evaluations, {fmt3(at['seconds'])} s).")
     _render_rewritten(report, console)
+    for root in (report.lengths.roots[:SHOWN_NODES] if report.lengths is not None else ()):
+        line = code_line(report, root, f"decision {short_name(root)}", console.width)
+        if line:
+            console.print(line, markup=False)
     _render_decisions(report, console)
     if report.largest_jump is not None and report.layerwise is not None:
         rec = report.layerwise.record(report.largest_jump)
-        where = f" ({escape(rec.op_type)} {escape(short_name(rec.node, LONG_NAME))})" if rec else ""
+        where = (f" ({escape(rec.op_type)} {escape(short_name(rec.node, LONG_NAME))})"
+                 f"{escape(suffix_at(report, rec.node))}" if rec else "")
         console.print(f"First divergence by error jump: {escape(report.largest_jump)}{where}; "
                       "tolerance first crossed at: "
                       f"{escape(report.layerwise.first_divergence or 'nowhere')}")

@@ -26,6 +26,7 @@ from precision_doctor.report.terminal.findings import (
     render_hazards,
     short_name,
 )
+from precision_doctor.report.terminal.sources import code_line
 from precision_doctor.report.terminal.tables import Cell, Col, MetricTable, metric_table
 
 OUTPUT_COLUMNS = (Col("output", "key"), Col("verdict", "tag"), Col("rel L2"), Col("max abs"),
@@ -221,6 +222,11 @@ def _render_failure(report: DiagnosisReport, console: Console, layers: int) -> N
         if lw.fallback_reason:
             console.print(Text(f"  (each chunk re-ran the whole model: {lw.fallback_reason})"))
         console.print(layers_table(lw, layers, console.width))
+        first = lw.record(lw.first_divergence) if lw.first_divergence else None
+        line = code_line(report, first.node if first else None, "first divergence",
+                         console.width)
+        if line:
+            console.print(Text(line, style="cyan"))
     render_hazards(report, console)
     if report.noise is not None:
         _render_noise(report, console)

@@ -11,7 +11,7 @@ the full names).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from rich.console import Console
 from rich.padding import Padding
@@ -22,6 +22,7 @@ from precision_doctor.diagnosis.causes.groups import FindingGroup, entries, name
 from precision_doctor.diagnosis.causes.hazards import Hazard
 from precision_doctor.diagnosis.report import DiagnosisReport
 from precision_doctor.numbers import fmt3, fmt_share
+from precision_doctor.report.terminal.sources import causes_by_module, known_sources, module_names
 
 NAME_LIMIT = 36  # characters of an ONNX name in the terminal (longer: its tail, ``short_name``)
 HAZARD_CHARS = 200  # of a hazard's sentence in a failing report (3 lines at 80 columns)
@@ -81,10 +82,13 @@ def group_line(g: FindingGroup, remedy: bool = True) -> str:
             + (f"; remedy: {g.remedy}" if remedy else ""))
 
 
-def _entry(i: int, e: Finding | FindingGroup, full: bool) -> list[Text]:
+def _entry(i: int, e: Finding | FindingGroup, full: bool,
+           modules: Mapping[str, str | None] | None = None) -> list[Text]:
     color = _COLORS.get(e.severity, "")
     if isinstance(e, FindingGroup):
-        return [Text.assemble(f"#{i} ", (group_line(e, full), color))]
+        held = module_names(e.members, modules or {})
+        return [Text.assemble(f"#{i} ", (group_line(e, full), color)),
+                *([Text(f"modules: {held}", style="cyan")] if held else [])]
     head = Text.assemble(f"#{i} ", (e.kind, color),
                          f": {e.op_type} {short_name(e.node)} ({impact_text(e)})")
     where = [Text(f"source: {e.source.describe()}", style="cyan")] \
@@ -100,16 +104,20 @@ def render_findings(report: DiagnosisReport, console: Console) -> None:
     listed = entries(report.findings, report.finding_groups)
     # a pass: nothing was measured to matter, so every finding is counted in one line
     main = [] if report.passed else [e for e in listed if e.group == "main"]
+    modules = {n: s.module for n, s in known_sources(report).items()}
     if main:
         console.print(Text("Findings (ranked by measured impact)", style="italic"))
         for i, e in enumerate(main[:SHOWN_ENTRIES], 1):
-            first, *rest = _entry(i, e, i <= FULL_ENTRIES)
+            first, *rest = _entry(i, e, i <= FULL_ENTRIES, modules)
             console.print(first)
             for line in rest:
                 console.print(Padding(line, (0, 0, 0, len(f"#{i} "))))
         if len(main) > SHOWN_ENTRIES:
             console.print(f"  ({len(main) - SHOWN_ENTRIES} more main entries in the JSON and "
                           "HTML reports)")
+        by_module = causes_by_module(report)
+        if by_module:
+            console.print(Text(by_module, style="cyan"))
     elif not report.passed:
         console.print("No main findings.")
     minor = [e for e in listed if e not in main]
