@@ -65,6 +65,8 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
                   "diagnose --target int8|fp8 on the zoo: verdict, SQNR, causes and cures"),
     "quant_anchors": ("INT8/FP8 quantization", "CPU",
                       "fix --target int8|fp8 vs ORT quantize_static and ModelOpt ONNX PTQ"),
+    "calibration_memory": ("INT8/FP8 quantization", "CPU",
+                           "peak RSS of INT8 calibration on 64 vs 1024 images (streamed)"),
     "fuzz": ("(tests)", "CPU", "tests/fuzz's graph invariants on many random graphs (--seed)"),
     "export_minilm": ("(setup)", "CPU", "export all-MiniLM-L6-v2 to .models/"),
     "export_whisper": ("(setup)", "CPU", "export the Whisper tiny.en encoder to .models/"),
