@@ -24,16 +24,17 @@ def run_quant_diagnose(model_path: Path, *, data: str | None, preprocess: str | 
                        target: str, tolerances: Sequence[str], max_samples: int | None,
                        json_path: Path | None, force: bool, console: Console,
                        quiet: bool = False, verbose: bool = False, calibrator: str = "max",
-                       html_path: Path | None = None) -> QuantizedDiagnosis:
+                       html_path: Path | None = None,
+                       calibration_data: str | None = None) -> QuantizedDiagnosis:
     """Diagnose quantization, print the answer, write the JSON report.
 
     Raises:
         InputError: No ``--data``; ``--html`` (the quantized report is terminal and JSON).
         PrecisionDoctorError: Any user-facing problem (bad model, data, file).
     """
-    check_writable([json_path], force, inputs=[model_path, data])
+    check_writable([json_path], force, inputs=[model_path, data, calibration_data])
     if data is None:
-        raise InputError("--data is required: calibration and evaluation samples (an image "
+        raise InputError("--data is required: the evaluation samples (an image "
                          "folder with --preprocess, .npy/.npz, Polygraphy inputs JSON)")
     if html_path is not None:
         raise InputError(f"--html is not available for --target {target} yet: use --json")
@@ -41,7 +42,8 @@ def run_quant_diagnose(model_path: Path, *, data: str | None, preprocess: str | 
         report = diagnose_quantized(*cli_model(model_path, data), target=target,
                                           preprocess=preprocess, tolerance=list(tolerances),
                                           calibrator=calibrator, max_samples=max_samples,
-                                          progress=progress, quiet=progress is None)
+                                          progress=progress, quiet=progress is None,
+                                          calibration=calibration_data)
     if quiet:
         console.print(f"{report.verdict.upper()}: {model_path} in {target.upper()}",
                       markup=False)
@@ -58,7 +60,8 @@ def run_quant_fix(model_path: Path, output: Path, *, data: str, preprocess: str 
                   target: str, tolerances: Sequence[str], metric: str | None,
                   threshold: float | None, no_rewrites: bool, max_samples: int | None,
                   max_evals: int, force: bool, console: Console, quiet: bool = False,
-                  calibrator: str = "max") -> QuantizedFix:
+                  calibrator: str = "max", holdout: int | None = None,
+                  calibration_data: str | None = None) -> QuantizedFix:
     """Run the quantized fix and write the Q/DQ model, its report and recipes.
 
     Raises:
@@ -68,19 +71,20 @@ def run_quant_fix(model_path: Path, output: Path, *, data: str, preprocess: str 
     """
     stem = Path(output).with_suffix("")
     side = [Path(f"{stem}.report.json"), Path(f"{stem}.recipes.md")]
-    check_writable([output, *side], force, inputs=[model_path, data])
+    check_writable([output, *side], force, inputs=[model_path, data, calibration_data])
     with progress_bar(console, enabled=not quiet and console.is_terminal) as progress:
         fixed = fix_quantized(*cli_model(model_path, data), target=target, preprocess=preprocess,
                                     tolerance=list(tolerances), metric=metric,
                                     threshold=threshold, calibrator=calibrator,
                                     rewrites=not no_rewrites, max_samples=max_samples,
                                     max_evals=min(max_evals, 150), progress=progress,
-                                    quiet=progress is None)
+                                    quiet=progress is None, holdout=holdout,
+                                    calibration=calibration_data)
     paths = fixed.save(output, force=force)
     if quiet:
-        console.print(f"{'PASS' if fixed.passed else 'FAIL'}: wrote {output}", markup=False)
+        console.print(f"{fixed.report['verdict'].upper()}: wrote {output}", markup=False)
     else:
-        render_quant_fix(fixed.result, console)
+        render_quant_fix(fixed.result, console, fixed.report.get("holdout"))
         for p in paths:
             console.print(f"wrote {p}", markup=False)
     return fixed

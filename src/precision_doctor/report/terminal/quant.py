@@ -11,6 +11,7 @@ from rich.text import Text
 from precision_doctor.numbers import fmt3, fmt_share
 from precision_doctor.quant.diagnose import QuantDiagnosis
 from precision_doctor.quant.fix import QuantFix
+from precision_doctor.report.terminal.fix import holdout_lines
 from precision_doctor.report.terminal.tables import Col, metric_table
 
 LAYER_COLUMNS = (Col("layer", "key"), Col("op", "name"), Col("in dB", label="input SQNR dB"),
@@ -34,6 +35,13 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else fmt_share(v, 1 if 0 < v < 0.01 else 0)
 
 
+def samples_line(calibration: dict, evaluated: int) -> str:
+    """``  calibrated on N samples (source), evaluated on M: disjoint | NOT disjoint``."""
+    apart = "disjoint" if calibration.get("disjoint") else "NOT disjoint (the same samples)"
+    return (f"  calibrated on {calibration.get('samples')} samples "
+            f"({calibration.get('source')}), evaluated on {evaluated}: {apart}")
+
+
 def render_quant_diagnosis(result: QuantDiagnosis, console: Console, layers: int = 10) -> None:
     """Print the verdict, outputs, causes and the ``layers`` layers with the lowest output
     SQNR."""
@@ -41,8 +49,8 @@ def render_quant_diagnosis(result: QuantDiagnosis, console: Console, layers: int
     console.print(Text.assemble(("PASS" if ok else "FAIL", f"bold {'green' if ok else 'red'}"),
                                 f" {result.verdict}"))
     console.print(Text(f"  Q/DQ by TensorRT's placement rules, {result.between.upper()} between;"
-                       f" calibrator {result.calibration.get('method')} on "
-                       f"{result.calibration.get('samples')} samples"))
+                       f" calibrator {result.calibration.get('method')}"))
+    console.print(Text(samples_line(result.calibration, result.evaluation_samples)))
     outs = ", ".join(f"{k} rel L2 {fmt3(v.get('rel_l2'))}" for k, v in result.metrics.items())
     console.print(Text(f"  Outputs: {outs}"))
     if result.causes:
@@ -79,19 +87,31 @@ def render_quant_diagnosis(result: QuantDiagnosis, console: Console, layers: int
                            "calibrator choice)"))
 
 
-def render_quant_fix(result: QuantFix, console: Console) -> None:
-    """Print the fix: verdict, before/after, unquantized layers, rewrites, recipes."""
-    ok = result.passed
-    console.print(Text.assemble(("PASS" if ok else "FAIL", f"bold {'green' if ok else 'red'}"),
+def render_quant_fix(result: QuantFix, console: Console, holdout: dict | None = None) -> None:
+    """Print the fix: verdict, before/after, the held-out check (``holdout``:
+    ``repair.holdout.HoldoutCheck.to_dict``), unquantized layers, rewrites, recipes."""
+    overfits = bool((holdout or {}).get("overfits"))
+    ok = result.passed and not overfits
+    verdict = "OVERFITS" if overfits else "PASS" if ok else "FAIL"
+    console.print(Text.assemble((verdict, f"bold {'green' if ok else 'red'}"),
                                 f" {result.target.upper()} fix against the objective: "
                                 f"{result.objective}"))
     console.print(Text(f"  score: every layer quantized {fmt3(result.score_before)} -> written "
                        f"model {fmt3(result.score_after)} (verified by {result.verified_by})"))
+    for line in holdout_lines(holdout):
+        console.print(line)
+    console.print(Text(samples_line(result.calibration, result.evaluation_samples)))
     left = len(result.unquantized)
     console.print(Text(f"  {result.units - left} of {result.units} layers quantized; "
                        f"{left} left in {result.between.upper()}"
                        + (": " + ", ".join(result.unquantized[:8])
                           + (f" +{left - 8}" if left > 8 else "") if left else "")))
+    share = result.quantized_share
+    if share:
+        console.print(Text(f"  in {result.target.upper()}: {_pct(share['macs'])} of the MACs, "
+                           f"{_pct(share['params'])} of the parameters "
+                           f"({share['quantized_layers']} of {share['mac_layers']} "
+                           "Conv/MatMul/Gemm layers)"))
     if result.float_fp32:
         console.print(Text(f"  {len(result.float_fp32)} nodes kept FP32 between the pairs: the "
                            f"model fails the target in FP16 alone ({result.between})"))
