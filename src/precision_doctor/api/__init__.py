@@ -11,7 +11,7 @@ from precision_doctor.api.autocast import AutocastComparison, compare_autocast
 from precision_doctor.api.checks import audit, compare_inputs
 from precision_doctor.api.diagnosing import diagnose
 from precision_doctor.api.fixing import Fix, fix
-from precision_doctor.api.options import DataLike, ModelLike, Progress, ToleranceLike
+from precision_doctor.api.options import DataLike, ModelLike, ModuleLike, Progress, ToleranceLike
 from precision_doctor.api.pytorch import export_module, sources
 from precision_doctor.api.pytorch_recipe import TorchRecipe, torch_recipe
 from precision_doctor.api.quantizing import (
@@ -28,7 +28,7 @@ precision_doctor.audit = audit
 
 __all__ = [
     "Audit", "AutocastComparison", "DataLike", "Diagnosis", "Fix", "InputComparison",
-    "ModelLike", "Progress", "QuantizedDiagnosis", "QuantizedFix", "ToleranceLike",
+    "ModelLike", "ModuleLike", "Progress", "QuantizedDiagnosis", "QuantizedFix", "ToleranceLike",
     "TorchRecipe", "audit", "compare_autocast", "compare_inputs", "diagnose",
     "diagnose_quantized", "export_module", "fix", "fix_quantized", "sources", "torch_recipe",
 ]

@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from precision_doctor.autocast.runner import AutocastRunner, autocast_device
+from precision_doctor.autocast.runner import DTYPES, AutocastRunner, autocast_device
 from precision_doctor.compare.metrics import relative_l2
 from precision_doctor.compare.tolerance import default_tolerance
 from precision_doctor.errors import InputError
 from precision_doctor.formats import Precision
 from precision_doctor.graph.torch_export import call_items, is_torch_module
+from precision_doctor.inputs.recording import Recording
+
+if TYPE_CHECKING:  # torch is an optional extra: not imported at runtime
+    import torch
 
 # a cause is avoided by autocast unless keeping its module in float32 removes this share of
 # autocast's error (the same bar as a main finding's measured cure)
@@ -118,8 +122,8 @@ class AutocastComparison:
                 "onnx_target": self.onnx_target, "seconds": round(self.seconds, 3)}
 
 
-def compare_autocast(module: Any, samples: Any, *, dtype: str = "bf16", device: str = "auto",
-                     fp32_modules: Sequence[str] = (), diagnosis: Any = None,
+def compare_autocast(module: torch.nn.Module, samples: Any, *, dtype: str = "bf16",
+                     device: str = "auto", fp32_modules: Sequence[str] = (), diagnosis: Any = None,
                      tolerance: float | None = None,
                      max_samples: int | None = None) -> AutocastComparison:
     """Run a ``torch.nn.Module`` under ``torch.autocast`` on its samples and measure each
@@ -206,3 +210,92 @@ def _causes(module: Any, items: Sequence[tuple[tuple, dict]], dtype: str, device
                       "rel_l2_kept": kept, "removed": round(float(removed), 4),
                       "avoided": worst <= bound or removed < CURE_SHARE})
     return found
+
+
+def parse_autocast_runner(spec: str) -> tuple[str, str] | None:
+    """``(dtype, device)`` of ``--runner autocast[:fp16|bf16][,device=cpu|cuda|auto]``, or None
+    when ``spec`` names another runner. The dtype defaults to the diagnosed target's (given
+    as ``""``), the device to ``auto``.
+
+    Raises:
+        InputError: An unknown option or dtype.
+    """
+    name, _, options = spec.strip().partition(":")
+    if name != "autocast":
+        return None
+    dtype, device = "", "auto"
+    for part in filter(None, (p.strip() for p in options.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq and key in ("fp16", "bf16"):
+            dtype = key
+        elif key == "device" and eq:
+            device = value
+        else:
+            raise InputError(f"--runner {spec}: expected autocast[:fp16|bf16][,device=cpu|"
+                             f"cuda|auto], got {part!r}")
+    return dtype, device
+
+
+def autocast_recording(module: torch.nn.Module, samples: Any, spec: str, target: str,
+                       input_names: Sequence[str], output_names: Sequence[str],
+                       max_samples: int | None = None) -> Recording:
+    """The module's outputs under ``torch.autocast`` as a recorded candidate: what
+    ``diagnose(module, samples, runner="autocast:fp16")`` compares against its FP32 reference,
+    with the emulated strongly typed model of ``target`` as the cross-check.
+
+    Args:
+        module: The ``torch.nn.Module`` (run in eval mode; copied to the device if needed).
+        samples: Its samples, as given to ``diagnose``.
+        spec: ``autocast[:fp16|bf16][,device=...]`` (:func:`parse_autocast_runner`).
+        target: The diagnosed precision (``"fp16"``/``"bf16"``): the dtype when the spec
+            names none.
+        input_names / output_names: The exported model's inputs and outputs, in order.
+        max_samples: Use the first N samples.
+
+    Returns:
+        A :class:`~precision_doctor.inputs.recording.Recording`, one iteration per sample,
+        format ``autocast``, runner ``torch-autocast-<dtype>-<device>``.
+
+    Raises:
+        InputError: A bad spec, or a target autocast has no dtype for (TF32, FP32).
+        BackendUnavailable: torch missing; CUDA asked for without a GPU.
+        BackendError: The module failed under autocast.
+    """
+    parsed = parse_autocast_runner(spec)
+    if parsed is None:
+        raise InputError(f"not an autocast runner: {spec!r}")
+    dtype = parsed[0] or target
+    if dtype not in ("fp16", "bf16"):
+        raise InputError(f"--runner {spec} runs torch.autocast in fp16 or bf16, not {dtype}: "
+                         "name the dtype (autocast:fp16) or diagnose --target fp16|bf16")
+    items = call_items(samples, max_samples)
+    runner = AutocastRunner(module, items[0], input_names=input_names,
+                            output_names=output_names, dtype=dtype,
+                            device=autocast_device(parsed[1]))
+    with runner:
+        iterations = tuple(runner.call(args, kwargs) for args, kwargs in items)
+    return Recording(source="torch.autocast", format="autocast", runner=runner.name,
+                     iterations=iterations,
+                     notes=(f"the module run under torch.autocast({runner.device!r}, "
+                            f"dtype=torch.{DTYPES[dtype]}) on the same samples",))
+
+
+def with_autocast_causes(report: Any, module: torch.nn.Module, samples: Any, spec: str,
+                         max_samples: int | None = None) -> Any:
+    """``report`` (the diagnosis of an autocast candidate) with ``recording["autocast"]``:
+    :func:`compare_autocast` of its findings, which of them autocast already avoids (its
+    float32 op lists: softmax, layer_norm, group_norm ...) and which it does not (a sum of
+    squares written by hand, a sin/cos of a large argument), each measured by keeping the
+    finding's module in float32 under autocast.
+
+    Raises:
+        BackendError: The module failed under autocast.
+    """
+    from dataclasses import replace
+
+    parsed = parse_autocast_runner(spec)
+    assert parsed is not None and report.recording is not None
+    dtype = parsed[0] or report.target
+    comparison = compare_autocast(module, samples, dtype=dtype, device=parsed[1],
+                                  diagnosis=report, max_samples=max_samples)
+    return replace(report, recording={**report.recording, "autocast": comparison.to_dict()})

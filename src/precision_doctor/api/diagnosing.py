@@ -9,10 +9,16 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnx
 
+from precision_doctor.api.autocast import (
+    autocast_recording,
+    parse_autocast_runner,
+    with_autocast_causes,
+)
 from precision_doctor.api.device import choose_device
 from precision_doctor.api.options import (
     DataLike,
     ModelLike,
+    ModuleLike,
     Progress,
     ToleranceLike,
     as_model,
@@ -31,6 +37,7 @@ from precision_doctor.errors import InputError
 from precision_doctor.formats import Precision
 from precision_doctor.graph.upcast import upcast, with_fp32_io
 from precision_doctor.inputs import PreprocessSpec, Sample
+from precision_doctor.inputs.recording import Recording
 from precision_doctor.jsonable import json_float
 from precision_doctor.layerwise.candidates import Candidate, candidate_from_spec, reference_factory
 from precision_doctor.layerwise.candidates import run_samples as run_all
@@ -42,7 +49,7 @@ from precision_doctor.runners.sessions import switched
 from precision_doctor.search.objective import Objective
 
 
-def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
+def diagnose(model: ModuleLike, data: DataLike, *, target: str = "fp16",
              preprocess: PreprocessSpec | str | None = None, runner: str = "emulate",
              tolerance: ToleranceLike = None,
              metric: str | None = None, threshold: float | None = None,
@@ -91,7 +98,11 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
             such as a BF16 model from ``fix``, emulated exactly as written), or ONNX Runtime:
             ``"ort:cuda,tf32=0"``, ``"ort:tensorrt,fp16=1"``. ``"ort:cpu"`` with a BF16
             target is refused with the reason (ONNX Runtime CPU has no BF16 kernels for
-            Conv, MatMul, ...; it would run the FP32 model in FP32).
+            Conv, MatMul, ...; it would run the FP32 model in FP32). For a
+            ``torch.nn.Module``: ``"autocast[:fp16|bf16][,device=cpu|cuda]"`` runs the module
+            under ``torch.autocast`` (default: the target's dtype, CUDA when torch sees a GPU)
+            as the candidate, recorded (``report.recording``), with the strongly typed model of
+            ``target``, emulated, as the cross-check (``api.autocast.autocast_recording``).
         tolerance: Pass bound per output. Default relative L2 error <= 1e-2 for FP16/TF32,
             8e-2 for BF16, 1e-4 for FP32 (20x the format's unit roundoff, 2^-11 for FP16, as
             ``compare.tolerance`` documents). A number (relative L2), text
@@ -177,6 +188,10 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
     # before any loading: a threshold without a metric is refused, as fix refuses it
     objective = (build_objective(None, metric, threshold, precision)
                  if metric or threshold is not None else None)
+    torch_module: Any = model  # for an autocast candidate (api.autocast)
+    torch_samples = data
+    recorded: str | Recording | None = None if candidate_results is None else str(
+        candidate_results)
     model, data, exported = module_input(model, data, max_samples)
     shipped_model, path = as_model(model)
     proto, shipped = upcast(shipped_model)  # a model shipped in FP16/BF16: its reference is FP32
@@ -185,6 +200,16 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
     if objective is not None:
         objective = labelled
     emulated_plan = build_plan(proto, precision, plan, keep)
+    runner_spec = runner
+    if parse_autocast_runner(runner) is not None:  # the module under torch.autocast, recorded
+        if exported is None:
+            raise InputError(f"--runner {runner} runs a torch.nn.Module under torch.autocast: "
+                             "give the module (package.module:factory), not an ONNX model")
+        recorded = autocast_recording(
+            torch_module, torch_samples, runner, precision.value,
+            [i.name for i in proto.graph.input], [o.name for o in proto.graph.output],
+            max_samples)
+        runner = "emulate"  # the strongly typed model, emulated, is the cross-check
     other = as_model(candidate_model)[0] if candidate_model is not None else None
     if other is None and shipped is not None and (
             runner.strip().startswith(("ort", "trt")) or runner.strip() == "emulate-written"):
@@ -202,8 +227,7 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
                                 parse_tolerances(tolerance, precision), layerwise=layerwise,
                                 noise=noise, budget_bytes=budget_mb << 20, model_path=path,
                                 progress=callback,
-                                candidate_results=(str(candidate_results)
-                                                   if candidate_results is not None else None),
+                                candidate_results=recorded,
                                 candidate_log=(str(candidate_log)
                                                if candidate_log is not None else None),
                                 stress=stress, runs=runs, engine=engine,
@@ -215,6 +239,9 @@ def diagnose(model: ModelLike, data: DataLike, *, target: str = "fp16",
         if shipped is not None or exported is not None:
             report = replace(report, model={**report.model, **(exported or {}), **(
                 shipped.model_info() if shipped is not None else {})})
+        if isinstance(recorded, Recording) and recorded.format == "autocast":
+            report = with_autocast_causes(report, torch_module, torch_samples, runner_spec,
+                                          max_samples)
         task = (task_score(proto, samples, candidate, objective, callback, runs)
                 if objective is not None else None)
         measured = None

@@ -13,7 +13,7 @@ import shlex
 import sys
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 import onnx
@@ -28,12 +28,19 @@ from precision_doctor.inputs import PreprocessSpec, Sample, check_sample, load_s
 from precision_doctor.precision.plan import PrecisionPlan, select_nodes
 from precision_doctor.search.objective import Objective
 
+if TYPE_CHECKING:  # torch is an optional extra: never imported at runtime here
+    import torch
+
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: ``stage`` names the step (``reference``, ``candidate``,
 ``layerwise``, ``search``), ``done`` of ``total`` units (samples, chunks or evaluations)."""
 
 ModelLike = Union[str, "os.PathLike[str]", onnx.ModelProto, ir.Model]
 """A model path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``."""
+
+ModuleLike = Union[ModelLike, "torch.nn.Module"]
+"""What ``diagnose``/``fix`` take: an ONNX model (``ModelLike``) or a ``torch.nn.Module`` (exported
+with ``torch.onnx.export(dynamo=True)``, ``api.pytorch``); torch is needed only for the latter."""
 
 DataLike = Union[str, "os.PathLike[str]", np.ndarray, Mapping[str, Any], Iterable[Any]]
 """``--data`` text or path, one feed dict, one array, or an iterable of feed dicts/arrays."""

@@ -13,9 +13,9 @@ import importlib
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from precision_doctor.api.options import DataLike, ModelLike, as_model
+from precision_doctor.api.options import DataLike, ModelLike, ModuleLike, as_model
 from precision_doctor.errors import InputError
 from precision_doctor.graph.source import Source
 from precision_doctor.graph.source import sources as node_sources
@@ -26,8 +26,11 @@ from precision_doctor.graph.torch_export import (
 )
 from precision_doctor.graph.torch_export import export_module as export_torch
 
+if TYPE_CHECKING:  # torch is an optional extra: not imported at runtime
+    import torch
 
-def export_module(module: Any, samples: Any, *, max_samples: int | None = None
+
+def export_module(module: torch.nn.Module, samples: Any, *, max_samples: int | None = None
                   ) -> ExportedModule:
     """Export a ``torch.nn.Module`` to ONNX as ``diagnose``/``fix`` do, and its samples to
     feeds: the model to keep, diagnose again or read :func:`sources` from.
@@ -79,8 +82,8 @@ def sources(model: ModelLike) -> dict[str, Source]:
     return node_sources(as_model(model)[0])
 
 
-def module_input(model: Any, data: Any, max_samples: int | None
-                 ) -> tuple[Any, DataLike, dict[str, Any] | None]:
+def module_input(model: ModuleLike, data: Any, max_samples: int | None
+                 ) -> tuple[ModelLike, DataLike, dict[str, Any] | None]:
     """``(model, data)`` unchanged, or, for a ``torch.nn.Module``, its export: the ONNX model,
     one feed dict per sample, and what the report says about the export.
 
@@ -88,7 +91,7 @@ def module_input(model: Any, data: Any, max_samples: int | None
         InputError: As for :func:`export_module`.
     """
     if not is_torch_module(model):
-        return model, data, None
+        return cast(ModelLike, model), data, None
     exported = export_torch(model, data, max_samples)
     return exported.model, list(exported.feeds), exported.info(type(model).__name__)
 

@@ -69,12 +69,15 @@ class Recording:
 
     @property
     def engine(self) -> str:
-        """``TensorRT``, ``ONNX Runtime`` or ``unknown``, from Polygraphy's runner-name prefix
-        (``trt-runner``/``onnxrt-runner``: ``polygraphy/backend/*/runner.py``) or the format."""
+        """``TensorRT``, ``ONNX Runtime``, ``PyTorch torch.autocast`` or ``unknown``, from
+        Polygraphy's runner-name prefix (``trt-runner``/``onnxrt-runner``:
+        ``polygraphy/backend/*/runner.py``) or the format."""
         if self.format == "trtexec" or self.runner.startswith("trt-runner"):
             return "TensorRT"
         if self.runner.startswith("onnxrt-runner"):
             return "ONNX Runtime"
+        if self.format == "autocast":  # api.autocast.autocast_recording
+            return "PyTorch torch.autocast"
         return "unknown"
 
     def tensor_names(self) -> list[str]:

@@ -26,7 +26,7 @@ from precision_doctor.report.terminal.findings import (
     render_hazards,
     short_name,
 )
-from precision_doctor.report.terminal.sources import code_line
+from precision_doctor.report.terminal.sources import autocast_lines, code_line
 from precision_doctor.report.terminal.tables import Cell, Col, MetricTable, metric_table
 
 OUTPUT_COLUMNS = (Col("output", "key"), Col("verdict", "tag"), Col("rel L2"), Col("max abs"),
@@ -255,6 +255,8 @@ def _render_recording(rec: dict, console: Console) -> None:
             console.print(f"  {len(worse)} tensor(s) > 4x worse than the emulation, first "
                           f"[bold]{escape(worse[0])}[/]: not what the plan computes there "
                           "(a fused region in lower precision, or weights changed)")
+    for line in autocast_lines(rec.get("autocast")):
+        console.print(line, markup=False)
     if rec.get("missing"):
         kinds = ", ".join(f"{c} {escape(k)}" for k, c in rec["missing_by_reason"].items())
         console.print(f"  {len(rec['missing'])} ONNX tensor(s) not in the recording ({kinds})")

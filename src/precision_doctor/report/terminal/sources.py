@@ -123,10 +123,34 @@ def torch_lines(torch: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def autocast_lines(comparison: Mapping[str, Any] | None) -> list[str]:
+    """Which of the diagnosis' causes ``torch.autocast`` already avoids and which not, by
+    module (``api.autocast.AutocastComparison.to_dict``, in ``recording["autocast"]``); one
+    line each, ``[]`` without a comparison."""
+    if not comparison:
+        return []
+    by: dict[bool, dict[str, list[str]]] = {True: {}, False: {}}
+    for c in comparison.get("causes", ()):
+        kinds = by[bool(c.get("avoided"))].setdefault(c.get("module") or "(top level)", [])
+        if c.get("kind") not in kinds:
+            kinds.append(str(c.get("kind")))
+    lines = []
+    for avoided, label in ((False, "does not avoid"), (True, "already avoids")):
+        groups = list(by[avoided].items())
+        if groups:
+            shown = "; ".join(f"{m} ({', '.join(k)})" for m, k in groups[:SHOWN_MODULES])
+            more = f" and {len(groups) - SHOWN_MODULES} more" \
+                if len(groups) > SHOWN_MODULES else ""
+            lines.append(f"  autocast {label}: {shown}{more}")
+    if by[False]:
+        lines.append("  (not avoided: its module in float32 removes half of autocast's error)")
+    return lines
+
+
 def _f(value: Any) -> float | None:
     """A JSON number (``"inf"`` too) as a float; None stays None."""
     return None if value is None else float(value)
 
 
-__all__ = ["causes_by_module", "code_line", "fix_lines", "known_sources", "module_names",
-           "suffix_at", "torch_lines"]
+__all__ = ["autocast_lines", "causes_by_module", "code_line", "fix_lines", "known_sources",
+           "module_names", "suffix_at", "torch_lines"]
