@@ -13,7 +13,7 @@ from precision_doctor.api import options
 
 
 def test_module_taking_functions_name_torch_in_their_hints() -> None:
-    for fn in (pd.diagnose,):
+    for fn in (pd.diagnose, pd.diagnose_quantized, pd.fix_quantized):
         assert inspect.signature(fn).parameters["model"].annotation == "ModuleLike", fn
     for fn in (pd.compare_autocast, api.export_module):
         assert inspect.signature(fn).parameters["module"].annotation == "torch.nn.Module"

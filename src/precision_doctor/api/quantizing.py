@@ -11,7 +11,7 @@ import onnx
 
 from precision_doctor.api.options import (
     DataLike,
-    ModelLike,
+    ModuleLike,
     Progress,
     ToleranceLike,
     as_model,
@@ -127,7 +127,7 @@ def _float_fix(model: onnx.ModelProto, samples: Sequence, objective: Objective
     return fix_float(model, samples, Precision.FP16, objective, rewrites=[]).plan
 
 
-def _inputs(model: ModelLike, data: DataLike, target: str,
+def _inputs(model: ModuleLike, data: DataLike, target: str,
             preprocess: PreprocessSpec | str | None, max_samples: int | None,
             tolerance: ToleranceLike, metric: str | None, threshold: float | None,
             calibration: DataLike | None = None, split_seed: int = SPLIT_SEED
@@ -211,7 +211,7 @@ def calibration_set(calibration: DataLike, proto: onnx.ModelProto,
                           calibration is not data)
 
 
-def diagnose_quantized(model: ModelLike, data: DataLike, *, target: str = "int8",
+def diagnose_quantized(model: ModuleLike, data: DataLike, *, target: str = "int8",
                              preprocess: PreprocessSpec | str | None = None,
                              tolerance: ToleranceLike = None, metric: str | None = None,
                              threshold: float | None = None, calibrator: str = "max",
@@ -261,7 +261,7 @@ def diagnose_quantized(model: ModelLike, data: DataLike, *, target: str = "int8"
     return QuantizedDiagnosis(result, {"input": path})
 
 
-def fix_quantized(model: ModelLike, data: DataLike, *, target: str = "int8",
+def fix_quantized(model: ModuleLike, data: DataLike, *, target: str = "int8",
                         preprocess: PreprocessSpec | str | None = None,
                         tolerance: ToleranceLike = None, metric: str | None = None,
                         threshold: float | None = None, calibrator: str = "max",
