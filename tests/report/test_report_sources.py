@@ -115,5 +115,5 @@ def test_module_names_and_the_recipe_lines() -> None:
                          "plan_rel_l2": {"mean": 2.5e-4}, "note": ""})
     assert lines == ["PyTorch recipe (*.torch.py): keep stats in float32 under autocast "
                      "FP16 (cuda)",
-                     "  mean: rel L2 2.60e-04 with it, inf without; the ONNX plan 2.50e-04 "
-                     "(emulated)"]
+                     "  mean: rel L2 2.60e-04 with it, inf without (ONNX plan 2.50e-04, "
+                     "emulated)"]

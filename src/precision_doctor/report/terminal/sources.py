@@ -13,7 +13,13 @@ from typing import Any, Iterable, Mapping
 
 from precision_doctor.diagnosis.causes.groups import FindingGroup, entries
 from precision_doctor.diagnosis.report import DiagnosisReport
-from precision_doctor.graph.source import Source, group_by_module, node_modules, sources
+from precision_doctor.graph.source import (
+    Source,
+    group_by_module,
+    in_module,
+    node_modules,
+    sources,
+)
 from precision_doctor.numbers import fmt3
 from precision_doctor.repair.result import FixResult
 
@@ -47,13 +53,20 @@ def code_line(report: DiagnosisReport, node: str | None, label: str, width: int)
 def module_names(nodes: Iterable[str], modules: Mapping[str, str | None],
                  shown: int = SHOWN_MODULES) -> str:
     """``stats, encoder.layer.*.output.LayerNorm and 2 more`` for ``nodes``
-    (``group_by_module``; ``(top level)`` for the top-level module), or ``""`` when none of
-    them has a module."""
-    groups = [g or "(top level)" for g in group_by_module(nodes, modules)]
+    (``group_by_module``, a module inside another named one left out; ``(top level)`` for the
+    top-level module's own nodes), or ``""`` when none of them has a module."""
+    groups = [g or "(top level)" for g in _outermost(group_by_module(nodes, modules))]
     if not groups:
         return ""
     text = ", ".join(groups[:shown])
     return text + (f" and {len(groups) - shown} more" if len(groups) > shown else "")
+
+
+def _outermost(groups: Iterable[str]) -> list[str]:
+    """The groups not inside another one (``var.proj`` is said by ``var``; ``""``, the
+    top-level module's own nodes, holds none)."""
+    found = list(groups)
+    return [g for g in found if not any(h and h != g and in_module(g, h) for h in found)]
 
 
 def causes_by_module(report: DiagnosisReport) -> str | None:
@@ -93,7 +106,9 @@ def fix_lines(result: FixResult, torch: Mapping[str, Any] | None = None,
     if groups:
         lines.append("Keep in FP32, by module: " + module_names(fp32, modules))
         known = sources(result.rewritten)
-        for group, names in list(groups.items())[:SHOWN_MODULES]:
+        for group in _outermost(groups)[:SHOWN_MODULES]:
+            names = [n for g, inside in groups.items() for n in inside
+                     if g == group or (group and in_module(g, group))]
             source = next((known[n] for n in names if n in known and known[n].file), None)
             if source is not None:
                 line = (f"  {group or '(top level)'} at {source.location()}: "
@@ -116,8 +131,8 @@ def torch_lines(torch: Mapping[str, Any]) -> list[str]:
     alone, plan = torch.get("autocast_alone_rel_l2"), torch.get("plan_rel_l2") or {}
     for name in with_it:
         lines.append(f"  {name}: rel L2 {fmt3(_f(with_it[name]))} with it, "
-                     f"{fmt3(_f((alone or {}).get(name)))} without; the ONNX plan "
-                     f"{fmt3(_f(plan.get(name)))} (emulated)")
+                     f"{fmt3(_f((alone or {}).get(name)))} without (ONNX plan "
+                     f"{fmt3(_f(plan.get(name)))}, emulated)")
     if torch.get("note"):
         lines.append(f"  note: {torch['note']}")
     return lines
