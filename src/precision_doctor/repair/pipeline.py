@@ -123,12 +123,15 @@ def fix(model: onnx.ModelProto, samples: Sequence, target: Precision, objective:
         verified = verify(written, request, baseline, searched)
         rechecked = recheck(request, baseline, rewritten, start, searched, written, verified)
         searched, written, verified = rechecked.searched, rechecked.written, rechecked.verified
+        t_held = time.perf_counter()
         held = None if holdout is None else check_written(
             request, written, verified, holdout, holdout_objective or objective)
+        t_held = time.perf_counter() - t_held
     result = _result(request, baseline, rewritten, searched, written, verified, t_start,
                      rechecked)
     if held is not None:
-        result = replace(result, holdout=held.to_dict())
+        result = replace(result, holdout=held.to_dict(),
+                         seconds={**result.seconds, "holdout": round(t_held, 3)})
     if originals:  # the written model draws fresh numbers again, as the user's did
         result = replace(result, model=restore_random_ops(result.model, originals),
                          notes=(*result.notes, determinized_note(originals)))
