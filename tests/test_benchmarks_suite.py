@@ -37,6 +37,14 @@ def test_every_listed_benchmark_and_helper_exists() -> None:
         assert f"`{probe.name}`" in readme, f"add {probe.name} to benchmarks/probes/README.md"
 
 
+def test_no_benchmark_file_over_the_line_limit() -> None:
+    """The benchmark scripts keep the package's rule (``tests/test_architecture.py``,
+    ``MAX_LINES``): a script over it is split by concern (protocol, runners, table...)."""
+    long = {str(p.relative_to(BENCH)): n for p in BENCH.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}
+    assert not long, f"benchmark files over 400 lines: {long}"
+
+
 def test_entry_point_lists_and_refuses_unknown_names() -> None:
     listed = subprocess.run([sys.executable, "-m", "benchmarks", "list"], cwd=REPO,
                             capture_output=True, text=True, check=True, timeout=60)
