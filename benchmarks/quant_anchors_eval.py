@@ -159,5 +159,14 @@ def evaluate(path: str, spec: dict, refs: dict) -> dict:
     row.update(weighted_layers=len(weighted), unquantized=len(left), unquantized_layers=left,
                bad_scales=len(bad), bad_scales_first=bad[:5],
                compute=quantized_share(path, refs["costs"]))
+    try:  # the package's own measure, as fix reports it (its MACs equal compute's)
+        import onnx
+
+        from precision_doctor.search.cost import quantized_share as package_share
+
+        shapes = {k: v.shape for k, v in np.load(spec["calibration"][0]).items()}
+        row["package_quantized_share"] = package_share(onnx.load(path), shapes)
+    except Exception as exc:  # noqa: BLE001 - older package, or shapes it cannot infer
+        row["package_quantized_share"] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     return row
 

@@ -4,10 +4,11 @@
 * ``pd``: ``precision_doctor.fix_quantized(model, samples, target=int8|fp8, metric=...,
   threshold=..., calibrator="max")``: the fewest layers left unquantized (FP16 between the Q/DQ
   pairs, plus the nodes FP16 needs in FP32 when the float part fails alone) that meet the task
-  metric on every calibration sample (it calibrates and searches on them; where the API has
-  ``calibration=``, they are passed there too). Not run by default: ``pd-l2``, the same with
-  ``fix``'s default target (relative L2 <= 0.1 on every output); ``pd-fp32``, FP32 between the
-  pairs (``quant.fix.fix_quantized(..., between=Precision.FP32)``).
+  metric on every calibration sample (it calibrates and searches on them: ``calibration=`` and
+  the data are the calibration samples, ``holdout=0``, where the API has them). Not run by
+  default: ``pd-l2``, the same with ``fix``'s default target (relative L2 <= 0.1 on every
+  output); ``pd-fp32``, FP32 between the pairs
+  (``quant.fix.fix_quantized(..., between=Precision.FP32)``).
 * ``ort-minmax``, ``ort-entropy``, ``ort-percentile`` (INT8), ``ort-distribution`` (FP8: the only
   calibration ``quantize_static`` accepts for float8): ``onnxruntime.quantization.quantize_static``
   with ``QuantFormat.QDQ``, ``per_channel=True``, activations and weights QInt8 (or
@@ -86,9 +87,10 @@ def _ours(tool: str, fmt: str, spec: dict, dest: Path) -> dict:
 
         metric = None if tool == "pd-l2" else spec["metric"]
         # the calibration samples calibrate and the search runs on them too: pd sees what the
-        # other tools see, and the evaluation samples are its held-out set
-        extra = ({"calibration": feeds} if "calibration"
-                 in inspect.signature(pd.fix_quantized).parameters else {})
+        # other tools see, and the evaluation samples are its held-out set (so no sample of
+        # them is held out of the search: holdout=0, where the API has it)
+        accepted = inspect.signature(pd.fix_quantized).parameters
+        extra = {k: v for k, v in (("calibration", feeds), ("holdout", 0)) if k in accepted}
         t0 = time.perf_counter()
         fixed = pd.fix_quantized(spec["model"], feeds, target=fmt, metric=metric,
                                  threshold=spec["threshold"] if metric else None,
