@@ -47,6 +47,9 @@ DEVICE_OPTION = typer.Option("auto", "--device", help="Where the reference, the 
                              "onnxruntime-gpu sees a GPU, else cpu)")
 CALIBRATOR_OPTION = typer.Option("max", "--calibrator", help="INT8/FP8 activation calibrator: "
                                  "max, percentile (99.99), entropy (TensorRT's KL) or mse")
+CALIBRATION_OPTION = typer.Option(None, "--calibration-data", help="INT8/FP8: calibration "
+                                  "samples apart from --data (same forms and --preprocess); "
+                                  "default: a seeded half of --data")
 LABELS_OPTION = typer.Option(None, "--labels", help="Ground truth: COCO JSON (detection) or "
                              "file,class CSV (classification); reports the task accuracy of "
                              "FP32 and of the candidate side by side")
@@ -107,6 +110,7 @@ def diagnose(
                                          "on, whose arithmetic the emulator then follows: "
                                          "ort-cuda (a convolution's bias added after rounding)"),
     calibrator: str = CALIBRATOR_OPTION,
+    calibration_data: Optional[str] = CALIBRATION_OPTION,
 ) -> None:
     """Diagnose MODEL in reduced precision against its FP32 reference, layer by layer."""
     from precision_doctor.quant.qformats import parse_quant_target
@@ -119,7 +123,8 @@ def diagnose(
                                         tolerances=tolerance, max_samples=max_samples,
                                         json_path=json_path, force=force, console=console,
                                         quiet=quiet, verbose=verbose, calibrator=calibrator,
-                                        html_path=html_path).passed
+                                        html_path=html_path,
+                                        calibration_data=calibration_data).passed
             raise typer.Exit(0 if passed else 1)
         report = run_diagnose(
             model, data=data, preprocess=preprocess, target=target, runner=runner,
@@ -181,6 +186,10 @@ def fix_command(
     device: str = DEVICE_OPTION,
     labels: Optional[Path] = LABELS_OPTION,
     calibrator: str = CALIBRATOR_OPTION,
+    calibration_data: Optional[str] = CALIBRATION_OPTION,
+    holdout: Optional[int] = typer.Option(None, "--holdout", help="Keep N samples out of the "
+                                          "search and score the written model on them "
+                                          "(default: 1 in 10 from 8 samples up; 0: none)"),
 ) -> None:
     """Write a strongly typed mixed-precision model meeting the accuracy target."""
     from precision_doctor.quant.qformats import parse_quant_target
@@ -193,7 +202,8 @@ def fix_command(
                                    target=target, tolerances=tolerance, metric=metric,
                                    threshold=threshold, no_rewrites=no_rewrites,
                                    max_samples=max_samples, max_evals=max_evals, force=force,
-                                   console=console, quiet=quiet, calibrator=calibrator).passed
+                                   console=console, quiet=quiet, calibrator=calibrator,
+                                   holdout=holdout, calibration_data=calibration_data).passed
         else:
             passed = run_fix(model, output, data=data, preprocess=preprocess, target=target,
                              tolerances=tolerance, metric=metric, threshold=threshold,
@@ -201,7 +211,8 @@ def fix_command(
                              keep_io_types=keep_io_types, runner=runner,
                              max_samples=max_samples, max_evals=max_evals,
                              html_path=html_path, force=force, console=console, quiet=quiet,
-                             jobs=jobs, device=device, labels=labels, engine=engine).passed
+                             jobs=jobs, device=device, labels=labels, engine=engine,
+                             holdout=holdout).passed
     except TargetNotMetError as exc:
         err_console.print(f"target not met: {exc}", style="red", markup=False)
         raise typer.Exit(1) from None

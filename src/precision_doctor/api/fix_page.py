@@ -55,12 +55,14 @@ def fix_html(fixed: Any, command: str | None) -> str:
                "fp32_share_nodes": result.share["nodes"],
                "fp32_share_flops": result.share["flops"],
                "recipes": {k: v for k, v in recipes.items() if isinstance(v, str)},
-               "verdict": "pass" if result.passed else "fail",
+               "verdict": result.verdict,
                "model": (fixed.report.get("model") or {}).get("output"),
                "objective": objective_summary(result),
                "resolved": [c.to_dict() for c in resolved],
                "verification": result.verification,
-               "plan_groups": fp32_groups(result), "range_bound": result.range_bound}
+               "plan_groups": fp32_groups(result), "range_bound": result.range_bound,
+               "sources": fixed.report.get("fp32_sources") or {},
+               "torch": fixed.report.get("torch")}
     return render_html(after, fix=summary, command=command)
 
 
@@ -76,4 +78,5 @@ def objective_summary(result: FixResult) -> dict:
             "higher_is_better": higher,
             "before": {"value": result.score_before.value,
                        "passed": result.score_before.passed},
-            "after": {"value": result.score_after.value, "passed": result.score_after.passed}}
+            "after": {"value": result.score_after.value, "passed": result.score_after.passed},
+            "holdout": result.holdout}

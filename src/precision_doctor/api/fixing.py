@@ -12,7 +12,7 @@ import onnx
 from precision_doctor.api.device import choose_device
 from precision_doctor.api.options import (
     DataLike,
-    ModelLike,
+    ModuleLike,
     Progress,
     ToleranceLike,
     as_model,
@@ -28,10 +28,12 @@ from precision_doctor.api.results import json_text
 from precision_doctor.errors import InputError
 from precision_doctor.formats import Precision
 from precision_doctor.graph.load import input_metadata
+from precision_doctor.graph.source import sources as node_sources
 from precision_doctor.graph.upcast import upcast
 from precision_doctor.inputs import PreprocessSpec, Sample
 from precision_doctor.jsonable import dumps
 from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.repair.holdout import split_holdout
 from precision_doctor.repair.pipeline import fix as fix_model
 from precision_doctor.repair.result import FixResult
 from precision_doctor.report.files import (
@@ -225,7 +227,7 @@ class Fix:
         return fix_summary(self.report)
 
 
-def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
+def fix(model: ModuleLike, data: DataLike, *, target: str = "fp16",
         preprocess: PreprocessSpec | str | None = None,
         tolerance: ToleranceLike = None, metric: str | None = None,
         threshold: float | None = None, keep: Sequence[str] = (),
@@ -233,7 +235,7 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
         runner: str = "emulate", max_samples: int | None = None, max_evals: int = 150,
         progress: Progress | None = None, quiet: bool = False, jobs: int | str = 1,
         device: str = "auto", labels: str | os.PathLike | None = None,
-        engine: str | None = None) -> Fix:
+        engine: str | None = None, holdout: int | None = None) -> Fix:
     """Find the fewest nodes to keep in FP32 so that the model meets an accuracy target in
     FP16/BF16, and build that strongly typed mixed-precision model (in memory).
 
@@ -297,15 +299,23 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
             there; reason ``engine`` in the plan, named in ``report["verification"]``.
             Default: ``"ort-cuda"`` when ``runner`` is ``ort:cuda...``, else none (a model for
             an engine with every kernel, such as TensorRT ``--stronglyTyped``).
+        holdout: Keep this many samples out of the search and score the written model on
+            them afterwards (``report["holdout"]``: samples, score, passed; the verdict is
+            ``"overfits"`` when the plan passes the search samples and fails these). None:
+            one in 10 from 8 samples up, none below (``repair.holdout.default_holdout``);
+            0: no check. The choice is seeded by the samples' names.
 
     Returns:
         :class:`Fix`: ``.model`` (``onnx.ModelProto``), ``.plan``, ``.passed``, ``.report``
-        (before/after errors, FP32 share; for a module, ``torch``: ``api.pytorch_recipe``).
+        (before/after errors, FP32 share; ``fp32_sources``: FP32 node -> its Python line and
+        module when the model carries the exporter's metadata, else None; for a module,
+        ``torch``: ``api.pytorch_recipe``).
 
     Raises:
         TargetNotMetError: Not even all-FP32 meets the target.
         PlanError: ``target`` is not FP16/BF16, ``keep``/``force_low`` name nothing, or
             ``engine`` is not a known engine.
+        InputError: ``holdout`` is negative or leaves no sample for the search.
         MetricError: Unknown metric, a metric without a default and no ``threshold``; a
             labels metric (``coco-map-drop``) without ``labels``; pycocotools missing.
         ModelLoadError, InputError, BackendError: As for :func:`diagnose`; InputError also
@@ -320,9 +330,13 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
     model, data, exported = module_input(model, data, max_samples)
     proto, path = as_model(model)
     proto, shipped = upcast(proto)  # a model shipped in FP16/BF16: searched on its FP32 upcast
-    samples = as_samples(data, proto, preprocess, max_samples)
-    objective, accuracy = labelled_objective(
-        build_objective(tolerance, metric, threshold, precision), proto, samples, labels)
+    given = as_samples(data, proto, preprocess, max_samples)
+    split = split_holdout(given, holdout)
+    samples = list(split.search)  # the held-out ones are run only after writing
+    base = build_objective(tolerance, metric, threshold, precision)
+    objective, accuracy = labelled_objective(base, proto, samples, labels)
+    held_objective = split.held_objective(
+        labelled_objective(base, proto, given, labels)[0] if split.held and labels else base)
     where, device_note = choose_device(device, proto, samples)
     workers = resolve_jobs(jobs, len(samples), where)
     factory = None
@@ -335,13 +349,17 @@ def fix(model: ModelLike, data: DataLike, *, target: str = "fp16",
     with progress_reporter(progress, quiet) as callback, use_device(where), switched.sessions():
         result = fix_model(proto, samples, precision, objective, keep, force_low,
                            None if rewrites else [], keep_io_types, factory, max_evals,
-                           callback, workers, accuracy, engine or None)
+                           callback, workers, accuracy, engine or None, split,
+                           held_objective)
     report = result.to_dict()
     report["model"] = {"input": path, "output": None, **(exported or {}),
                        **(shipped.model_info() if shipped is not None else {})}
     report["device"] = where.to_dict()
     if device_note:
         report["device"]["note"] = device_note
+    known = node_sources(result.rewritten)  # the FP32 nodes' Python lines (graph.source)
+    report["fp32_sources"] = {n: known[n].to_dict() for n in result.plan.fp32_nodes()
+                              if n in known} or None
     if exported:  # its FP32 modules under torch.autocast, measured (api.pytorch_recipe)
         report["torch"] = torch_report(torch_module, torch_samples, max_samples, result,
                                        objective, proto)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from precision_doctor.diagnosis.report import DiagnosisReport
+from precision_doctor.graph.source import Source
 from precision_doctor.numbers import fmt_vs
 from precision_doctor.report.templating import COLLAPSE_ROWS, Section, model_name, render
 from precision_doctor.runners.verify import VerifiedBy
@@ -34,7 +35,11 @@ def render_fix_section(fix_summary: Mapping[str, Any]) -> Section:
             ``FixResult.verification`` (the runner that verified the written model, why, and
             why not the others); ``plan_groups``: the FP32 nodes by region
             (``report.terminal.fix.fp32_groups``), shown in at most ``MAX_GROUPS`` rows above
-            the full plan; ``range_bound``: ``FixResult.range_bound`` (its ``message``).
+            the full plan; ``range_bound``: ``FixResult.range_bound`` (its ``message``);
+            ``sources``: FP32 node -> ``Source.to_dict()`` (``report["fp32_sources"]``),
+            shown beside each plan row; ``torch``: ``report["torch"]`` of a fixed
+            ``torch.nn.Module`` (``api.pytorch_recipe``): its modules kept in float32, the
+            snippet and its errors under autocast beside the ONNX plan's.
 
     Returns:
         The section (id ``fix``).
@@ -55,7 +60,9 @@ def render_fix_section(fix_summary: Mapping[str, Any]) -> Section:
         share_nodes=fix_summary.get("fp32_share_nodes"),
         share_flops=fix_summary.get("fp32_share_flops"),
         recipes=dict(fix_summary.get("recipes") or {}), verdict=fix_summary.get("verdict"),
-        model=fix_summary.get("model"), verification=fix_summary.get("verification") or {}))
+        model=fix_summary.get("model"), verification=fix_summary.get("verification") or {},
+        sources={n: Source.from_dict(v) for n, v in (fix_summary.get("sources") or {}).items()},
+        torch=fix_summary.get("torch") or {}))
 
 
 def fix_verdict_section(report: DiagnosisReport, fix_summary: Mapping[str, Any]) -> Section:
@@ -65,7 +72,9 @@ def fix_verdict_section(report: DiagnosisReport, fix_summary: Mapping[str, Any])
 
     Args:
         report: The diagnosis of the fixed model (for the model name).
-        fix_summary: See ``render_fix_section``; uses ``objective`` and ``resolved``.
+        fix_summary: See ``render_fix_section``; uses ``objective`` and ``resolved``;
+            ``objective["holdout"]`` (``FixResult.holdout``) adds the held-out samples' row
+            and the overfitting verdict.
     """
     o = fix_summary["objective"]
     threshold, higher = o.get("threshold"), bool(o.get("higher_is_better"))
@@ -77,10 +86,20 @@ def fix_verdict_section(report: DiagnosisReport, fix_summary: Mapping[str, Any])
           "op": "≥" if higher else "≤", "accuracy": o.get("accuracy", ""),
           "before_text": fmt_vs(_number(before.get("value")), threshold, higher),
           "after_text": fmt_vs(_number(after.get("value")), threshold, higher),
-          "runner": _verifier_title(fix_summary.get("verification"))}
+          "runner": _verifier_title(fix_summary.get("verification")),
+          "holdout": _holdout(o.get("holdout"), threshold, higher)}
     return Section("verdict", "Verdict", render(
         "fix_verdict.j2", fx=fx, model_name=model_name(report),
         resolved=[dict(c) for c in fix_summary.get("resolved") or ()]))
+
+
+def _holdout(holdout: Mapping[str, Any] | None, threshold: Any, higher: bool) -> dict:
+    """The held-out check for the verdict template: ``repair.holdout.HoldoutCheck``'s dict
+    with ``score_text``; {} without one."""
+    if not holdout:
+        return {}
+    return {**holdout, "score_text": fmt_vs(_number(holdout.get("score")), threshold, higher)
+            if holdout.get("score") is not None else "–"}
 
 
 def _verifier_title(verification: Mapping[str, Any] | None) -> str:

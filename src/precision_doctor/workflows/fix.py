@@ -14,6 +14,7 @@ from precision_doctor.repair.result import FixResult
 from precision_doctor.report.files import check_writable
 from precision_doctor.report.terminal.fix import render_fix, resources_line
 from precision_doctor.report.terminal.progress import progress_bar
+from precision_doctor.report.terminal.sources import fix_lines
 from precision_doctor.workflows.collect import collect_section
 
 
@@ -23,7 +24,7 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
             keep_io_types: bool, runner: str, max_samples: int | None, max_evals: int,
             html_path: Path | None, force: bool, console: Console, quiet: bool = False,
             jobs: int | str = 1, device: str = "auto", labels: Path | None = None,
-            engine: str | None = None) -> FixResult:
+            engine: str | None = None, holdout: int | None = None) -> FixResult:
     """Run ``fix`` and write the fixed model, its plan, recipes and reports.
 
     Raises:
@@ -44,7 +45,7 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
                     force_low=force_low, rewrites=not no_rewrites, keep_io_types=keep_io_types,
                     runner=runner, max_samples=max_samples, max_evals=max_evals, jobs=jobs,
                     device=device, progress=progress, quiet=progress is None, labels=labels,
-                    engine=engine)
+                    engine=engine, holdout=holdout)
     from precision_doctor.formats import Precision
 
     # the TensorRT collect commands name an ONNX file: none for a module
@@ -58,6 +59,8 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
     assert result is not None
     if not quiet:
         render_fix(result, console)
+        for line in fix_lines(result, fixed.report.get("torch"), console.width):
+            console.print(line, markup=False)  # by module; the PyTorch recipe (graph.source)
         note = fixed.report.get("device", {}).get("note")
         if note:
             console.print(note, markup=False, style="yellow")
@@ -65,6 +68,6 @@ def run_fix(model_path: Path, output: Path, *, data: str, preprocess: str | None
                 [("html", html_path)] if html_path else []):
             console.print(f"{name}: {path}", markup=False)
     else:
-        console.print(f"{'PASS' if result.passed else 'FAIL'}: wrote {output} "
+        console.print(f"{result.verdict.upper()}: wrote {output} "
                       f"({resources_line(result.resources)})", markup=False)
     return result
