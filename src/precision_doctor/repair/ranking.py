@@ -13,6 +13,11 @@ GroupNorm/Conv/Add): below it the node search's ddmin costs at most ~2 x 16 x lo
 evaluations, within the default budget of 150 for N up to ~1000 nodes; PP-OCRv4 det and rec
 (paddle2onnx, no module paths) and the Whisper encoder (0 FP32 nodes after the rewrites) stay
 on the node search.
+
+With the regions come the rungs of the range floor (``search.regions``, step 0): the overflow
+regions of the tensors whose FP32 magnitude in the same layerwise comparison exceeds the
+format's max / 2^k for k in ``RUNG_SHIFTS`` = 0, 1, 3, 5, 7 (65504 down to 512 for FP16:
+512 is ModelOpt AutoCast's default ``data_max``, the most any rung keeps for range).
 """
 
 from __future__ import annotations
@@ -23,23 +28,28 @@ from typing import Sequence
 
 import onnx
 
-from precision_doctor.diagnosis.causes.cures import expand_with_regions, layerwise_regions
+from precision_doctor.diagnosis.causes.cures import (
+    expand_with_regions,
+    layerwise_regions,
+    overflow_regions,
+)
 from precision_doctor.diagnosis.causes.hazards import Hazard
-from precision_doctor.formats import Precision
+from precision_doctor.formats import FORMATS, Precision
 from precision_doctor.graph.outputs import producer_inputs
 from precision_doctor.graph.source import node_modules
 from precision_doctor.layerwise.candidates import emulated, reference_factory
-from precision_doctor.layerwise.compare import compare_layerwise
+from precision_doctor.layerwise.compare import LayerwiseResult, compare_layerwise
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.runners.kernels.engines import conv_bias_of
 from precision_doctor.search.near_ties import DECISION_METRICS, decision_output
 from precision_doctor.search.objective import Objective, Score
 from precision_doctor.search.ranking import rank_by_sensitivity, upstream_first
-from precision_doctor.search.regions import Region, region_tree
+from precision_doctor.search.regions import RangeRung, Region, RegionStart, region_tree
 
 RANKING_SAMPLES = 2  # layerwise ranking uses the worst samples; every evaluation uses all
 REGION_MIN_OVERFLOW = 16  # candidate nodes in overflow regions from which regions go first
 REGION_SEARCH = True  # False: always the node search (benchmarks/search_regions.py compares)
+RUNG_SHIFTS = (0, 1, 3, 5, 7)  # the range floor's thresholds: format max / 2^k
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,7 @@ class Ranking:
         peak: Largest finite |x| of any tensor in the FP32 reference on those samples.
         regions: Top-level regions the search goes by first (``search.regions``); empty for
             the node search.
+        rungs: The range floor's ladder (with ``regions`` only).
     """
 
     nodes: tuple[str, ...]
@@ -62,11 +73,17 @@ class Ranking:
     overflow: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
     peak: float = 0.0
     regions: tuple[Region, ...] = ()
+    rungs: tuple[RangeRung, ...] = ()
 
     @property
     def overflow_nodes(self) -> int:
         """Candidate nodes in overflow regions."""
         return len(self.overflow)
+
+    @property
+    def region_start(self) -> RegionStart:
+        """What the region search starts from (``search.regions``)."""
+        return RegionStart(self.regions, self.rungs)
 
 
 def rank(model: onnx.ModelProto, samples: Sequence, objective: Objective, target: Precision,
@@ -119,8 +136,85 @@ def rank(model: onnx.ModelProto, samples: Sequence, objective: Objective, target
     overflow = {n: tuple(m for m in r if m in allowed) for n, r in overflow.items()
                 if n in allowed}
     peak = max((r.ref_max_abs for r in lw.records), default=0.0)
-    return Ranking(tuple(ranked), tuple(worst), time.perf_counter() - t0, overflow, peak,
-                   tuple(search_regions_of(model, ranked, overflow)))
+    top = tuple(search_regions_of(model, ranked, overflow))
+    return Ranking(tuple(ranked), tuple(worst), time.perf_counter() - t0, overflow, peak, top,
+                   range_rungs(model, lw, ranked, overflow, allowed) if top else ())
+
+
+def range_rungs(model: onnx.ModelProto, lw: LayerwiseResult, ranked: Sequence[str],
+                overflow: dict[str, tuple[str, ...]], allowed: set[str]
+                ) -> tuple[RangeRung, ...]:
+    """The range floor's ladder (module docstring): one rung per threshold of
+    ``RUNG_SHIFTS`` that adds nodes, each holding the rungs above it.
+
+    Args:
+        model: The rewritten FP32 model.
+        lw: The ranking's layerwise comparison (FP32 magnitudes ``ref_max_abs``).
+        ranked: The ranked candidates.
+        overflow: The candidates' overflow regions above the format's max.
+        allowed: The candidates.
+    """
+    limit = FORMATS[Precision(lw.target)].max
+    rank = {n: i for i, n in enumerate(ranked)}
+    rungs: list[RangeRung] = []
+    nodes = set(overflow)
+    for k in RUNG_SHIFTS:
+        threshold = limit / 2.0 ** k
+        if k:
+            hot = {r.tensor for r in lw.records if r.ref_max_abs > threshold}
+            nodes |= {m for region in overflow_regions(model, hot).values() for m in region
+                      if m in allowed}
+        if nodes and (not rungs or len(nodes) > len(rungs[-1].nodes)):
+            rungs.append(RangeRung(threshold,
+                                   tuple(sorted(nodes, key=lambda n: rank.get(n, len(rank))))))
+    return tuple(rungs)
+
+
+@dataclass
+class Ranker:
+    """The search's ranking callbacks (``search.bisection.search_fp32_set``): the ranking from
+    the start plan's score, the regions to search first, and the ranking again on top of the
+    range floor (``search.regions``). The arguments are ``rank``'s."""
+
+    model: onnx.ModelProto
+    samples: Sequence
+    objective: Objective
+    target: Precision
+    engine: str | None
+    plan: PrecisionPlan
+    hazards: Sequence[Hazard]
+    candidates: Sequence[str]
+    output_names: Sequence[str]
+    done: list[Ranking] = field(default_factory=list)
+    start_score: Score | None = None
+
+    def __call__(self, start_score: Score) -> list[str]:
+        self.start_score = start_score
+        return list(self._rank(self.plan).nodes)
+
+    def regions(self, _ranking: Sequence[str]) -> RegionStart | None:
+        """The last ranking's regions and range ladder (None before any ranking)."""
+        if not self.done:
+            return None
+        last = self.done[-1]
+        return RegionStart(last.regions, last.rungs, self.again)
+
+    def again(self, floor: Sequence[str]) -> tuple[list[str], tuple[Region, ...]]:
+        """Rank again with ``floor`` in FP32: the candidates and their top regions."""
+        ranking = self._rank(self.plan.keep_fp32(floor, "search", "range floor"))
+        return list(ranking.nodes), ranking.regions
+
+    @property
+    def seconds(self) -> float:
+        """Wall time of every ranking."""
+        return sum(r.seconds for r in self.done)
+
+    def _rank(self, plan: PrecisionPlan) -> Ranking:
+        assert self.start_score is not None  # __call__ ranks first
+        self.done.append(rank(self.model, self.samples, self.objective, self.target,
+                              self.engine, plan, self.hazards, self.candidates,
+                              self.output_names, self.start_score))
+        return self.done[-1]
 
 
 def search_regions_of(model: onnx.ModelProto, ranked: Sequence[str],
@@ -137,4 +231,5 @@ def search_regions_of(model: onnx.ModelProto, ranked: Sequence[str],
     return top if len(top) >= 2 else []
 
 
-__all__ = ["RANKING_SAMPLES", "REGION_MIN_OVERFLOW", "Ranking", "rank", "search_regions_of"]
+__all__ = ["RANKING_SAMPLES", "REGION_MIN_OVERFLOW", "RUNG_SHIFTS", "Ranker", "Ranking",
+           "range_rungs", "rank", "search_regions_of"]

@@ -40,7 +40,7 @@ from precision_doctor.precision.plan import NodeDecision, PrecisionPlan, select_
 from precision_doctor.precision.rewrites import RewriteReport, apply_rewrites
 from precision_doctor.precision.writer import PlanWriter, written_opset
 from precision_doctor.precision.writer.validate import inferred_dtypes
-from precision_doctor.repair.ranking import Ranking, rank
+from precision_doctor.repair.ranking import Ranker, Ranking
 from precision_doctor.repair.rewrites_proof import prove_rewrites
 from precision_doctor.runners.base import Runner
 from precision_doctor.runners.emulator import EmulatorRunner
@@ -317,13 +317,9 @@ def search(request: FixRequest, baseline: Baseline, rewritten: Rewritten,
         BackendError: A runner fails.
     """
     t0 = time.perf_counter()
-    ranked: list[Ranking] = []
-
-    def ranking(start_score: Score) -> list[str]:
-        ranked.append(rank(rewritten.model, request.samples, baseline.objective,
-                           request.target, request.engine, start.plan, start.hazards,
-                           start.candidates, request.output_names, start_score))
-        return list(ranked[-1].nodes)
+    ranker = Ranker(rewritten.model, request.samples, baseline.objective, request.target,
+                    request.engine, start.plan, start.hazards, start.candidates,
+                    request.output_names)
 
     def screen(start_outputs: Outputs) -> list[int] | None:
         return at_risk_samples(baseline.reference, start_outputs, baseline.objective)
@@ -341,9 +337,8 @@ def search(request: FixRequest, baseline: Baseline, rewritten: Rewritten,
         result = search_fp32_set(PlanOpener(rewritten.model, request.runner,
                                             request.keep_io_types, conv_bias, incremental,
                                             writer), request.samples,
-                                 baseline.reference, baseline.objective, start.plan, ranking,
+                                 baseline.reference, baseline.objective, start.plan, ranker,
                                  request.max_evals, request.progress, jobs, screen, prefetch,
-                                 regions=lambda _: ranked[-1].regions if ranked else None)
-    ranking_s = ranked[-1].seconds if ranked else 0.0
-    return Searched(result, ranked[-1] if ranked else None,
-                    time.perf_counter() - t0 - ranking_s)
+                                 regions=ranker.regions)
+    first = replace(ranker.done[0], seconds=ranker.seconds) if ranker.done else None
+    return Searched(result, first, time.perf_counter() - t0 - ranker.seconds)

@@ -46,7 +46,7 @@ from precision_doctor.errors import BackendError, TargetNotMetError
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.search.evalpool import OpenPlan, SampleRunner
 from precision_doctor.search.objective import SAMPLE_LOAD, Objective, Outputs, Score
-from precision_doctor.search.regions import Region, RegionSearch, search_regions
+from precision_doctor.search.regions import Region, RegionSearch, RegionStart, search_regions
 
 
 @dataclass(frozen=True)
@@ -90,8 +90,9 @@ class SearchResult:
 
 
 Screen = Callable[[Outputs], "Sequence[int] | None"]
-# ranked candidates -> the top regions to search first (``search.regions``), or None: by nodes
-Regions = Callable[[Sequence[str]], "Sequence[Region] | None"]
+# ranked candidates -> the top regions to search first (``search.regions``), with the range
+# ladder (``RegionStart``), or None: by nodes
+Regions = Callable[[Sequence[str]], "Sequence[Region] | RegionStart | None"]
 
 
 class _Evaluator:
@@ -269,11 +270,13 @@ def _search(ev: _Evaluator, objective: Objective, base: PrecisionPlan,
                         + [i for i in at_risk if i not in failing]
                         + [i for i in ev.order if i not in active])
     ranking = list(ranking(start) if callable(ranking) else ranking)
-    top = regions(ranking) if regions is not None else None
+    got = regions(ranking) if regions is not None else None
+    first = got if isinstance(got, RegionStart) else RegionStart(tuple(got or ()))
     by_regions = None
-    if top:
+    if first.top:
         kept, by_regions = search_regions(
-            ev, top, ranking, lambda nodes: _all_fp32(nodes, ev, objective, start))
+            ev, first.top, ranking, lambda nodes: _all_fp32(nodes, ev, objective, start),
+            first.rungs, objective.better, first.rerank)
     else:
         kept = _grow_shrink(ranking, ev, objective, start)
     score = ev(kept, "final", complete=True)
