@@ -29,7 +29,8 @@ the calibration data still fit (a margin of our choosing); at or below ``SQUARED
 2^7 when a decomposed RMSNorm reads the stream, whose squares are computed in the model's
 format (|x| <= 2^7: squares and their mean <= 2^14). A stream below it is left alone. The
 cost: the scaled weights lose FP16 precision where they become subnormal (below 2^-14), which
-the record reports (``weight_fp16_subnormal_fraction``).
+the record reports (``weight_fp16_subnormal_fraction``); above ``MAX_SUBNORMAL_FRACTION`` (1%)
+of their elements the rewrite is refused.
 
 When: only for FP16 (BF16 holds 3.4e38: nothing to do; without a target nothing is recorded);
 without ``max_abs`` a stream that could be scaled is recorded as a candidate (``candidate``:
@@ -66,6 +67,12 @@ HEADROOM = 2.0 ** 12  # the stream's largest |x| after scaling: 16x below FP16's
 # With a decomposed RMSNorm reading the stream, its squares are computed in the model's format:
 # |x| <= 2^7 keeps them (<= 2^14) and their mean 4x below 65504.
 SQUARED_HEADROOM = 2.0 ** 7
+# Refused above this share of the scaled weights' elements below FP16's smallest normal 2^-14:
+# a subnormal keeps fewer than FP16's 11 significant bits (2^-24, its smallest, keeps one), so
+# the FP16 stream would trade its range for its weights' precision (a margin of our choosing;
+# measured: a diffusion UNet's stream of 3.2e10 needs 2^-23, every scaled weight subnormal,
+# and the rewritten model's FP16 error rose from 1.5e-2 to 0.78 with its overflows cured).
+MAX_SUBNORMAL_FRACTION = 0.01
 DEFAULT_EPSILON = 1e-5  # the ONNX default of all four normalizations
 FLOAT32_MIN_NORMAL = 2.0 ** -126
 
@@ -157,7 +164,14 @@ class PrescaleNormalizedResidual(TargetPass):
         if smallest * 2.0 ** (-2 * k) < FLOAT32_MIN_NORMAL:
             return RewriteRecord(self.rule, False, norms, (), f"epsilon {smallest:g} * 2^-{2 * k}"
                                  " would leave float32's normal range", {**size, "shift": k})
-        scaled = self._scale(graph, stream, k, taken)
+        subnormal = _subnormal_fraction(stream, k)
+        if subnormal > MAX_SUBNORMAL_FRACTION:
+            return RewriteRecord(self.rule, False, norms, (), f"scaling by 2^-{k} would make "
+                                 f"{100 * subnormal:.1f}% of the stream's weights FP16-subnormal "
+                                 "(below 2^-14): they would lose their precision in FP16",
+                                 {**size, "shift": k, "weight_fp16_subnormal_fraction": subnormal})
+        scaled = {**self._scale(graph, stream, k, taken),
+                  "weight_fp16_subnormal_fraction": subnormal}
         for node, e in zip(stream.norms, eps):
             node.attributes["epsilon"] = ir.AttrFloat32("epsilon", float(
                 np.ldexp(np.float32(e), -2 * k)))
@@ -204,24 +218,31 @@ class PrescaleNormalizedResidual(TargetPass):
 
     @staticmethod
     def _scale(graph: ir.Graph, stream: Stream, k: int, taken: set[str]) -> dict[str, Detail]:
-        """Replace every constant of ``stream.scaled`` by a scaled copy; report their range."""
-        fp16 = FORMATS[Precision.FP16]
-        small = total = 0
+        """Replace every constant of ``stream.scaled`` by a scaled copy."""
         old: list[ir.Value | None] = []
         for node, idx in stream.scaled:
             value = node.inputs[idx]
             array = constant_array(value)
             assert array is not None and value is not None  # streams checked it
-            new = np.ldexp(array, -k).astype(array.dtype)
-            nonzero = np.abs(new[new != 0]).astype(np.float64)
-            small += int(np.sum(nonzero < fp16.min_normal))
-            total += int(nonzero.size)
             name = unique_name(f"{value.name or node.name}_prescaled", taken)
-            node.replace_input_with(idx, add_initializer(graph, new, name))
+            node.replace_input_with(idx, add_initializer(
+                graph, np.ldexp(array, -k).astype(array.dtype), name))
             old.append(value)
         remove_dead_constants(graph, old)
-        return {"weight_fp16_subnormal_fraction": small / total if total else 0.0,
-                "scaled_constants": len(stream.scaled)}
+        return {"scaled_constants": len(stream.scaled)}
+
+
+def _subnormal_fraction(stream: Stream, k: int) -> float:
+    """Share of the nonzero elements of the constants ``stream`` scales that 2^-k puts below
+    FP16's smallest normal 2^-14 (0 when there is none)."""
+    small = total = 0
+    for node, idx in stream.scaled:
+        array = constant_array(node.inputs[idx])
+        if array is not None:
+            nonzero = np.abs(array[array != 0]).astype(np.float64) * 2.0 ** -k
+            small += int(np.sum(nonzero < FORMATS[Precision.FP16].min_normal))
+            total += int(nonzero.size)
+    return small / total if total else 0.0
 
 
 def _epsilon(node: ir.Node) -> float:
