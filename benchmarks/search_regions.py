@@ -96,20 +96,25 @@ def measure(path: Path, files: list[Path], reference: dict) -> dict:
     sys.path.insert(0, str(REPO / "benchmarks"))
     from search import fp32_compute_nodes
 
+    from precision_doctor.errors import BackendError
+
     model = onnx.load(str(path))
-    names = list(reference)
-    outs: dict[str, list] = {n: [] for n in names}
-    with OrtRunner(model, name=path.stem) as runner:
-        for f in files:
-            res = runner.run(dict(np.load(f)))
-            for n in names:
-                outs[n].append(np.asarray(res[n], np.float32))
-    fp32 = fp32_compute_nodes(model)
+    fp32 = fp32_compute_nodes(model)  # counted first: a model that fails to run has them too
     shapes = {k: v.shape for k, v in np.load(files[0]).items()}
     share = fp32_share(model, fp32, node_costs(model, shapes))
-    return {"rel_l2": max(compute_metrics(reference[n], outs[n]).rel_l2 for n in names),
-            "fp32_nodes": len(fp32), "compute_nodes": int(share["compute_nodes"]),
-            "fp32_flops": share["flops"]}
+    row = {"fp32_nodes": len(fp32), "compute_nodes": int(share["compute_nodes"]),
+           "fp32_flops": share["flops"]}
+    names = list(reference)
+    outs: dict[str, list] = {n: [] for n in names}
+    try:
+        with OrtRunner(model, name=path.stem) as runner:
+            for f in files:
+                res = runner.run(dict(np.load(f)))
+                for n in names:
+                    outs[n].append(np.asarray(res[n], np.float32))
+    except BackendError as exc:  # a written model ONNX Runtime cannot run
+        return {**row, "error": f"its written model fails on ONNX Runtime CPU: {exc}"}
+    return {**row, "rel_l2": max(compute_metrics(reference[n], outs[n]).rel_l2 for n in names)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,7 +142,6 @@ def main(argv: list[str] | None = None) -> int:
     ensure_src_on_path()
     import numpy as np
 
-    from precision_doctor.errors import BackendError
     from precision_doctor.layerwise.candidates import reference_factory
 
     print("command: python -m benchmarks run search_regions " + " ".join(sys.argv[1:]),
@@ -181,10 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         info = args.out / f"{tool}.json"
         if run["returncode"] == 0 and info.exists():
             row.update(json.loads(info.read_text()))
-            try:
-                row.update(measure(args.out / f"{tool}.onnx", files, reference))
-            except BackendError as exc:  # a written model ONNX Runtime cannot run
-                row["error"] = f"its written model fails on ONNX Runtime CPU: {exc}"
+            row.update(measure(args.out / f"{tool}.onnx", files, reference))
         else:
             log = (args.out / f"{tool}.log").read_text(errors="replace").splitlines()
             row["error"] = "\n".join(log[-15:])
@@ -201,9 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         if "fp32_nodes" not in r:
             print(f"{r['tool']} | failed: {r.get('error', '')[-300:]}")
             continue
+        error = f"{r['rel_l2']:.3g}" if "rel_l2" in r else "fails to run: " + r["error"][-120:]
         print(f"{r['tool']} | {r.get('evaluations', '-')} | {r['wall_s']} | {r['cpu_s']} | "
               f"{r['peak_rss_mb']} | {r['fp32_nodes']}/{r['compute_nodes']} | "
-              f"{r['fp32_flops']:.1%} | {r['rel_l2']:.3g}")
+              f"{r['fp32_flops']:.1%} | {error}")
         if r.get("range_bound"):
             print(f"    {r['range_bound']['message']}")
     load = os.getloadavg()
