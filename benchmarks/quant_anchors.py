@@ -15,6 +15,11 @@ Usage (repository root; ``../shared`` present)::
     python -m benchmarks run quant_anchors                       # cls, rec, det, minilm; int8, fp8
     python -m benchmarks run quant_anchors --models cls --formats int8 --tools pd,ort-minmax
     python -m benchmarks run quant_anchors --models yolo --merge  # add rows to today's file
+    python -m benchmarks run quant_anchors --models det --merge --pd-commit HEAD  # pd from a
+                                                    # git archive of a commit, not the tree
+
+On a shared 2-core machine run one model at a time with ``--merge`` (cls, rec, det are the
+cheap ones; MiniLM's search is the longest).
 
 Prints a table and writes ``benchmarks/results/quant_anchors_<date>_<machine>.json`` (``--merge``:
 rows of an existing file for other (model, format, tool) are kept). Output models and logs go
