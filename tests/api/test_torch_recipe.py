@@ -16,6 +16,7 @@ from precision_doctor.api import TorchRecipe, compare_autocast, torch_recipe
 from precision_doctor.api.pytorch_recipe import recipe_snippet
 from precision_doctor.graph.source import Source
 from precision_doctor.jsonable import dumps
+from precision_doctor.report.terminal.sources import fix_lines
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install '.[torch]'")
 
@@ -105,6 +106,18 @@ def test_save_writes_the_snippet_next_to_the_model(fixed: pd.Fix, tmp_path: Path
     assert written["torch"].read_text() == report["torch"]["snippet"]
     with pytest.raises(pd.OutputExistsError):
         fixed.save(tmp_path / "net_bf16.onnx")
+
+
+def test_the_terminal_and_html_show_the_recipe(fixed: pd.Fix, tmp_path: Path) -> None:
+    lines = fix_lines(fixed.result, fixed.report["torch"], 80)
+    assert lines[0] == "Keep in FP32, by module: var"
+    assert "PyTorch recipe (*.torch.py): keep var in float32 under autocast BF16 (cpu)" in lines
+    assert lines[1].startswith("  var at test_torch_recipe.py:")  # var.proj inside var
+    assert any(line.startswith("  sub_6: rel L2 ") and "(ONNX plan " in line for line in lines)
+    assert max(map(len, lines)) <= 80
+    fixed.to_html(tmp_path / "fix.html")
+    html = (tmp_path / "fix.html").read_text()
+    assert "<h3>PyTorch recipe</h3>" in html and "FP32_MODULES = [&#39;var&#39;]" in html
 
 
 def test_recipe_of_patterns_and_of_an_onnx_fix() -> None:
