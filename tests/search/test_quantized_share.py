@@ -64,3 +64,77 @@ def test_a_float_model_runs_nothing_quantized():
     share = quantized_share(helper.make_model(graph), {"x": (1, 4, 8)})
     assert share["quantized_layers"] == 0 and share["macs"] == 0 and share["params"] == 0
     assert share["total_macs"] == 4 * 16 * 8 + 4 * 2 * 16 and share["total_params"] == 160
+
+
+def _const(name: str, array: np.ndarray):
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(array, name))
+
+
+def test_weights_in_constant_nodes_are_parameters():
+    """ONNX Runtime ``quantize_static`` and ModelOpt keep a Paddle2ONNX model's weights in
+    Constant nodes: ``q`` reads an int8 Constant through DequantizeLinear, ``r`` a float
+    Constant quantized at run time through Transpose -> QuantizeLinear -> DequantizeLinear,
+    ``f`` a float Constant through Cast (not quantized)."""
+    n = helper.make_node
+    nodes = [_const("w1_q", np.ones((8, 16), np.int8)),
+             _const("w2", np.ones((16, 16), np.float32)),
+             _const("w3", np.ones((16, 2), np.float16)),
+             _const("s", np.float32(0.1)), _const("z", np.int8(0)),
+             n("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             n("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             n("DequantizeLinear", ["w1_q", "s", "z"], ["w1"]),
+             n("MatMul", ["xd", "w1"], ["h1"], name="q"),
+             n("QuantizeLinear", ["h1", "s", "z"], ["h1q"]),
+             n("DequantizeLinear", ["h1q", "s", "z"], ["h1d"]),
+             n("Transpose", ["w2"], ["w2t"], perm=[1, 0]),
+             n("QuantizeLinear", ["w2t", "s", "z"], ["w2q"]),
+             n("DequantizeLinear", ["w2q", "s", "z"], ["w2d"]),
+             n("MatMul", ["h1d", "w2d"], ["h2"], name="r"),
+             n("Cast", ["w3"], ["w3f"], to=TensorProto.FLOAT),
+             n("MatMul", ["h2", "w3f"], ["y"], name="f")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 4, 8])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 4, 2])])
+    share = quantized_share(helper.make_model(graph), {"x": (1, 4, 8)})
+    assert share["quantized_layers"] == 2
+    assert share["total_params"] == 128 + 256 + 32 and share["quantized_params"] == 128 + 256
+    assert share["params"] == 384 / 416
+
+
+def test_fp8_matmul_behind_a_dynamic_axis_counts_its_macs():
+    """An FP8 Q/DQ MatMul after a BERT-like position embedding (Slice whose end is the
+    sequence length, from Shape), batch and sequence dynamic, sample shape (1, 5, 8): ONNX
+    inference leaves the Slice unknown, so the MACs rest on ONNX Runtime's symbolic inference,
+    which must get past a ``value_ints`` Constant and a Concat of shape values at axis -1."""
+    n = helper.make_node
+    f8 = TensorProto.FLOAT8E4M3FN
+    nodes = [_const("pos", np.arange(16, dtype=np.int64).reshape(1, 16)),
+             _const("table", np.ones((16, 8), np.float32)),
+             _const("zero", np.array([0], np.int64)), _const("one", np.array(1, np.int64)),
+             _const("ax1", np.array([1], np.int64)),
+             n("Constant", [], ["axes"], value_ints=[0]),
+             n("Shape", ["x"], ["shape"]), n("Gather", ["shape", "one"], ["seq"], axis=0),
+             n("Unsqueeze", ["seq", "axes"], ["seq1"]),
+             n("Slice", ["pos", "zero", "seq1", "ax1", "ax1"], ["ids"]),
+             n("Gather", ["table", "ids"], ["emb"], axis=0),
+             n("Add", ["x", "emb"], ["h"]),
+             _const("c_a", np.array([-1], np.int32)), _const("c_b", np.array([8], np.int32)),
+             n("Cast", ["c_a"], ["c_a64"], to=TensorProto.INT64),
+             n("Cast", ["c_b"], ["c_b64"], to=TensorProto.INT64),
+             n("Concat", ["c_a64", "c_b64"], ["flat"], axis=-1),
+             n("Reshape", ["h", "flat"], ["h2"]),
+             _const("s", np.float32(0.5)),
+             n("Constant", [], ["z"], value=helper.make_tensor("z", f8, [], [0.0])),
+             n("Constant", [], ["w_q"], value=helper.make_tensor("w_q", f8, [8, 4], [1.0] * 32)),
+             n("QuantizeLinear", ["h2", "s", "z"], ["hq"]),
+             n("DequantizeLinear", ["hq", "s", "z"], ["hd"]),
+             n("DequantizeLinear", ["w_q", "s", "z"], ["wd"]),
+             n("MatMul", ["hd", "wd"], ["y"], name="mm")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["batch", "seq", 8])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [None, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    share = quantized_share(model, {"x": (1, 5, 8)})
+    assert share["quantized_layers"] == share["mac_layers"] == 1
+    assert share["total_macs"] == share["quantized_macs"] == 5 * 4 * 8 and share["macs"] == 1.0
+    assert share["quantized_params"] == 32 and share["total_params"] == 32 + 16 * 8

@@ -92,7 +92,9 @@ def concrete_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[
     shapes.update({k: tuple(int(d) for d in v) for k, v in input_shapes.items()})
     wanted = {o for n in model.graph.node for o in n.output if o}
     if wanted - set(shapes):
-        shapes.update({k: v for k, v in _symbolic(model, input_shapes).items()
+        ranks = {k: len(t.tensor_type.shape.dim) for k, t in types.items()
+                 if t.HasField("tensor_type") and t.tensor_type.HasField("shape")}
+        shapes.update({k: v for k, v in _symbolic(model, input_shapes, ranks).items()
                        if k not in shapes})
     return shapes
 
@@ -128,13 +130,25 @@ def _symbolic_shape_inference() -> Any:
     return module.SymbolicShapeInference
 
 
-def _symbolic(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]
-              ) -> dict[str, tuple[int, ...]]:
+def _symbolic(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]],
+              ranks: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
     """Shapes from ONNX Runtime's symbolic shape inference on the model's skeleton (empty
-    when it cannot run: it does not know every custom op)."""
+    when it cannot run: it does not know every custom op). Its ``Constant`` handler reads only
+    the ``value`` attribute and raises on a ``value_ints`` one (onnxruntime 1.32), which would
+    leave every shape after it unknown: such Constants are rewritten with ``value`` first. It
+    also asserts that a Concat of shape values has ``axis == 0``: a negative axis (Paddle2ONNX
+    writes -1 on 1-D shape tensors) is made positive from ``ranks`` (tensor name -> rank, from
+    ONNX inference)."""
+    skel = skeleton(model, input_shapes)
+    for node in skel.graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            _constant_as_value(node)
+        elif node.op_type == "Concat" and node.input and node.input[0] in ranks:
+            for attr in node.attribute:
+                if attr.name == "axis" and attr.i < 0:
+                    attr.i += ranks[node.input[0]]
     try:
-        inferred = _symbolic_shape_inference().infer_shapes(skeleton(model, input_shapes),
-                                                            auto_merge=True)
+        inferred = _symbolic_shape_inference().infer_shapes(skel, auto_merge=True)
     except Exception:  # noqa: BLE001 - best effort: FLOPs of such nodes stay unknown
         return {}
     if inferred is None:
@@ -142,6 +156,24 @@ def _symbolic(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]
     g = inferred.graph
     found = ((vi.name, _dims(vi.type)) for vi in [*g.value_info, *g.output])
     return {k: v for k, v in found if v is not None}
+
+
+def _constant_as_value(node: onnx.NodeProto) -> None:
+    """Rewrite a ``Constant`` node's ``value_int(s)`` / ``value_float(s)`` attribute as the
+    equivalent ``value`` tensor, in place (other attributes are left as they are)."""
+    if len(node.attribute) != 1:
+        return
+    attr = node.attribute[0]
+    kinds = {"value_int": (onnx.TensorProto.INT64, [], [attr.i]),
+             "value_ints": (onnx.TensorProto.INT64, [len(attr.ints)], list(attr.ints)),
+             "value_float": (onnx.TensorProto.FLOAT, [], [attr.f]),
+             "value_floats": (onnx.TensorProto.FLOAT, [len(attr.floats)], list(attr.floats))}
+    if attr.name not in kinds:
+        return
+    dtype, dims, values = kinds[attr.name]
+    tensor = onnx.helper.make_tensor(node.output[0], dtype, dims, values)
+    del node.attribute[:]
+    node.attribute.append(onnx.helper.make_attribute("value", tensor))
 
 
 def _reduced_dim(node: onnx.NodeProto, shapes: Mapping[str, tuple[int, ...]]) -> int | None:
@@ -192,9 +224,11 @@ def quantized_share(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[
     weight input (inputs 0 and 1) come from a ``DequantizeLinear`` (through value-preserving
     ops: ``Cast``, ``Transpose``, ``Reshape`` ...): the engine then runs it in INT8/FP8. Its
     MACs are ``node_costs``' FLOPs / 2 for the shapes of ``input_shapes``. Parameters are the
-    elements of every initializer a node reads as a value (float, or quantized behind a
-    ``DequantizeLinear``; scales, zero points and integer shapes excluded), embeddings and
-    norms included; a parameter is quantized when it is the weight of a quantized node.
+    elements of every constant a node reads as a value: an initializer or a ``Constant`` node
+    output (ONNX Runtime ``quantize_static`` and ModelOpt keep a Paddle2ONNX model's weights
+    in Constant nodes), float, or quantized behind a ``DequantizeLinear`` (through the same
+    value-preserving ops); scales, zero points and integer shapes excluded, embeddings and
+    norms included. A parameter is quantized when it is the weight of a quantized node.
 
     Args:
         model: The Q/DQ model (not modified).
@@ -211,7 +245,7 @@ def quantized_share(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[
     copy.CopyFrom(model)
     model = name_nodes(copy)
     producer = {o: n for n in model.graph.node for o in n.output}
-    inits = {t.name: t for t in model.graph.initializer}
+    consts = _constant_tensors(model)
 
     def source(name: str) -> tuple[onnx.NodeProto | None, str]:
         node = producer.get(name)
@@ -221,15 +255,16 @@ def quantized_share(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[
         return node, name
 
     def weight(name: str) -> str | None:
-        """The initializer a value is read from: a float one, or a quantized one behind
-        DequantizeLinear (and QuantizeLinear, for weights quantized at run time)."""
+        """The constant (initializer or Constant node) a value is read from: a float one, or
+        a quantized one behind DequantizeLinear (and QuantizeLinear, for weights quantized at
+        run time)."""
         node, name = source(name)
         quantized = False
         while node is not None and node.op_type in _QDQ:
             node, name = source(node.input[0])
             quantized = True
-        init = inits.get(name) if node is None else None
-        return name if init is not None and (quantized or init.data_type in _FLOATS) else None
+        const = consts.get(name)
+        return name if const is not None and (quantized or const[0] in _FLOATS) else None
 
     costs = node_costs(model, input_shapes)
     macs = {n.name: costs[n.name].flops / 2 if n.name in costs else 0.0
@@ -239,9 +274,9 @@ def quantized_share(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[
     params = {w for n in model.graph.node if n.op_type not in _QDQ for x in n.input if x
               if (w := weight(x)) is not None}
     q_params = {w for n in quantized if (w := weight(n.input[1])) is not None}
-    size = {w: int(np.prod(inits[w].dims)) for w in params | q_params}
     total_macs, q_macs = sum(macs.values()), sum(macs[n.name] for n in quantized)
-    total_params, q_count = sum(size[w] for w in params), sum(size[w] for w in q_params)
+    total_params = sum(consts[w][1] for w in params)
+    q_count = sum(consts[w][1] for w in q_params)
     return {"macs": q_macs / total_macs if total_macs else 0.0,
             "params": q_count / total_params if total_params else 0.0,
             "quantized_layers": len(quantized), "mac_layers": len(macs),
@@ -252,6 +287,24 @@ def quantized_share(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[
 _QDQ = ("DequantizeLinear", "QuantizeLinear")
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
            onnx.TensorProto.DOUBLE)
+
+
+def _constant_tensors(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
+    """Tensor name -> (``TensorProto`` data type, element count) of every initializer and
+    ``Constant`` node output (``value``, ``value_float(s)``, ``value_int(s)``); no data read."""
+    found = {t.name: (t.data_type, int(np.prod(t.dims))) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type != "Constant" or not node.output or len(node.attribute) != 1:
+            continue
+        attr = node.attribute[0]
+        kinds = {"value": (attr.t.data_type, int(np.prod(attr.t.dims))),
+                 "value_float": (onnx.TensorProto.FLOAT, 1),
+                 "value_floats": (onnx.TensorProto.FLOAT, len(attr.floats)),
+                 "value_int": (onnx.TensorProto.INT64, 1),
+                 "value_ints": (onnx.TensorProto.INT64, len(attr.ints))}
+        if attr.name in kinds:
+            found[node.output[0]] = kinds[attr.name]
+    return found
 
 
 def _from_dq(node: onnx.NodeProto | None) -> bool:
