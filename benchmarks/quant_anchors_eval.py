@@ -15,11 +15,7 @@ with that transformer left on, as a plain ``ORT_ENABLE_BASIC`` session runs the 
 
 from __future__ import annotations
 
-from quant_anchors_macs import node_costs, quantized_share
-
-WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm")
-PASS_THROUGH = ("Cast", "Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze")
-
+from quant_anchors_macs import WEIGHTED, dequantized, node_costs, quantized_share
 
 # ORT 1.32's level-1 (BASIC) transformer that rewrites a float Conv/Gemm bias into int32 Q/DQ
 # with scale x_scale * w_scale, computed in the bias's type: with FP16 scales and bias the
@@ -58,14 +54,7 @@ def weighted_layers(path: str) -> tuple[list[str], list[str]]:
     import onnx
 
     graph = onnx.load(path, load_external_data=False).graph
-    producer = {o: n for n in graph.node for o in n.output}
-
-    def from_dq(tensor: str) -> bool:
-        node = producer.get(tensor)
-        while node is not None and node.op_type in PASS_THROUGH:
-            node = producer.get(node.input[0]) if node.input else None
-        return node is not None and node.op_type == "DequantizeLinear"
-
+    from_dq = dequantized(graph)
     weighted = [n for n in graph.node if n.op_type in WEIGHTED]
     left = [n.name or f"{n.op_type}:{n.output[0]}" for n in weighted
             if not any(from_dq(i) for i in n.input if i)]

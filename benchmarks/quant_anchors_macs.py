@@ -17,6 +17,7 @@ written model's nodes are matched to these costs by name.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 PASS_THROUGH = ("Cast", "Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze")
@@ -69,6 +70,18 @@ def node_costs(fp32_path: str, feeds: dict) -> dict[str, dict[str, int]]:
     return costs
 
 
+def dequantized(graph) -> Callable[[str], bool]:
+    """Tensor name -> whether it comes from a DequantizeLinear through ``PASS_THROUGH`` ops."""
+    producer = {o: n for n in graph.node for o in n.output}
+
+    def from_dq(tensor: str) -> bool:
+        node = producer.get(tensor)
+        while node is not None and node.op_type in PASS_THROUGH:
+            node = producer.get(node.input[0]) if node.input else None
+        return node is not None and node.op_type == "DequantizeLinear"
+    return from_dq
+
+
 def quantized_share(path: str, costs: dict[str, dict[str, int]]) -> dict:
     """The share of MACs and weights of the model at ``path`` whose nodes run both operands
     dequantized: ``{"mac_share", "param_share", "macs", "quantized_macs", "params",
@@ -77,14 +90,7 @@ def quantized_share(path: str, costs: dict[str, dict[str, int]]) -> dict:
     import onnx
 
     graph = onnx.load(path, load_external_data=False).graph
-    producer = {o: n for n in graph.node for o in n.output}
-
-    def from_dq(tensor: str) -> bool:
-        node = producer.get(tensor)
-        while node is not None and node.op_type in PASS_THROUGH:
-            node = producer.get(node.input[0]) if node.input else None
-        return node is not None and node.op_type == "DequantizeLinear"
-
+    from_dq = dequantized(graph)
     total = {"macs": 0, "params": 0}
     quantized = {"macs": 0, "params": 0}
     unmatched = []
