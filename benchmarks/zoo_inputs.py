@@ -136,17 +136,24 @@ def _magika_file(where: str, rel: str) -> Path:
     return hits[0]
 
 
-def magika_inputs(spec: Spec, archive: Path) -> Samples:
-    cfg = json.loads(read_member(archive, "magika/models/standard_v3_3/config.min.json"))
+def _magika_samples(features: Callable[[bytes], np.ndarray | None]) -> Samples:
+    """One sample per file of ``MAGIKA_FILES`` found here: ``{"bytes": features(file)[None]}``
+    (files ``features`` refuses, None, are left out)."""
     samples: Samples = []
     for name, where, rel in MAGIKA_FILES:
         try:
             path = _magika_file(where, rel)
         except ZooUnavailable:
             continue
-        x = magika_features(path.read_bytes(), cfg)
+        x = features(path.read_bytes())
         if x is not None:
             samples.append((name, {"bytes": x[None]}))
+    return samples
+
+
+def magika_inputs(spec: Spec, archive: Path) -> Samples:
+    cfg = json.loads(read_member(archive, "magika/models/standard_v3_3/config.min.json"))
+    samples = _magika_samples(lambda data: magika_features(data, cfg))
     # the model file itself: magika knows "onnx"
     x = magika_features(read_member(archive, spec.member), cfg)
     if x is not None:
@@ -159,15 +166,8 @@ def magika_inputs(spec: Spec, archive: Path) -> Samples:
 # graph. Features v1 as magika 0.5.1 magika/magika.py `_extract_features_from_seekable` (checked
 # identical to magika 0.5.1's own on all 23 files) and `_get_raw_predictions` (float32).
 def magika_v1_inputs(spec: Spec, archive: Path) -> Samples:
-    samples: Samples = []
-    for name, where, rel in MAGIKA_FILES:
-        try:
-            path = _magika_file(where, rel)
-        except ZooUnavailable:
-            continue
-        x = magika_v1_features(path.read_bytes())
-        if x is not None:
-            samples.append((name, {"bytes": x[None].astype(np.float32)}))
+    samples = _magika_samples(lambda data: (None if (x := magika_v1_features(data)) is None
+                                            else x.astype(np.float32)))
     return samples
 
 
