@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 from precision_doctor.errors import BackendUnavailable, InputError
+from precision_doctor.graph.torch_export import import_torch as graph_import_torch
 
-TORCH_HINT = 'pip install "precision-doctor[torch]"'
 AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
 
 
@@ -27,11 +27,7 @@ def import_torch() -> Any:
     Raises:
         BackendUnavailable: torch is not installed.
     """
-    try:
-        import torch
-    except ImportError:
-        raise BackendUnavailable(f"torch.autocast needs torch: {TORCH_HINT}") from None
-    return torch
+    return graph_import_torch("torch.autocast", BackendUnavailable)
 
 
 def matches(name: str, pattern: str) -> bool:

@@ -67,16 +67,20 @@ def is_torch_module(obj: object) -> bool:
     return torch is not None and isinstance(obj, torch.nn.Module)
 
 
-def import_torch() -> Any:
-    """``torch``, or an ``InputError`` with the install hint.
+def import_torch(needs: str = "a PyTorch module", error: type[Exception] = InputError) -> Any:
+    """``torch``, or ``error`` with the install hint.
+
+    Args:
+        needs: What needs torch, for the message (``"<needs> needs torch: pip install ..."``).
+        error: The exception raised without torch (``BackendUnavailable`` for a runner).
 
     Raises:
-        InputError: torch is not installed.
+        InputError: torch is not installed (or ``error``).
     """
     try:
         import torch
     except ImportError:
-        raise InputError(f"a PyTorch module needs torch: {TORCH_HINT}") from None
+        raise error(f"{needs} needs torch: {TORCH_HINT}") from None
     return torch
 
 
