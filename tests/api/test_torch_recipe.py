@@ -21,6 +21,15 @@ from precision_doctor.report.terminal.sources import fix_lines
 torch = pytest.importorskip("torch", reason="needs torch: pip install '.[torch]'")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _on_the_cpu():
+    """The recipe is measured where autocast runs by default (CUDA when a GPU is visible):
+    these figures are the CPU's, so the GPU is hidden here."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "is_available", lambda: False)
+        yield
+
+
 class Variance(torch.nn.Module):
     """A hand-written variance of a Linear's output, E[h^2] - E[h]^2: [b, s, 16] -> [b, s]."""
 
