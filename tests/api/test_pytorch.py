@@ -187,6 +187,7 @@ def test_a_scaled_layernorm_of_bert_gets_its_line_and_a_bf16_recipe_that_meets_i
     has the range: fix(target="bf16") passes, and its recipe under BF16 autocast on the CPU
     meets the BF16 tolerance (benchmarks/torch_recipe_gpu.py: the FP16 recipe on CUDA)."""
     bert, batches = _minilm()
+    batches = batches[:1]  # one batch of 2 sentences: half the suite's time, the same answers
     norm = bert.encoder.layer[5].output.LayerNorm
     with torch.no_grad():
         norm.weight *= 3e4
