@@ -46,7 +46,13 @@ from precision_doctor.errors import BackendError, TargetNotMetError
 from precision_doctor.precision.plan import PrecisionPlan
 from precision_doctor.search.evalpool import OpenPlan, SampleRunner
 from precision_doctor.search.objective import SAMPLE_LOAD, Objective, Outputs, Score
-from precision_doctor.search.regions import Region, RegionSearch, RegionStart, search_regions
+from precision_doctor.search.regions import (
+    Region,
+    RegionSearch,
+    RegionStart,
+    ddmin,
+    search_regions,
+)
 
 
 @dataclass(frozen=True)
@@ -331,37 +337,16 @@ def _all_fp32(nodes: list[str], ev: _Evaluator, objective: Objective, start: Sco
             best=best.value)
 
 
-def _complements(nodes: list[str], n: int) -> list[list[str]]:
-    """``nodes`` without each of its ``n`` consecutive chunks, in chunk order."""
-    size = math.ceil(len(nodes) / n)
-    return [nodes[:i] + nodes[i + size:] for i in range(0, len(nodes), size)]
-
-
 def _outputs_of(ev: _Evaluator, nodes: Sequence[str]) -> Outputs | None:
     last = ev.last_passing
     return last[1] if last is not None and last[0] == frozenset(nodes) else None
 
 
 def _ddmin(nodes: list[str], ev: _Evaluator) -> list[str]:
-    """Remove nodes while the target still passes (complement-only ddmin).
-
-    Each evaluation names the next one on the guess that it fails (most do), so that the
-    next runner opens while this one runs."""
-    n = 2
-    while len(nodes) >= 2 and ev.budget_left:
-        rests = _complements(nodes, n)
-        for j, rest in enumerate(rests):
-            if not ev.budget_left:
-                break
-            after = (rests[j + 1] if j + 1 < len(rests) else
-                     _complements(nodes, min(len(nodes), 2 * n))[0] if n < len(nodes) else None)
-            if ev(rest, "shrink", then=after).passed:
-                nodes, n = rest, max(n - 1, 2)
-                break
-        else:
-            if n >= len(nodes):
-                break
-            n = min(len(nodes), 2 * n)
+    """Remove nodes while the target still passes (``regions.ddmin`` over nodes), then try
+    the empty set after a single node."""
+    nodes, _ = ddmin(nodes, lambda rest, after: ev(rest, "shrink", then=after).passed,
+                     lambda: ev.budget_left)
     if len(nodes) == 1 and ev.budget_left and ev([], "shrink").passed:
         return []
     return nodes

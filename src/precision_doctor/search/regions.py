@@ -31,18 +31,16 @@ hierarchical delta debugging"), coarse to fine:
    regions of every tensor whose FP32 magnitude exceeds T, graph regions as in 1.), from the
    format's max down, one evaluation of every sample per rung. The climb stops at the first
    rung that passes, or at the first that does not improve on the rung above (the error left
-   is rounding, not range; NaN counts as worst).
-   A passing rung is the answer, not shrunk: its nodes hold values within 2^k of the format's
-   max on these samples, which an input 2^k times larger takes past it (the margin ModelOpt
-   AutoCast's ``data_max`` keeps by rule, here measured rung by rung); and on the UNet below,
-   one level of ddmin over the passing rung's nodes beyond the rung above took 18 more
-   evaluations, 40 s of 77 on 16 cores, for 30 of its 236 nodes.
-   Else the best failing rung is the *floor*: its nodes stay in FP32, and the grow and shrink
-   search the other candidates on top of it, ranked again with the floor in FP32 (the first
-   ranking saw NaN past the first overflow).
-   Measured on a diffusion UNet whose residual streams reach 2e7 (3 samples): the values
-   over 65504 in FP32 (196 nodes) still leave inf, as FP16's errors push values just below
-   65504 over it; over 2^15 (236 nodes) passes at rel L2 3.1e-3.
+   is rounding, not range; NaN counts as worst). A passing rung is the answer, not shrunk:
+   its nodes hold values within 2^k of the format's max on these samples, which an input 2^k
+   times larger takes past it (the margin of ModelOpt AutoCast's ``data_max`` rule, here
+   measured); on the UNet below one ddmin level over it took 18 more evaluations (40 s of 77,
+   16 cores) for 30 of its 236 nodes. Else the best failing rung is the *floor*: it stays in
+   FP32, and the grow and shrink search the other candidates on top of it, ranked again with
+   the floor in FP32 (the first ranking saw NaN past the first overflow). Measured on a
+   diffusion UNet whose values reach 3e10 (3 samples): the values over 65504 (196 nodes)
+   still leave inf, as FP16's errors push values just below 65504 over it; over 2^15 (236
+   nodes) passes at rel L2 3.1e-3.
 
 Deterministic: the tree, the orders and the budget shares depend only on the model, the
 ranking and the evaluation outcomes.
@@ -51,8 +49,8 @@ ranking and the evaluation outcomes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping, Protocol, Sequence, TypeVar
 
 from precision_doctor.search.objective import Score
 
@@ -61,6 +59,7 @@ from precision_doctor.search.objective import Score
 # regions (ddmin over k needed of R regions costs O(k log R) evaluations).
 LARGEST_SHARE = 8
 MAX_TOP = 64
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -262,9 +261,8 @@ def search_regions(ev: Evaluate, top: Sequence[Region], ranking: Sequence[str],
         if passed:  # the rung is the answer (module docstring, step 0)
             return floor, RegionSearch(searched, (), 0, (), len(floor), threshold)
     if floor and rerank is not None:
-        again, top = rerank(floor)
-        seen = set(again)
-        rank = {n: i for i, n in enumerate([*again, *(n for n in ranking if n not in seen)])}
+        again, top = rerank(floor)  # the new order first, then any node it lacks
+        rank = {n: i for i, n in enumerate(dict.fromkeys([*again, *ranking]))}
     if floor:
         ev = _Floored(ev, floor, rank)
         top = without(top, set(floor))
@@ -286,7 +284,7 @@ def search_regions(ev: Evaluate, top: Sequence[Region], ranking: Sequence[str],
         last = all(not u.children for u in kept)
         left = ev.max_evals - len(ev.trials) - 1  # one for the final evaluation
         cap = len(ev.trials) + max(1, left if last else left // 2)
-        kept, done = _ddmin(kept, ev, rank, cap, f"shrink-regions-{levels}")
+        kept, done = _shrink(kept, ev, rank, cap, f"shrink-regions-{levels}")
         if not done:  # a finer level has more units: it would not finish either
             stopped = tuple(u.name for u in kept if u.children or len(u.nodes) > 1)
             break
@@ -308,25 +306,23 @@ def climb_range(ev: Evaluate, rungs: Sequence[RangeRung], rank: Mapping[str, int
         The floor's nodes (ranking order; empty when no rung was evaluated), its threshold, and
         whether it passes (the first rung that passed; else the best failing rung).
     """
-    best: tuple[RangeRung, Score] | None = None
+    best: tuple[list[str], float, Score] | None = None
     for rung in rungs:
         if not ev.budget_left:
             break
-        score = ev(sorted(rung.nodes, key=rank.__getitem__), "range-floor", complete=True)
+        nodes = sorted(rung.nodes, key=rank.__getitem__)
+        score = ev(nodes, "range-floor", complete=True)
         if score.passed:
-            return sorted(rung.nodes, key=rank.__getitem__), rung.threshold, True
-        if best is not None and not better(_finite(score), _finite(best[1])):
+            return nodes, rung.threshold, True
+        if best is not None and not better(_finite(score), _finite(best[2])):
             break  # the error left is not range
-        best = (rung, score)
-    if best is None:
-        return [], None, False
-    return sorted(best[0].nodes, key=rank.__getitem__), best[0].threshold, False
+        best = (nodes, rung.threshold, score)
+    return (best[0], best[1], False) if best is not None else ([], None, False)
 
 
 def _finite(score: Score) -> Score:
     """NaN scores as the worst (inf), so that any finite score improves on them."""
-    return Score(score.passed, math.inf if math.isnan(score.value) else score.value,
-                 score.detail)
+    return replace(score, value=math.inf) if math.isnan(score.value) else score
 
 
 def without(regions: Sequence[Region], drop: set[str]) -> list[Region]:
@@ -359,29 +355,38 @@ class _Floored:
         return self.ev.budget_left
 
 
-def _complements(units: list[Region], n: int) -> list[list[Region]]:
+def _shrink(units: list[Region], ev: Evaluate, rank: Mapping[str, int], cap: int,
+            stage: str) -> tuple[list[Region], bool]:
+    """``ddmin`` over regions until ``cap`` trials."""
+    return ddmin(units, lambda rest, after: ev(
+        _flat(rest, rank), stage, then=_flat(after, rank) if after is not None else None).passed,
+        lambda: ev.budget_left and len(ev.trials) < cap)
+
+
+def complements(units: list[T], n: int) -> list[list[T]]:
+    """``units`` without each of its ``n`` consecutive chunks, in chunk order."""
     size = math.ceil(len(units) / n)
     return [units[:i] + units[i + size:] for i in range(0, len(units), size)]
 
 
-def _ddmin(units: list[Region], ev: Evaluate, rank: Mapping[str, int], cap: int,
-           stage: str) -> tuple[list[Region], bool]:
-    """Complement-only ddmin over ``units`` (as ``bisection._ddmin`` over nodes) until ``cap``
-    trials; returns the passing units left and whether it finished."""
-    def left() -> bool:
-        return ev.budget_left and len(ev.trials) < cap
-
+def ddmin(units: list[T], passes: Callable[[list[T], list[T] | None], bool],
+          left: Callable[[], bool]) -> tuple[list[T], bool]:
+    """Complement-only delta debugging (Zeller & Hildebrandt 2002): drop chunks of the
+    passing ``units`` while the rest passes. ``passes(rest, next)``: whether ``rest`` passes,
+    ``next`` the set tried after it if it fails (most do: its runner opens meanwhile);
+    ``left()``: whether another evaluation may start. Returns the units left and whether
+    ddmin finished (False: out of budget)."""
     n = 2
     while len(units) >= 2:
         if not left():
             return units, False
-        rests = _complements(units, n)
+        rests = complements(units, n)
         for j, rest in enumerate(rests):
             if not left():
                 return units, False
-            after = rests[j + 1] if j + 1 < len(rests) else None
-            if ev(_flat(rest, rank), stage,
-                  then=_flat(after, rank) if after is not None else None).passed:
+            after = (rests[j + 1] if j + 1 < len(rests) else
+                     complements(units, min(len(units), 2 * n))[0] if n < len(units) else None)
+            if passes(rest, after):
                 units, n = rest, max(n - 1, 2)
                 break
         else:
@@ -392,4 +397,4 @@ def _ddmin(units: list[Region], ev: Evaluate, rank: Mapping[str, int], cap: int,
 
 
 __all__ = ["LARGEST_SHARE", "MAX_TOP", "RangeRung", "Region", "RegionSearch", "RegionStart",
-           "climb_range", "region_tree", "search_regions", "without"]
+           "climb_range", "complements", "ddmin", "region_tree", "search_regions", "without"]
