@@ -80,11 +80,6 @@ class Ranking:
         """Candidate nodes in overflow regions."""
         return len(self.overflow)
 
-    @property
-    def region_start(self) -> RegionStart:
-        """What the region search starts from (``search.regions``)."""
-        return RegionStart(self.regions, self.rungs)
-
 
 def rank(model: onnx.ModelProto, samples: Sequence, objective: Objective, target: Precision,
          engine: str | None, plan: PrecisionPlan, hazards: Sequence[Hazard],
