@@ -138,3 +138,27 @@ def test_fp8_matmul_behind_a_dynamic_axis_counts_its_macs():
     assert share["quantized_layers"] == share["mac_layers"] == 1
     assert share["total_macs"] == share["quantized_macs"] == 5 * 4 * 8 and share["macs"] == 1.0
     assert share["quantized_params"] == 32 and share["total_params"] == 32 + 16 * 8
+
+
+def test_flop_counting_keeps_shape_inference_warnings_off_the_terminal(caplog) -> None:
+    """A Slice of one NonZero's columns up to another NonZero's count: ONNX Runtime's symbolic
+    inference cannot compare the two data-dependent dims and logs "Unable to determine if
+    ... treat as equal" (Piper's voice printed 6 such lines on fix's terminal)."""
+    from precision_doctor.search.cost import node_costs
+
+    n = helper.make_node
+    nodes = [n("NonZero", ["x"], ["nz1"]), n("Relu", ["x"], ["r"]), n("NonZero", ["r"], ["nz2"]),
+             n("Shape", ["nz2"], ["count"], start=1, end=2),
+             n("Cast", ["nz1"], ["f1"], to=TensorProto.FLOAT),
+             n("Slice", ["f1", "zero", "count", "one"], ["cut"]),
+             n("MatMul", ["w", "cut"], ["y"], name="mm")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+         numpy_helper.from_array(np.array([1], np.int64), "one"),
+         numpy_helper.from_array(np.ones((3, 1), np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with caplog.at_level("WARNING"):
+        node_costs(model, {"x": (6,)})
+    assert not [r for r in caplog.records if "Unable to determine" in r.getMessage()]

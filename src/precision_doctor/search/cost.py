@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,10 +148,18 @@ def _symbolic(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]],
             for attr in node.attribute:
                 if attr.name == "axis" and attr.i < 0:
                     attr.i += ranks[node.input[0]]
+    inference = _symbolic_shape_inference()
+    # its warnings ("Unable to determine if ... treat as equal", on data-dependent NonZero
+    # dims) reach the user's terminal through logging's last resort: FLOPs are best effort
+    log = logging.getLogger(inference.__module__)
+    level = log.level
+    log.setLevel(logging.ERROR)
     try:
-        inferred = _symbolic_shape_inference().infer_shapes(skel, auto_merge=True)
+        inferred = inference.infer_shapes(skel, auto_merge=True)
     except Exception:  # noqa: BLE001 - best effort: FLOPs of such nodes stay unknown
         return {}
+    finally:
+        log.setLevel(level)
     if inferred is None:
         return {}
     g = inferred.graph
