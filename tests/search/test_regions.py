@@ -118,7 +118,7 @@ OTHER = tuple(f"/blocks.4/sub.{j // 5}/Op_{j}" for j in range(20)) + \
 ROUNDING = "/blocks.12/sub.3/Op_17"
 
 
-def _floor_search(rounding: bool, max_evals: int = 150):
+def _floor_search(rounding: bool, max_evals: int = 150, split_near: bool = False):
     samples = [SimpleNamespace(feeds={"x": np.full((1, 4), float(i), np.float32)})
                for i in range(2)]
 
@@ -137,6 +137,9 @@ def _floor_search(rounding: bool, max_evals: int = 150):
     rung0 = tuple(n for n in ranking if n in NEEDED)
     rungs = (RangeRung(65504.0, rung0), RangeRung(32752.0, rung0 + NEAR),
              RangeRung(8188.0, rung0 + NEAR + OTHER))
+    if split_near:  # half of NEAR in a rung of its own: still NaN there
+        rungs = (rungs[0], RangeRung(32752.0, rung0 + NEAR[:4]),
+                 RangeRung(16376.0, rung0 + NEAR), rungs[2])
     start = RegionStart(tuple(region_tree(ranking, MODULES, _overflow())), rungs)
     return search_fp32_set(open_plan, samples, reference,
                            Objective(tolerances={"*": Tolerance(rel_l2=1e-2)}),
@@ -166,3 +169,10 @@ def test_a_passing_rung_is_the_answer():
     assert [t.passed for t in result.trials if t.stage == "range-floor"] == [False, True]
     # the final evaluation is the passing rung's, cached
     assert [t.stage for t in result.trials] == ["start", "range-floor", "range-floor"]
+
+
+def test_a_rung_still_at_nan_does_not_stop_the_climb():
+    result = _floor_search(rounding=False, split_near=True)
+    assert result.score.passed and set(result.kept) == NEEDED | set(NEAR)
+    assert [t.passed for t in result.trials if t.stage == "range-floor"] == [False, False, True]
+    assert result.regions is not None and result.regions.floor_threshold == 16376.0

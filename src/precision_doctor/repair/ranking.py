@@ -15,8 +15,9 @@ evaluations, within the default budget of 150 for N up to ~1000 nodes; PP-OCRv4 
 on the node search.
 
 With the regions come the rungs of the range floor (``search.regions``, step 0): the overflow
-regions of the tensors whose FP32 magnitude in the same layerwise comparison exceeds the
-format's max / 2^k for k in ``RUNG_SHIFTS`` = 0, 1, 3, 5, 7 (65504 down to 512 for FP16:
+regions of the tensors of the same layerwise comparison whose FP32 magnitude on any sample
+(``repair.rewrites_proof.tensor_maxima``: one FP32 run of every sample) exceeds the format's
+max / 2^k for k in ``RUNG_SHIFTS`` = 0, 1, 3, 5, 7 (65504 down to 512 for FP16:
 512 is ModelOpt AutoCast's default ``data_max``, the most any rung keeps for range).
 """
 
@@ -40,6 +41,7 @@ from precision_doctor.graph.source import node_modules
 from precision_doctor.layerwise.candidates import emulated, reference_factory
 from precision_doctor.layerwise.compare import LayerwiseResult, compare_layerwise
 from precision_doctor.precision.plan import PrecisionPlan
+from precision_doctor.repair.rewrites_proof import tensor_maxima
 from precision_doctor.runners.kernels.engines import conv_bias_of
 from precision_doctor.search.near_ties import DECISION_METRICS, decision_output
 from precision_doctor.search.objective import Objective, Score
@@ -83,8 +85,8 @@ class Ranking:
 
 def rank(model: onnx.ModelProto, samples: Sequence, objective: Objective, target: Precision,
          engine: str | None, plan: PrecisionPlan, hazards: Sequence[Hazard],
-         candidates: Sequence[str], output_names: Sequence[str], start_score: Score
-         ) -> Ranking:
+         candidates: Sequence[str], output_names: Sequence[str], start_score: Score,
+         rungs: bool = True) -> Ranking:
     """Rank the candidates with one layerwise comparison of the start plan.
 
     Metric objectives rank on the ``RANKING_SAMPLES`` worst-scored samples, tolerance objectives
@@ -104,6 +106,7 @@ def rank(model: onnx.ModelProto, samples: Sequence, objective: Objective, target
         candidates: Nodes the search may move to FP32.
         output_names: The graph outputs, in order.
         start_score: The start plan's score (which samples fail).
+        rungs: Measure the range floor's rungs where regions go first (on every sample).
 
     Returns:
         ``Ranking``, with the regions to search first when range needs many nodes (module
@@ -132,33 +135,42 @@ def rank(model: onnx.ModelProto, samples: Sequence, objective: Objective, target
                 if n in allowed}
     peak = max((r.ref_max_abs for r in lw.records), default=0.0)
     top = tuple(search_regions_of(model, ranked, overflow))
+    ladder = range_rungs(model, lw, samples, ranked, overflow, allowed) if top and rungs else ()
     return Ranking(tuple(ranked), tuple(worst), time.perf_counter() - t0, overflow, peak, top,
-                   range_rungs(model, lw, ranked, overflow, allowed) if top else ())
+                   ladder)
 
 
-def range_rungs(model: onnx.ModelProto, lw: LayerwiseResult, ranked: Sequence[str],
-                overflow: dict[str, tuple[str, ...]], allowed: set[str]
+def range_rungs(model: onnx.ModelProto, lw: LayerwiseResult, samples: Sequence,
+                ranked: Sequence[str], overflow: dict[str, tuple[str, ...]], allowed: set[str]
                 ) -> tuple[RangeRung, ...]:
     """The range floor's ladder (module docstring): one rung per threshold of
     ``RUNG_SHIFTS`` that adds nodes, each holding the rungs above it.
 
     Args:
         model: The rewritten FP32 model.
-        lw: The ranking's layerwise comparison (FP32 magnitudes ``ref_max_abs``).
+        lw: The ranking's layerwise comparison: its tensors, their FP32 magnitudes on its
+            samples (``ref_max_abs``), taken over every sample (``tensor_maxima``: a value
+            that leaves the range on one sample only is there too).
+        samples: Every calibration sample.
         ranked: The ranked candidates.
         overflow: The candidates' overflow regions above the format's max.
         allowed: The candidates.
+
+    Raises:
+        BackendError: ONNX Runtime fails on the FP32 model.
     """
     limit = FORMATS[Precision(lw.target)].max
+    magnitude = {r.tensor: r.ref_max_abs for r in lw.records}
+    for name, peak in tensor_maxima(model, list(magnitude), samples).items():
+        magnitude[name] = max(magnitude[name], peak)
     rank = {n: i for i, n in enumerate(ranked)}
     rungs: list[RangeRung] = []
     nodes = set(overflow)
     for k in RUNG_SHIFTS:
         threshold = limit / 2.0 ** k
-        if k:
-            hot = {r.tensor for r in lw.records if r.ref_max_abs > threshold}
-            nodes |= {m for region in overflow_regions(model, hot).values() for m in region
-                      if m in allowed}
+        hot = {t for t, peak in magnitude.items() if peak > threshold}
+        nodes |= {m for region in overflow_regions(model, hot).values() for m in region
+                  if m in allowed}
         if nodes and (not rungs or len(nodes) > len(rungs[-1].nodes)):
             rungs.append(RangeRung(threshold,
                                    tuple(sorted(nodes, key=lambda n: rank.get(n, len(rank))))))
@@ -196,7 +208,7 @@ class Ranker:
 
     def again(self, floor: Sequence[str]) -> tuple[list[str], tuple[Region, ...]]:
         """Rank again with ``floor`` in FP32: the candidates and their top regions."""
-        ranking = self._rank(self.plan.keep_fp32(floor, "search", "range floor"))
+        ranking = self._rank(self.plan.keep_fp32(floor, "search", "range floor"), rungs=False)
         return list(ranking.nodes), ranking.regions
 
     @property
@@ -204,11 +216,11 @@ class Ranker:
         """Wall time of every ranking."""
         return sum(r.seconds for r in self.done)
 
-    def _rank(self, plan: PrecisionPlan) -> Ranking:
+    def _rank(self, plan: PrecisionPlan, rungs: bool = True) -> Ranking:
         assert self.start_score is not None  # __call__ ranks first
         self.done.append(rank(self.model, self.samples, self.objective, self.target,
                               self.engine, plan, self.hazards, self.candidates,
-                              self.output_names, self.start_score))
+                              self.output_names, self.start_score, rungs))
         return self.done[-1]
 
 

@@ -28,19 +28,18 @@ hierarchical delta debugging"), coarse to fine:
 
 0. Range floor (before the grow, when ``rungs`` are given): where values leave FP16's range,
    the search first climbs a ladder of magnitude thresholds T (``RangeRung``: the overflow
-   regions of every tensor whose FP32 magnitude exceeds T, graph regions as in 1.), from the
-   format's max down, one evaluation of every sample per rung. The climb stops at the first
-   rung that passes, or at the first that does not improve on the rung above (the error left
-   is rounding, not range; NaN counts as worst). A passing rung is the answer, not shrunk:
-   its nodes hold values within 2^k of the format's max on these samples, which an input 2^k
-   times larger takes past it (the margin of ModelOpt AutoCast's ``data_max`` rule, here
-   measured); on the UNet below one ddmin level over it took 18 more evaluations (40 s of 77,
-   16 cores) for 30 of its 236 nodes. Else the best failing rung is the *floor*: it stays in
-   FP32, and the grow and shrink search the other candidates on top of it, ranked again with
-   the floor in FP32 (the first ranking saw NaN past the first overflow). Measured on a
-   diffusion UNet whose values reach 3e10 (3 samples): the values over 65504 (196 nodes)
-   still leave inf, as FP16's errors push values just below 65504 over it; over 2^15 (236
-   nodes) passes at rel L2 3.1e-3.
+   regions of every tensor whose FP32 magnitude on any sample exceeds T, graph regions as in
+   1.), from the format's max down, one evaluation of every sample per rung. The climb stops
+   at the first rung that passes, or at the first finite one no better than the best above
+   it (the error left is rounding, not range; a rung still at inf or NaN goes on down). A
+   passing rung is the answer, not shrunk: its nodes hold values within 2^k of the format's
+   max on these samples, which an input 2^k times larger takes past it (the margin of
+   ModelOpt AutoCast's ``data_max`` rule, here measured); on a diffusion UNet one ddmin level
+   over it took 18 more evaluations (40 s of 77, 16 cores) for 30 of its 236 nodes. Else the
+   best failing rung is the *floor*: it stays in FP32, and the grow and shrink search the
+   other candidates on top of it, ranked again with the floor in FP32 (the first ranking saw
+   NaN past the first overflow). Measured on that UNet (values up to 3e10, 7 samples): the
+   values over 65504 on any sample (503 nodes) pass at rel L2 5.5e-3 in 2 evaluations.
 
 Deterministic: the tree, the orders and the budget shares depend only on the model, the
 ranking and the evaluation outcomes.
@@ -314,9 +313,10 @@ def climb_range(ev: Evaluate, rungs: Sequence[RangeRung], rank: Mapping[str, int
         score = ev(nodes, "range-floor", complete=True)
         if score.passed:
             return nodes, rung.threshold, True
-        if best is not None and not better(_finite(score), _finite(best[2])):
-            break  # the error left is not range
-        best = (nodes, rung.threshold, score)
+        if best is None or better(_finite(score), _finite(best[2])):
+            best = (nodes, rung.threshold, score)
+        elif math.isfinite(score.value):
+            break  # finite and no better: the error left is not range (inf: go on down)
     return (best[0], best[1], False) if best is not None else ([], None, False)
 
 
