@@ -34,12 +34,12 @@ hierarchical delta debugging"), coarse to fine:
    it (the error left is rounding, not range; a rung still at inf or NaN goes on down). A
    passing rung is the answer, not shrunk: its nodes hold values within 2^k of the format's
    max on these samples, which an input 2^k times larger takes past it (the margin of
-   ModelOpt AutoCast's ``data_max`` rule, here measured); on a diffusion UNet one ddmin level
-   over it took 18 more evaluations (40 s of 77, 16 cores) for 30 of its 236 nodes. Else the
-   best failing rung is the *floor*: it stays in FP32, and the grow and shrink search the
-   other candidates on top of it, ranked again with the floor in FP32 (the first ranking saw
-   NaN past the first overflow). Measured on that UNet (values up to 3e10, 7 samples): the
-   values over 65504 on any sample (503 nodes) pass at rel L2 5.5e-3 in 2 evaluations.
+   ModelOpt AutoCast's ``data_max`` rule, here measured), and shrinking it would spend the
+   evaluations the floor saves. Else the best failing rung is the *floor*: it stays in
+   FP32, and the grow and shrink search the other candidates on top of it, ranked again with
+   the floor in FP32 (the first ranking saw NaN past the first overflow). On the zoo's
+   diffusion UNet (values up to 3e10; ``benchmarks/zoo_unet.py``, BENCHMARKS.md), all 7
+   samples: the values over 65504 on any sample (503 nodes) pass in 2 evaluations.
 
 Deterministic: the tree, the orders and the budget shares depend only on the model, the
 ranking and the evaluation outcomes.
