@@ -176,3 +176,17 @@ def test_a_rung_still_at_nan_does_not_stop_the_climb():
     assert result.score.passed and set(result.kept) == NEEDED | set(NEAR)
     assert [t.passed for t in result.trials if t.stage == "range-floor"] == [False, False, True]
     assert result.regions is not None and result.regions.floor_threshold == 16376.0
+
+
+def test_the_terminal_says_where_the_range_floor_ended_the_search():
+    from precision_doctor.report.terminal.fix import regions_line
+
+    done = _floor_search(rounding=False).regions
+    assert done is not None
+    assert regions_line(done.to_dict()) == (
+        f"range floor: the {len(NEEDED) + len(NEAR)} nodes of values over 32752 on any sample "
+        "kept in FP32; the search ended there")
+    floored = _floor_search(rounding=True).regions
+    assert floored is not None and regions_line(floored.to_dict()).startswith(
+        f"range floor: the {len(NEEDED) + len(NEAR)} nodes of values over 32752 on any sample "
+        "kept in FP32, then searched by regions first")

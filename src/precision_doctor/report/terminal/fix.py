@@ -204,11 +204,19 @@ def plan_lines(result: FixResult, limit: int = MAX_PLAN_LINES) -> list[str]:
 
 def regions_line(regions: dict) -> str:
     """``searched by regions first (...): 16 top regions, refined over 2 levels to 12 kept``
-    (``search.regions``), with the regions kept whole where a level ran out of its budget
+    (``search.regions``), after the range floor where it kept nodes (``range floor: the 246
+    nodes of values over 32752 on any sample kept in FP32``, alone when the search ended
+    there), with the regions kept whole where a level ran out of its budget
     share."""
     line = (f"searched by regions first (range needs many FP32 nodes): {regions['regions']} "
             f"top regions, refined over {regions['levels']} levels to {len(regions['kept'])} "
             "kept")
+    if regions.get("floor"):
+        floor = (f"range floor: the {regions['floor']} nodes of values over "
+                 f"{regions['floor_threshold']:g} on any sample kept in FP32")
+        if not regions["levels"] and not regions["kept"]:
+            return floor + "; the search ended there"
+        line = f"{floor}, then {line}"
     stopped = regions.get("stopped") or []
     if stopped:
         line += (f"; {len(stopped)} kept whole (their level's budget share was spent; "
